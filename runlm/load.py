@@ -1,0 +1,208 @@
+"""Auto dispatch: format from the path, family from the metadata, a ready runner out."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runlm.errors import ModelLoadError, UnsupportedArchitectureError
+from runlm.models.base import (
+    CachedRunner,
+    DecoderLM,
+    GGUFSource,
+    ModelConfig,
+    SafetensorsSource,
+    WeightLoader,
+    gguf_name,
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    """How to recognise, configure and build one model family."""
+
+    name: str
+    gguf_architectures: tuple[str, ...]
+    hf_model_types: tuple[str, ...]
+    config_from_hf: Callable[[dict], ModelConfig]
+    config_from_gguf: Callable[[Any], ModelConfig]
+    build: Callable[[ModelConfig, WeightLoader], DecoderLM]
+    runner: type[CachedRunner]
+    gguf_overrides: dict[str, str] = field(default_factory=dict)
+    # Rows of a GGUF tensor to reorder back to transformers' layout (llama.cpp permutes llama's Q/K).
+    gguf_row_perm: Callable[[str, ModelConfig], torch.Tensor | None] = lambda name, cfg: None
+    # (strip, add) name prefixes to try, for checkpoints that nest the text model.
+    hf_prefixes: tuple[tuple[str, str], ...] = (("", ""),)
+    builtin_chat_format: str | None = None
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register_family(family: Family) -> Family:
+    FAMILIES[family.name] = family
+    return family
+
+
+def _families() -> dict[str, Family]:
+    from runlm.models import import_all_families
+
+    import_all_families()
+    return FAMILIES
+
+
+def supported() -> str:
+    fams = _families().values()
+    return ", ".join(sorted({a for f in fams for a in f.gguf_architectures} | {t for f in fams for t in f.hf_model_types}))
+
+
+def family_for_gguf(arch: str, path: Path) -> Family:
+    for family in _families().values():
+        if arch in family.gguf_architectures:
+            return family
+    raise UnsupportedArchitectureError(f"{path}: architecture {arch!r} is not supported (supported: {supported()})")
+
+
+def family_for_hf(config: dict, path: Path) -> Family:
+    model_type = config.get("model_type")
+    text_type = (config.get("text_config") or {}).get("model_type")
+    for family in _families().values():
+        if model_type in family.hf_model_types or text_type in family.hf_model_types:
+            return family
+    names = config.get("architectures") or []
+    raise UnsupportedArchitectureError(
+        f"{path}: model_type {model_type!r} ({', '.join(names) or 'no architectures'}) is not supported "
+        f"(supported: {supported()})"
+    )
+
+
+@dataclass
+class LoadedModel:
+    """A ready runner with what callers need around it."""
+
+    runner: CachedRunner
+    tokenizer: Any
+    chat_template: Any
+    path: Path
+    format: str
+    family: Family
+    config: ModelConfig
+    quantization: str
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def context_length(self) -> int:
+        return self.runner.max_context
+
+
+def resolve_model(name_or_path: str | Path | None) -> Path:
+    """A path as given, or a catalog name pulled into the cache on first use."""
+    from runlm import catalog
+
+    if name_or_path is None:
+        name_or_path = catalog.DEFAULT_MODEL
+    if isinstance(name_or_path, str) and name_or_path in catalog.CATALOG:
+        return catalog.pull(name_or_path)
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        raise ModelLoadError(
+            f"{path}: no such file or directory (and not a catalog model: {', '.join(sorted(catalog.CATALOG))})"
+        )
+    return path
+
+
+def load(
+    name_or_path: str | Path | None = None,
+    dtype: torch.dtype | str = torch.float32,
+    packed: bool = False,
+    max_context: int | None = None,
+) -> LoadedModel:
+    """Load a GGUF file, a Hugging Face directory or a catalog model into a ready runner."""
+    from runlm import catalog
+
+    catalog_name = name_or_path if isinstance(name_or_path, str) and name_or_path in catalog.CATALOG else None
+    path = resolve_model(name_or_path)
+    if isinstance(dtype, str):
+        dtype = {"f32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    if path.is_dir():
+        loaded = _load_hf(path, dtype, packed, max_context)
+    else:
+        loaded = _load_gguf(path, dtype, packed, max_context)
+    if loaded.chat_template is None:
+        fmt = catalog.CATALOG[catalog_name].chat_format if catalog_name else loaded.family.builtin_chat_format
+        if fmt is not None:
+            from runlm.text import ChatTemplate
+
+            tok = loaded.tokenizer
+            loaded.chat_template = ChatTemplate.builtin(fmt, tok.token_str(tok.bos_id), tok.token_str(tok.eos_id))
+    return loaded
+
+
+def _load_gguf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | None) -> LoadedModel:
+    from runlm.formats.gguf import GGUFFile
+    from runlm.text import ChatTemplate, Tokenizer
+
+    gguf = GGUFFile(path)
+    family = family_for_gguf(gguf.architecture, path)
+    config = family.config_from_gguf(gguf)
+    source = GGUFSource(
+        gguf,
+        rename=lambda name: gguf_name(name, family.gguf_overrides),
+        row_perm=lambda name: family.gguf_row_perm(name, config),
+    )
+    model = family.build(config, WeightLoader(source, dtype, packed))
+    runner = family.runner(model, max_context)
+    return LoadedModel(
+        runner=runner,
+        tokenizer=Tokenizer.from_gguf(gguf.metadata),
+        chat_template=ChatTemplate.from_gguf(gguf.metadata),
+        path=path,
+        format="gguf",
+        family=family,
+        config=config,
+        quantization=_gguf_quantization(gguf),
+        metadata={k: v for k, v in gguf.metadata.items() if not k.startswith("tokenizer.ggml.")},
+    )
+
+
+def _gguf_quantization(gguf) -> str:
+    counts: dict[str, int] = {}
+    for name in gguf.tensor_names():
+        raw = gguf.raw(name)
+        counts[raw.type_name] = counts.get(raw.type_name, 0) + raw.data.nbytes
+    return max(counts, key=counts.get) if counts else "unknown"
+
+
+def _load_hf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | None) -> LoadedModel:
+    from runlm.text import ChatTemplate, Tokenizer
+
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"{path}: not a Hugging Face model directory (no config.json)")
+    try:
+        config_dict = json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{config_file}: invalid JSON ({exc})") from exc
+    family = family_for_hf(config_dict, path)
+    config = family.config_from_hf(config_dict)
+    source = SafetensorsSource(path, family.hf_prefixes)
+    model = family.build(config, WeightLoader(source, dtype, packed=False))
+    runner = family.runner(model, max_context)
+    if not (path / "tokenizer.json").is_file():
+        raise ModelLoadError(f"{path}: no tokenizer.json")
+    return LoadedModel(
+        runner=runner,
+        tokenizer=Tokenizer.from_hf_dir(path),
+        chat_template=ChatTemplate.from_hf_dir(path),
+        path=path,
+        format="safetensors",
+        family=family,
+        config=config,
+        quantization=str(dtype).removeprefix("torch."),
+        metadata=config_dict,
+    )

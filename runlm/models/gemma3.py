@@ -1,0 +1,149 @@
+"""Gemma 3 text models: sandwich norms, (1 + w) RMSNorm, interleaved sliding/global attention."""
+
+from __future__ import annotations
+
+import math
+
+from torch import nn
+
+from runlm.errors import ModelLoadError
+from runlm.load import Family, register_family
+from runlm.models.base import (
+    CachedRunner,
+    DecoderLM,
+    GGUFSource,
+    ModelConfig,
+    WeightLoader,
+    default_attention_scale,
+    gguf_common_config,
+    hf_common_config,
+    hf_rope,
+)
+from runlm.nn import Attention, GatedMLP, RMSNorm, Rope, RopeSpec, rope_inv_freq
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+class SandwichBlock(nn.Module):
+    """Norms before and after both attention and MLP, as Gemma 2/3 do."""
+
+    def __init__(self, norms: list[nn.Module], attn: Attention, mlp: GatedMLP):
+        super().__init__()
+        self.pre_attn, self.post_attn, self.pre_mlp, self.post_mlp = norms
+        self.attn, self.mlp = attn, mlp
+
+    def forward(self, h, positions, rope_tables, cache, start):
+        h = h + self.post_attn(self.attn(self.pre_attn(h), positions, rope_tables, cache, start))
+        return h + self.post_mlp(self.mlp(self.pre_mlp(h)))
+
+
+def build(config: ModelConfig, weights: WeightLoader) -> DecoderLM:
+    # llama.cpp stores Gemma norm weights with the 1 already added.
+    offset = 0.0 if isinstance(weights.source, GGUFSource) else 1.0
+
+    def norm(name: str) -> RMSNorm:
+        return RMSNorm(weights.norm_weight(name), config.rms_eps, offset)
+
+    global_rope = Rope(rope_inv_freq(RopeSpec.build(config.head_dim, config.rope_theta, config.rope_scaling)))
+    local_theta = config.rope_local_theta or 10000.0
+    local_rope = Rope(rope_inv_freq(RopeSpec.build(config.head_dim, local_theta, config.local_rope_scaling)))
+    layers = []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        sliding = config.is_sliding(i)
+        attn = Attention(
+            qkv=weights.linear([p + f"self_attn.{x}_proj.weight" for x in "qkv"]),
+            o_proj=weights.linear([p + "self_attn.o_proj.weight"]),
+            n_heads=config.num_heads,
+            n_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim,
+            rope=local_rope if sliding else global_rope,
+            scale=default_attention_scale(config),
+            q_norm=norm(p + "self_attn.q_norm.weight"),
+            k_norm=norm(p + "self_attn.k_norm.weight"),
+            window=config.sliding_window if sliding else None,
+            softcap=config.attn_softcap,
+        )
+        mlp = GatedMLP(
+            weights.linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
+            weights.linear([p + "mlp.down_proj.weight"]),
+            activation="gelu_tanh",
+        )
+        names = ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        layers.append(SandwichBlock([norm(p + n + ".weight") for n in names], attn, mlp))
+    return DecoderLM(
+        config,
+        embed=weights.embedding("model.embed_tokens.weight"),
+        layers=layers,
+        norm=norm("model.norm.weight"),
+        head=weights.linear(["model.embed_tokens.weight"]),
+        ropes=[global_rope, local_rope],
+        embed_scale=math.sqrt(config.hidden_size),
+    )
+
+
+class GemmaRunner(CachedRunner):
+    family_name = "gemma"
+
+
+def _config_from_hf(cfg: dict) -> ModelConfig:
+    text = cfg.get("text_config") or cfg
+    common = hf_common_config(text)
+    common["rope_theta"], common["rope_scaling"] = hf_rope(text, FULL)
+    local_theta, local_scaling = hf_rope(text, SLIDING)
+    if "rope_local_base_freq" in text:
+        local_theta, local_scaling = float(text["rope_local_base_freq"]), None
+    n = common["num_layers"]
+    pattern = int(text.get("sliding_window_pattern") or 6)
+    layer_types = text.get("layer_types") or [SLIDING if (i + 1) % pattern else FULL for i in range(n)]
+    return ModelConfig(
+        **common,
+        sliding_window=int(text.get("sliding_window") or 4096),
+        layer_types=list(layer_types),
+        rope_local_theta=local_theta,
+        local_rope_scaling=local_scaling,
+        query_pre_attn_scalar=float(text.get("query_pre_attn_scalar", 256)),
+        final_softcap=text.get("final_logit_softcapping"),
+        attn_softcap=text.get("attn_logit_softcapping"),
+    )
+
+
+def _config_from_gguf(gguf) -> ModelConfig:
+    common = gguf_common_config(gguf)
+    common["tie_embeddings"] = True
+    n = common["num_layers"]
+    pattern = gguf.arch_value("attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):
+        if len(pattern) != n:
+            raise ModelLoadError(f"{gguf.path}: sliding_window_pattern has {len(pattern)} entries for {n} layers")
+        layer_types = [SLIDING if flag else FULL for flag in pattern]
+    else:
+        layer_types = [SLIDING if i % int(pattern) < int(pattern) - 1 else FULL for i in range(n)]
+    hidden, heads = common["hidden_size"], common["num_heads"]
+    # As llama.cpp does: 27B scales queries by hidden/heads, the other sizes by head_dim.
+    scalar = hidden / heads if n == 62 else common["head_dim"]
+    softcap = gguf.arch_value("final_logit_softcapping")
+    return ModelConfig(
+        **common,
+        sliding_window=int(gguf.arch_value("attention.sliding_window", 4096)),
+        layer_types=layer_types,
+        rope_local_theta=float(gguf.arch_value("rope.freq_base_swa", 10000.0)),
+        query_pre_attn_scalar=float(scalar),
+        final_softcap=float(softcap) if softcap else None,
+    )
+
+
+FAMILY = register_family(
+    Family(
+        name="gemma",
+        gguf_architectures=("gemma3",),
+        hf_model_types=("gemma3_text", "gemma3"),
+        config_from_hf=_config_from_hf,
+        config_from_gguf=_config_from_gguf,
+        build=build,
+        runner=GemmaRunner,
+        gguf_overrides={"post_attention_layernorm": "post_attention_norm"},
+        hf_prefixes=(("", ""), ("model.", "model.language_model."), ("", "language_model.")),
+        builtin_chat_format="gemma",
+    )
+)

@@ -1,0 +1,287 @@
+"""Layers shared by every family: norms, RoPE, attention over a KV cache, caches."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32; `offset=1.0` gives Gemma's (1 + weight) form."""
+
+    def __init__(self, weight: torch.Tensor, eps: float, offset: float = 0.0):
+        super().__init__()
+        self.register_buffer("scale", weight.float() + offset, persistent=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.scale).to(x.dtype)
+
+
+# -- rotary position embeddings --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """Everything that fixes a RoPE frequency table."""
+
+    head_dim: int
+    theta: float
+    scaling: tuple[tuple[str, float | str], ...] = ()  # frozen dict of the HF rope_scaling entries
+
+    @classmethod
+    def build(cls, head_dim: int, theta: float, scaling: dict | None) -> RopeSpec:
+        items = tuple(sorted((k, v) for k, v in (scaling or {}).items() if isinstance(v, int | float | str)))
+        return cls(head_dim, float(theta), items)
+
+
+def rope_inv_freq(spec: RopeSpec, freq_factors: torch.Tensor | None = None) -> torch.Tensor:
+    """Inverse frequencies [head_dim/2], with linear or llama3 scaling when asked for.
+
+    `freq_factors` is GGUF's `rope_freqs` tensor: llama.cpp stores llama3 scaling
+    as per-dimension divisors instead of config values.
+    """
+    dim = spec.head_dim
+    inv_freq = 1.0 / (spec.theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if freq_factors is not None:
+        return inv_freq / freq_factors.float()
+    scaling = dict(spec.scaling)
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind in ("default", None):
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / float(scaling["factor"])
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        low = float(scaling["low_freq_factor"])
+        high = float(scaling["high_freq_factor"])
+        old_ctx = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
+        return torch.where(medium, smoothed, scaled)
+    raise NotImplementedError(f"rope scaling type {kind!r} is not supported")
+
+
+class Rope(nn.Module):
+    """cos/sin tables grown on demand; applied with the rotate-half convention."""
+
+    def __init__(self, inv_freq: torch.Tensor):
+        super().__init__()
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.register_buffer("cos", torch.empty(0, inv_freq.numel() * 2), persistent=False)
+        self.register_buffer("sin", torch.empty(0, inv_freq.numel() * 2), persistent=False)
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        needed = int(positions.max()) + 1
+        if needed > self.cos.shape[0]:
+            size = max(needed, 2 * self.cos.shape[0], 256)
+            angles = torch.arange(size, dtype=torch.float32, device=self.inv_freq.device)[:, None] * self.inv_freq
+            angles = torch.cat([angles, angles], dim=-1)
+            self.cos, self.sin = angles.cos(), angles.sin()
+        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, H, T, D]; cos/sin: [T, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+# -- KV caches --------------------------------------------------------------------
+
+
+class FullKVCache:
+    """Every position's keys and values, in a buffer that doubles when full."""
+
+    def __init__(self, n_kv: int, head_dim: int, dtype: torch.dtype, device: torch.device, capacity: int = 256):
+        self.k = torch.zeros(1, n_kv, capacity, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.length = 0
+
+    def _reserve(self, needed: int) -> None:
+        capacity = self.k.shape[2]
+        if needed <= capacity:
+            return
+        new_capacity = max(needed, 2 * capacity)
+        grow = new_capacity - capacity
+        pad = self.k.new_zeros(self.k.shape[0], self.k.shape[1], grow, self.k.shape[3])
+        self.k = torch.cat([self.k, pad], dim=2)
+        self.v = torch.cat([self.v, pad], dim=2)
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, start: int):
+        """Store k/v [1, H, T, D] at positions start..start+T-1; return all keys, values, key positions."""
+        end = start + k.shape[2]
+        self._reserve(end)
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end], None
+
+    def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[:, :, : self.length].clone(), self.v[:, :, : self.length].clone()
+
+    def restore(self, state: tuple[torch.Tensor, torch.Tensor], length: int) -> bool:
+        k, v = state
+        if length > k.shape[2]:
+            return False
+        self._reserve(length)
+        self.k[:, :, :length] = k[:, :, :length]
+        self.v[:, :, :length] = v[:, :, :length]
+        self.length = length
+        return True
+
+
+class SlidingKVCache:
+    """A ring of the last `window` positions: memory never grows past the window."""
+
+    def __init__(self, n_kv: int, head_dim: int, window: int, dtype: torch.dtype, device: torch.device):
+        self.window = window
+        self.k = torch.zeros(1, n_kv, window, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.pos = torch.full((window,), -1, dtype=torch.long, device=device)  # position held by each slot
+        self.length = 0
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, start: int):
+        """Attend over the ring's live entries plus the new ones, then keep the newest `window`."""
+        t = k.shape[2]
+        end = start + t
+        if t == 1 and start == self.length:
+            slot = start % self.window
+            self.k[:, :, slot] = k[:, :, 0]
+            self.v[:, :, slot] = v[:, :, 0]
+            self.pos[slot] = start
+            self.length = end
+            live = min(end, self.window)
+            # Decode: every live slot is inside the window, and order does not matter to softmax.
+            return self.k[:, :, :live], self.v[:, :, :live], None
+        live = self.pos >= 0
+        keys = torch.cat([self.k[:, :, live], k], dim=2)
+        values = torch.cat([self.v[:, :, live], v], dim=2)
+        key_pos = torch.cat([self.pos[live], torch.arange(start, end, device=self.pos.device)])
+        keep = min(t, self.window)
+        new_pos = torch.arange(end - keep, end, device=self.pos.device)
+        slots = new_pos % self.window
+        self.k[:, :, slots] = k[:, :, t - keep :]
+        self.v[:, :, slots] = v[:, :, t - keep :]
+        self.pos[slots] = new_pos
+        self.length = end
+        return keys, values, key_pos
+
+    def snapshot(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.k.clone(), self.v.clone(), self.pos.clone()
+
+    def restore(self, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor], length: int) -> bool:
+        """Restore a prefix of `length` tokens; impossible once its positions left the ring."""
+        k, v, pos = state
+        needed_from = max(0, length - self.window)
+        present = (pos >= needed_from) & (pos < length)
+        if int(present.sum()) != length - needed_from:
+            return False
+        self.k.copy_(k)
+        self.v.copy_(v)
+        self.pos.copy_(torch.where(pos < length, pos, torch.full_like(pos, -1)))
+        self.length = length
+        return True
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    key_pos: torch.Tensor | None,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Causal (optionally windowed) attention with GQA; q: [1, Hq, T, D], k/v: [1, Hkv, S, D].
+
+    `key_pos` None means no masking is needed for a single query (every key is
+    visible) and keys 0..S-1 in order otherwise.
+    """
+    n_rep = q.shape[1] // k.shape[1]
+    t, s = q.shape[2], k.shape[2]
+    mask = None
+    if t > 1 or key_pos is not None:
+        if key_pos is None:
+            key_pos = torch.arange(s, device=q.device)
+        allowed = key_pos[None, :] <= q_pos[:, None]
+        if window is not None:
+            allowed &= (q_pos[:, None] - key_pos[None, :]) < window
+        mask = allowed
+    if softcap is not None:
+        if n_rep > 1:
+            k = k.repeat_interleave(n_rep, dim=1)
+            v = v.repeat_interleave(n_rep, dim=1)
+        scores = (q @ k.transpose(-1, -2)) * scale
+        scores = torch.tanh(scores / softcap) * softcap
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=n_rep > 1)
+
+
+# -- blocks -----------------------------------------------------------------------
+
+
+class Attention(nn.Module):
+    """Fused-QKV GQA attention with RoPE, optional per-head q/k norms and a sliding window."""
+
+    def __init__(
+        self,
+        qkv: nn.Module,
+        o_proj: nn.Module,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        rope: Rope,
+        scale: float,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
+        window: int | None = None,
+        softcap: float | None = None,
+    ):
+        super().__init__()
+        self.qkv, self.o_proj, self.rope = qkv, o_proj, rope
+        self.q_norm, self.k_norm = q_norm, k_norm
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.scale, self.window, self.softcap = scale, window, softcap
+        self.split = (n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope_tables, cache, start: int) -> torch.Tensor:
+        _, t, _ = x.shape
+        q, k, v = self.qkv(x).split(self.split, dim=-1)
+        q = q.view(1, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(1, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(1, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        cos, sin = rope_tables[id(self.rope)]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        keys, values, key_pos = cache.update(k, v, start)
+        out = attention(q, keys, values, positions, key_pos, self.scale, self.window, self.softcap)
+        return self.o_proj(out.transpose(1, 2).reshape(1, t, -1))
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)) with gate and up fused into one projection."""
+
+    def __init__(self, gate_up: nn.Module, down: nn.Module, activation: str = "silu"):
+        super().__init__()
+        self.gate_up, self.down = gate_up, down
+        self.act = F.silu if activation == "silu" else lambda x: F.gelu(x, approximate="tanh")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(self.act(gate) * up)

@@ -1,0 +1,1 @@
+"""Reference builders: tiny random-weight transformers models, saved as safetensors and GGUF."""

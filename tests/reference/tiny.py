@@ -1,0 +1,249 @@
+"""Tiny random-weight models built with transformers, written as an HF directory and as GGUF.
+
+The GGUF side follows llama.cpp's conventions on its own (tensor names, the
+Q/K row permutation of llama, Gemma's norm weights stored as 1 + w), so that
+runlm's GGUF loader is checked against an independent writer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. " * 4,
+    "def add(a, b):\n    return a + b\n",
+    "Un café, s'il vous plaît. Grüße aus München! 日本語のテキスト 🙂",
+    "Numbers 0123456789 and punctuation: ;:,.!?()[]{}",
+]
+VOCAB = 384
+
+
+def tiny_tokenizer():
+    """A byte-level BPE trained on a fixed corpus: deterministic, 384 tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS, trainer=trainer)
+    return tok
+
+
+def _write_hf_tokenizer(directory: Path, tok) -> None:
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<|im_start|>",
+                "eos_token": "<|im_end|>",
+                "add_bos_token": False,
+                "chat_template": CHATML,
+                "tokenizer_class": "PreTrainedTokenizerFast",
+            }
+        )
+    )
+
+
+def _randomize(model: torch.nn.Module, seed: int) -> None:
+    """Weights large enough that logits differ clearly between tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(1.0 + 0.2 * torch.randn(param.shape, generator=gen))
+            else:
+                param.copy_(0.15 * torch.randn(param.shape, generator=gen))
+
+
+def _gguf_tokenizer(writer, tok) -> None:
+    vocab = tok.get_vocab()
+    tokens = [None] * len(vocab)
+    for text, idx in vocab.items():
+        tokens[idx] = text
+    model = json.loads(tok.to_str())["model"]
+    merges = [" ".join(m) if isinstance(m, list) else m for m in model["merges"]]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(vocab["<|im_start|>"])
+    writer.add_eos_token_id(vocab["<|im_end|>"])
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML)
+
+
+LAYER_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "input_layernorm": "attn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def _llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _write_gguf(path: Path, arch: str, state: dict, config, tok, extra_names: dict, permute_qk: bool, norm_plus_one: bool,
+                quant: str | None = None) -> None:
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    _gguf_tokenizer(writer, tok)
+    names = {**LAYER_NAMES, **extra_names}
+    for name, tensor in state.items():
+        array = tensor.float().numpy()
+        if name == "model.embed_tokens.weight":
+            out = "token_embd.weight"
+        elif name == "model.norm.weight":
+            out = "output_norm.weight"
+        elif name == "lm_head.weight":
+            out = "output.weight"
+        else:
+            parts = name.split(".")
+            out = f"blk.{parts[2]}.{names['.'.join(parts[3:-1])]}.weight"
+        if permute_qk and out.endswith("attn_q.weight"):
+            array = _llama_cpp_permute(array, config.num_attention_heads)
+        if permute_qk and out.endswith("attn_k.weight"):
+            array = _llama_cpp_permute(array, config.num_key_value_heads)
+        if norm_plus_one and "norm" in out:
+            array = array + 1.0
+        if quant is not None and array.ndim == 2 and "token_embd" not in out:
+            qtype = gguf.GGMLQuantizationType[quant]
+            writer.add_tensor(out, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(out, np.ascontiguousarray(array, dtype=np.float32))
+    yield_extra = getattr(config, "_gguf_extra", None)
+    if yield_extra:
+        yield_extra(writer)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _finish(model, config, directory: Path, arch: str, extra_names: dict, permute_qk: bool, norm_plus_one: bool,
+            gguf_extra=None):
+    directory.mkdir(parents=True, exist_ok=True)
+    tok = tiny_tokenizer()
+    model.save_pretrained(str(directory / "hf"), safe_serialization=True)
+    _write_hf_tokenizer(directory / "hf", tok)
+    state = {k: v for k, v in model.state_dict().items() if "rotary" not in k}
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    config._gguf_extra = gguf_extra
+    _write_gguf(directory / "model.gguf", arch, state, config, tok, extra_names, permute_qk, norm_plus_one)
+    return model
+
+
+def build_llama(directory: Path, seed: int = 0):
+    """LlamaForCausalLM with llama3 rope scaling on and an untied head."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+        rms_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    _randomize(model, seed)
+    base = 1.0 / (10000.0 ** (torch.arange(0, 16, 2).float() / 16))
+    factors = (base / model.model.rotary_emb.inv_freq.float()).numpy().astype(np.float32)
+
+    def rope_freqs(writer):
+        writer.add_rope_freq_base(10000.0)
+        writer.add_tensor("rope_freqs.weight", factors)
+
+    return _finish(model, config, directory, "llama", {"post_attention_layernorm": "ffn_norm"}, True, False, rope_freqs)
+
+
+def build_qwen3(directory: Path, seed: int = 1, tied: bool = True):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+        rms_norm_eps=1e-6, tie_word_embeddings=tied, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).eval()
+    _randomize(model, seed)
+
+    def extra(writer):
+        writer.add_rope_freq_base(1e6)
+
+    return _finish(model, config, directory, "qwen3", {"post_attention_layernorm": "ffn_norm"}, False, False, extra)
+
+
+GEMMA_LAYERS = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
+GEMMA_WINDOW = 6
+
+
+def build_gemma3(directory: Path, seed: int = 2):
+    """Gemma3ForCausalLM with a 6-token window, so short prompts cross it; linear rope scaling on global layers."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=len(GEMMA_LAYERS),
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+        rms_norm_eps=1e-6, query_pre_attn_scalar=16, sliding_window=GEMMA_WINDOW, layer_types=GEMMA_LAYERS,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+        final_logit_softcapping=None, attn_logit_softcapping=None,
+    )
+    torch.manual_seed(seed)
+    model = Gemma3ForCausalLM(config).eval()
+    _randomize(model, seed)
+
+    def extra(writer):
+        writer.add_rope_freq_base(1e6)
+        writer.add_rope_freq_base_swa(1e4)
+        writer.add_rope_scaling_type(__import__("gguf").RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(2.0)
+        writer.add_sliding_window(GEMMA_WINDOW)
+        writer.add_sliding_window_pattern([t == "sliding_attention" for t in GEMMA_LAYERS])
+
+    names = {
+        "post_attention_layernorm": "post_attention_norm",
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "post_ffw_norm",
+    }
+    return _finish(model, config, directory, "gemma3", names, False, True, extra)
