@@ -122,7 +122,7 @@ class LmRunner(ABC):
 
 
 def check_token(token: int, vocab: int) -> None:
-    if not isinstance(token, int | torch.SymInt) and not hasattr(token, "__index__"):
+    if isinstance(token, bool) or not hasattr(token, "__index__"):
         raise InvalidInputError(f"token id {token!r} is not an integer")
     if not 0 <= int(token) < vocab:
         raise InvalidInputError(f"token id {int(token)} is outside the vocabulary [0, {vocab})")

@@ -273,15 +273,26 @@ class CachedRunner(LmRunner):
             raise ContextOverflowError(f"{total} tokens do not fit the context of {self.max_context} tokens")
 
     @torch.inference_mode()
-    def _extend(self, ids: Sequence[int]) -> torch.Tensor:
-        """Append tokens to the current session and return the last position's logits."""
+    def _extend(self, ids: Sequence[int], all_positions: bool = False) -> torch.Tensor:
+        """Append tokens to the current session; logits of the last position (or of every one)."""
         start = len(self.tokens)
         self._check_fits(start + len(ids))
-        logits = self.model(torch.tensor(list(ids), dtype=torch.long), self.cache, start)
+        logits = self.model(torch.tensor(list(ids), dtype=torch.long), self.cache, start, last_only=not all_positions)
         self.tokens.extend(int(t) for t in ids)
-        return logits[-1]
+        return logits if all_positions else logits[-1]
 
-    def _reset(self) -> None:
+    # -- beyond the contract: scoring (perplexity, prompt log-probs) ---------------
+    def extend_all(self, ids: Sequence[int]) -> torch.Tensor:
+        """Append tokens to the session and return logits for every new position [T, vocab]."""
+        if len(ids) == 0:
+            raise InvalidInputError("nothing to extend: no token ids")
+        vocab = self.vocab_size()
+        for token in ids:
+            check_token(token, vocab)
+        return self._extend(ids, all_positions=True)
+
+    def reset(self) -> None:
+        """Forget the session: the next extend starts at position 0."""
         for layer_cache in self.cache:
             layer_cache.length = 0
             if isinstance(layer_cache, SlidingKVCache):
@@ -294,7 +305,7 @@ class CachedRunner(LmRunner):
 
     def prefill_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
         self.check_prompt(prompt_ids)
-        self._reset()
+        self.reset()
         return self._extend(prompt_ids)
 
     def decode_logits(self, token: int) -> torch.Tensor:
@@ -334,9 +345,9 @@ class CachedRunner(LmRunner):
             return False
         if length > len(snap.token_ids):
             return False
-        self._reset()
+        self.reset()
         if not all(c.restore(state, length) for c, state in zip(self.cache, snap.cache)):
-            self._reset()
+            self.reset()
             return False
         self.tokens = list(snap.token_ids[:length])
         return True

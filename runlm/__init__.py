@@ -1,0 +1,30 @@
+"""runlm: run open language models locally, behind one runner contract."""
+
+from runlm.errors import (
+    CatalogError,
+    ContextOverflowError,
+    InvalidInputError,
+    ModelLoadError,
+    RunlmError,
+    TokenizerError,
+    UnsupportedArchitectureError,
+    UnsupportedOperationError,
+)
+from runlm.load import LoadedModel, load
+from runlm.runner import LmRunner, SessionSnapshot
+
+__all__ = [
+    "CatalogError",
+    "ContextOverflowError",
+    "InvalidInputError",
+    "LmRunner",
+    "LoadedModel",
+    "ModelLoadError",
+    "RunlmError",
+    "SessionSnapshot",
+    "TokenizerError",
+    "UnsupportedArchitectureError",
+    "UnsupportedOperationError",
+    "load",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,5 @@
+import sys
+
+from runlm.cli import main
+
+sys.exit(main())

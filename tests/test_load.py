@@ -1,0 +1,134 @@
+"""Loading: auto dispatch, and a clear typed error for every kind of bad path or file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from reference.tiny import build_llama
+
+from runlm import load
+from runlm.errors import InvalidInputError, ModelLoadError, UnsupportedArchitectureError
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("llama")
+    build_llama(directory)
+    return directory
+
+
+def test_missing_file_names_the_path(tmp_path):
+    with pytest.raises(ModelLoadError, match="nope.gguf"):
+        load(tmp_path / "nope.gguf")
+
+
+def test_non_gguf_file_with_gguf_name(tmp_path):
+    fake = tmp_path / "model.gguf"
+    fake.write_text("this is not a model\n")
+    with pytest.raises(ModelLoadError, match="not a GGUF file"):
+        load(fake)
+
+
+def test_truncated_gguf(tiny_llama, tmp_path):
+    data = (tiny_llama / "model.gguf").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match="cut.gguf"):
+        load(cut)
+
+
+def test_directory_without_config(tmp_path):
+    with pytest.raises(ModelLoadError, match="config.json"):
+        load(tmp_path)
+
+
+def test_unknown_hf_architecture_lists_supported(tiny_llama, tmp_path):
+    shutil.copytree(tiny_llama / "hf", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["model_type"], config["architectures"] = "mamba", ["MambaForCausalLM"]
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedArchitectureError, match="mamba.*supported: .*llama"):
+        load(tmp_path / "hf")
+
+
+def test_unknown_gguf_architecture(tmp_path):
+    import gguf
+
+    writer = gguf.GGUFWriter(str(tmp_path / "rwkv.gguf"), "rwkv6")
+    writer.add_tensor("token_embd.weight", torch.zeros(4, 4).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedArchitectureError, match="rwkv6"):
+        load(tmp_path / "rwkv.gguf")
+
+
+def test_missing_tensor_is_named(tiny_llama, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(tiny_llama / "hf", tmp_path / "hf")
+    weights = load_file(tmp_path / "hf" / "model.safetensors")
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    save_file(weights, tmp_path / "hf" / "model.safetensors")
+    with pytest.raises(ModelLoadError, match="model.layers.1.mlp.up_proj.weight"):
+        load(tmp_path / "hf")
+
+
+def test_sharded_safetensors_with_index(tiny_llama, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(tiny_llama / "hf", tmp_path / "hf")
+    directory = tmp_path / "hf"
+    weights = load_file(directory / "model.safetensors")
+    (directory / "model.safetensors").unlink()
+    names = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for shard, keys in shards.items():
+        save_file({k: weights[k] for k in keys}, directory / shard)
+        weight_map.update({k: shard for k in keys})
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    sharded = load(directory).runner.predict_logits([1, 2, 3, 4])
+    single = load(tiny_llama / "hf").runner.predict_logits([1, 2, 3, 4])
+    assert torch.allclose(sharded, single, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("fmt", ["hf", "model.gguf"])
+def test_bad_runner_inputs(tiny_llama, fmt):
+    runner = load(tiny_llama / fmt).runner
+    with pytest.raises(InvalidInputError, match="empty"):
+        runner.predict_logits([])
+    with pytest.raises(InvalidInputError, match="outside the vocabulary"):
+        runner.predict_logits([1, runner.vocab_size()])
+    with pytest.raises(InvalidInputError, match="outside the vocabulary"):
+        runner.generate([-1], 3)
+    with pytest.raises(InvalidInputError, match="n_new"):
+        runner.generate([1, 2], -1)
+    with pytest.raises(InvalidInputError, match="prefill"):
+        type(runner)(runner.model).decode_logits(1)
+    runner.prefill_logits([1, 2])
+    with pytest.raises(InvalidInputError, match="outside the vocabulary"):
+        runner.decode_logits(10**6)
+    assert runner.generate([1, 2], 0) == []
+
+
+def test_context_overflow(tiny_llama):
+    from runlm.errors import ContextOverflowError
+
+    runner = load(tiny_llama / "hf", max_context=16).runner
+    with pytest.raises(ContextOverflowError):
+        runner.generate(list(range(1, 10)), 10)
+
+
+def test_loaded_model_carries_tokenizer_and_template(tiny_llama):
+    loaded = load(tiny_llama / "model.gguf")
+    assert loaded.format == "gguf" and loaded.family.name == "llama32"
+    text = loaded.chat_template.render([{"role": "user", "content": "hi"}])
+    assert text.endswith("<|im_start|>assistant\n")
+    ids = loaded.tokenizer.encode(text, add_bos=False)
+    assert loaded.tokenizer.decode(ids) == text
