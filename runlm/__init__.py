@@ -10,7 +10,7 @@ from runlm.errors import (
     UnsupportedArchitectureError,
     UnsupportedOperationError,
 )
-from runlm.load import LoadedModel, load
+from runlm.loading import LoadedModel, load
 from runlm.runner import LmRunner, SessionSnapshot
 
 __all__ = [

@@ -107,9 +107,7 @@ class LmRunner(ABC):
         on_token: OnToken | None = None,
     ) -> list[int]:
         """Generate from a prompt whose image markers are spliced with vision embeddings."""
-        raise UnsupportedOperationError(
-            f"{self.family()} runner has no vision tower: this model cannot take images"
-        )
+        raise UnsupportedOperationError(f"{self.family()} runner has no vision tower: this model cannot take images")
 
     # -- shared input checks --------------------------------------------------
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:

@@ -1,4 +1,4 @@
-"""Model families: one module each, registered with runlm.load on import."""
+"""Model families: one module each, registered with runlm.loading on import."""
 
 from __future__ import annotations
 

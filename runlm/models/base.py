@@ -158,14 +158,41 @@ class SafetensorsSource(WeightSource):
         return self._where[key].get_tensor(key).float()
 
 
+class Embedding(nn.Module):
+    """Token embeddings: a dense table, or GGUF blocks dequantized only for the rows looked up."""
+
+    def __init__(self, table: torch.Tensor | None = None, raw=None, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.table, self.raw, self.dtype = table, raw, dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.table is not None:
+            return self.table[ids]
+        from runlm.quant import dequantize
+
+        rows = self.raw.data[ids.cpu().numpy()]
+        return dequantize(self.raw.type_name, rows, (ids.numel(), self.raw.shape[1])).to(self.dtype)
+
+
 class WeightLoader:
-    """Turns named weights into modules in the chosen dtype, packed where a kernel exists."""
+    """Turns named weights into modules: float32 reference, or int4-packed where GGUF allows it.
+
+    Packed mode keeps Q4_0 / Q4_1 / Q4_K linears as int4 (bf16 activations inside the
+    kernel, the only dtype it vectorizes) and dequantizes every other type once, to
+    float32: on CPUs without native bf16, dense bf16 matmuls are slower than float32.
+    """
 
     def __init__(self, source: WeightSource, dtype: torch.dtype = torch.float32, packed: bool = False):
         self.source, self.dtype, self.packed = source, dtype, packed
+        self._dense: dict[str, torch.Tensor] = {}  # shared by a tied embedding and LM head
 
     def norm_weight(self, name: str) -> torch.Tensor:
         return self.source.tensor(name)
+
+    def _dense_weight(self, name: str) -> torch.Tensor:
+        if name not in self._dense:
+            self._dense[name] = self.source.tensor(name).to(self.dtype)
+        return self._dense[name]
 
     def linear(self, names: Sequence[str]) -> nn.Module:
         """One linear module for weights stacked along the output dimension (fused QKV, gate/up)."""
@@ -176,12 +203,17 @@ class WeightLoader:
             module = None
             raw = self.source.raw(name) if self.packed else None
             if raw is not None:
-                module = pack_linear(raw.type_name, raw.data, raw.shape, self.dtype)
-            parts.append(module if module is not None else DenseLinear(self.source.tensor(name).to(self.dtype)))
+                module = pack_linear(raw.type_name, raw.data, raw.shape, torch.bfloat16)
+            if module is None:
+                module = DenseLinear(self._dense_weight(name))
+            parts.append(module)
         return parts[0] if len(parts) == 1 else concat_linears(parts)
 
-    def embedding(self, name: str) -> torch.Tensor:
-        return self.source.tensor(name).to(self.dtype)
+    def embedding(self, name: str) -> Embedding:
+        raw = self.source.raw(name) if self.packed else None
+        if raw is not None and raw.type_name not in ("F32", "F16", "BF16"):
+            return Embedding(raw=raw, dtype=self.dtype)
+        return Embedding(table=self._dense_weight(name), dtype=self.dtype)
 
 
 # -- the decoder stack --------------------------------------------------------------------
@@ -193,7 +225,7 @@ class DecoderLM(nn.Module):
     def __init__(
         self,
         config: ModelConfig,
-        embed: torch.Tensor,
+        embed: Embedding,
         layers: Sequence[nn.Module],
         norm: nn.Module,
         head: nn.Module,
@@ -214,7 +246,7 @@ class DecoderLM(nn.Module):
 
     def new_cache(self) -> list:
         cfg = self.config
-        device = self.embed.device
+        device = torch.device("cpu")
         return [
             SlidingKVCache(cfg.num_kv_heads, cfg.head_dim, cfg.sliding_window, self.dtype, device)
             if cfg.is_sliding(i)
@@ -223,7 +255,7 @@ class DecoderLM(nn.Module):
         ]
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.embed[ids]
+        h = self.embed(ids)
         if self.embed_scale is not None:
             h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
         return h

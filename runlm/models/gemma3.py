@@ -7,7 +7,7 @@ import math
 from torch import nn
 
 from runlm.errors import ModelLoadError
-from runlm.load import Family, register_family
+from runlm.loading import Family, register_family
 from runlm.models.base import (
     CachedRunner,
     DecoderLM,
@@ -69,7 +69,12 @@ def build(config: ModelConfig, weights: WeightLoader) -> DecoderLM:
             weights.linear([p + "mlp.down_proj.weight"]),
             activation="gelu_tanh",
         )
-        names = ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        names = [
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        ]
         layers.append(SandwichBlock([norm(p + n + ".weight") for n in names], attn, mlp))
     return DecoderLM(
         config,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runlm.load import Family, register_family
+from runlm.loading import Family, register_family
 from runlm.models.base import (
     CachedRunner,
     DecoderLM,

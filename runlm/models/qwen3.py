@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runlm.load import Family, register_family
+from runlm.loading import Family, register_family
 from runlm.models.base import CachedRunner, ModelConfig, WeightLoader, gguf_common_config, hf_common_config
 from runlm.models.llama import build_prenorm_decoder
 

@@ -106,8 +106,17 @@ def _llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _write_gguf(path: Path, arch: str, state: dict, config, tok, extra_names: dict, permute_qk: bool, norm_plus_one: bool,
-                quant: str | None = None) -> None:
+def _write_gguf(
+    path: Path,
+    arch: str,
+    state: dict,
+    config,
+    tok,
+    extra_names: dict,
+    permute_qk: bool,
+    norm_plus_one: bool,
+    quant: str | None = None,
+) -> None:
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
@@ -155,8 +164,9 @@ def _write_gguf(path: Path, arch: str, state: dict, config, tok, extra_names: di
     writer.close()
 
 
-def _finish(model, config, directory: Path, arch: str, extra_names: dict, permute_qk: bool, norm_plus_one: bool,
-            gguf_extra=None):
+def _finish(
+    model, config, directory: Path, arch: str, extra_names: dict, permute_qk: bool, norm_plus_one: bool, gguf_extra=None
+):
     directory.mkdir(parents=True, exist_ok=True)
     tok = tiny_tokenizer()
     model.save_pretrained(str(directory / "hf"), safe_serialization=True)
@@ -174,11 +184,24 @@ def build_llama(directory: Path, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-        rms_norm_eps=1e-5, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).eval()
@@ -197,9 +220,17 @@ def build_qwen3(directory: Path, seed: int = 1, tied: bool = True):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-        rms_norm_eps=1e-6, tie_word_embeddings=tied, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=tied,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).eval()
@@ -220,14 +251,24 @@ def build_gemma3(directory: Path, seed: int = 2):
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     config = Gemma3TextConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=len(GEMMA_LAYERS),
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-        rms_norm_eps=1e-6, query_pre_attn_scalar=16, sliding_window=GEMMA_WINDOW, layer_types=GEMMA_LAYERS,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=len(GEMMA_LAYERS),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        query_pre_attn_scalar=16,
+        sliding_window=GEMMA_WINDOW,
+        layer_types=GEMMA_LAYERS,
         rope_parameters={
             "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0},
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
         },
-        final_logit_softcapping=None, attn_logit_softcapping=None,
+        final_logit_softcapping=None,
+        attn_logit_softcapping=None,
     )
     torch.manual_seed(seed)
     model = Gemma3ForCausalLM(config).eval()

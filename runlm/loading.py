@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from runlm.errors import ModelLoadError, UnsupportedArchitectureError
+from runlm.errors import InvalidInputError, ModelLoadError, UnsupportedArchitectureError
 from runlm.models.base import (
     CachedRunner,
     DecoderLM,
@@ -58,7 +58,9 @@ def _families() -> dict[str, Family]:
 
 def supported() -> str:
     fams = _families().values()
-    return ", ".join(sorted({a for f in fams for a in f.gguf_architectures} | {t for f in fams for t in f.hf_model_types}))
+    return ", ".join(
+        sorted({a for f in fams for a in f.gguf_architectures} | {t for f in fams for t in f.hf_model_types})
+    )
 
 
 def family_for_gguf(arch: str, path: Path) -> Family:
@@ -116,19 +118,26 @@ def resolve_model(name_or_path: str | Path | None) -> Path:
     return path
 
 
-def load(
-    name_or_path: str | Path | None = None,
-    dtype: torch.dtype | str = torch.float32,
-    packed: bool = False,
-    max_context: int | None = None,
-) -> LoadedModel:
-    """Load a GGUF file, a Hugging Face directory or a catalog model into a ready runner."""
+DTYPES = {
+    # name: (dense weight / activation dtype, keep Q4_0 / Q4_1 / Q4_K packed as int4)
+    "auto": (torch.float32, True),
+    "f32": (torch.float32, False),
+    "bf16": (torch.bfloat16, True),
+}
+
+
+def load(name_or_path: str | Path | None = None, dtype: str = "auto", max_context: int | None = None) -> LoadedModel:
+    """Load a GGUF file, a Hugging Face directory or a catalog model into a ready runner.
+
+    dtype "f32" is the float32 reference; "auto" keeps 4-bit GGUF weights packed.
+    """
     from runlm import catalog
 
+    if dtype not in DTYPES:
+        raise InvalidInputError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    dtype, packed = DTYPES[dtype]
     catalog_name = name_or_path if isinstance(name_or_path, str) and name_or_path in catalog.CATALOG else None
     path = resolve_model(name_or_path)
-    if isinstance(dtype, str):
-        dtype = {"f32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16}[dtype]
     if path.is_dir():
         loaded = _load_hf(path, dtype, packed, max_context)
     else:
@@ -191,7 +200,7 @@ def _load_hf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | No
     family = family_for_hf(config_dict, path)
     config = family.config_from_hf(config_dict)
     source = SafetensorsSource(path, family.hf_prefixes)
-    model = family.build(config, WeightLoader(source, dtype, packed=False))
+    model = family.build(config, WeightLoader(source, dtype, packed=False))  # safetensors hold plain floats
     runner = family.runner(model, max_context)
     if not (path / "tokenizer.json").is_file():
         raise ModelLoadError(f"{path}: no tokenizer.json")

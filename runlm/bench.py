@@ -1,0 +1,313 @@
+"""`runlm bench`: runlm and its peers measured side by side, each in its own process.
+
+Every peer gets the same token ids (tokenized once by runlm), the same thread
+count, the same procedure: warm-up, timed prefill, timed greedy decode, peak
+resident memory after that run, then perplexity on a fixed English text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+PEERS = ("runlm", "runlm-f32", "llama.cpp", "transformers")
+PPL_CHUNK = 128
+
+
+def english_text() -> str:
+    """The GNU GPL v3: real English prose that no one here wrote, shipped with the package."""
+    return resources.files("runlm").joinpath("data/GPL-3.txt").read_text()
+
+
+def peak_rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def nll_of(logits, targets) -> float:
+    import torch
+
+    logprobs = torch.log_softmax(torch.as_tensor(logits).float(), dim=-1)
+    return -logprobs.gather(-1, torch.as_tensor(targets)[:, None]).sum().item()
+
+
+# -- one adapter per peer: load, prefill, decode step, perplexity -----------------------------
+
+
+class RunlmPeer:
+    def __init__(self, path: str, threads: int, packed: bool):
+        import torch
+
+        from runlm import load
+
+        torch.set_num_threads(threads)
+        self.runner = load(path, dtype="auto" if packed else "f32").runner
+
+    def prefill(self, ids: list[int]) -> int:
+        return int(self.runner.prefill_logits(ids).argmax())
+
+    def decode(self, token: int) -> int:
+        return int(self.runner.decode_logits(token).argmax())
+
+    def nll(self, ids: list[int]) -> float:
+        """Total negative log-likelihood of ids[1:], chunk by chunk on the KV cache."""
+        total, prev = 0.0, None
+        self.runner.reset()
+        for start in range(0, len(ids), PPL_CHUNK):
+            chunk = ids[start : start + PPL_CHUNK]
+            logits = self.runner.extend_all(chunk)
+            if prev is not None:
+                total += nll_of(prev[None], chunk[:1])
+            total += nll_of(logits[:-1], chunk[1:])
+            prev = logits[-1]
+        return total
+
+
+class LlamaCppPeer:
+    def __init__(self, path: str, threads: int, n_ctx: int):
+        from llama_cpp import Llama
+
+        self.llm = Llama(
+            model_path=path,
+            n_threads=threads,
+            n_threads_batch=threads,
+            n_ctx=n_ctx,
+            n_batch=512,
+            logits_all=False,
+            verbose=False,
+        )
+        self.path, self.threads, self.n_ctx = path, threads, n_ctx
+
+    def prefill(self, ids: list[int]) -> int:
+        self.llm.reset()
+        self.llm.eval(ids)
+        return int(self.llm.scores[self.llm.n_tokens - 1].argmax())
+
+    def decode(self, token: int) -> int:
+        self.llm.eval([token])
+        return int(self.llm.scores[self.llm.n_tokens - 1].argmax())
+
+    def nll(self, ids: list[int]) -> float:
+        from llama_cpp import Llama
+
+        del self.llm
+        llm = Llama(
+            model_path=self.path,
+            n_threads=self.threads,
+            n_ctx=self.n_ctx,
+            n_batch=PPL_CHUNK,
+            logits_all=True,
+            verbose=False,
+        )
+        llm.eval(ids)
+        return nll_of(llm.scores[: len(ids) - 1], ids[1:])
+
+
+class TransformersPeer:
+    def __init__(self, path: str, threads: int):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(threads)
+        p = Path(path)
+        self.model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32).eval()
+        self.past = None
+
+    def _run(self, ids: list[int]):
+        import torch
+
+        with torch.inference_mode():
+            out = self.model(torch.tensor([ids]), past_key_values=self.past, use_cache=True)
+        self.past = out.past_key_values
+        return out.logits[0]
+
+    def prefill(self, ids: list[int]) -> int:
+        self.past = None
+        return int(self._run(ids)[-1].argmax())
+
+    def decode(self, token: int) -> int:
+        return int(self._run([token])[-1].argmax())
+
+    def nll(self, ids: list[int]) -> float:
+        self.past = None
+        total, prev = 0.0, None
+        for start in range(0, len(ids), PPL_CHUNK):
+            chunk = ids[start : start + PPL_CHUNK]
+            logits = self._run(chunk)
+            if prev is not None:
+                total += nll_of(prev[None], chunk[:1])
+            total += nll_of(logits[:-1], chunk[1:])
+            prev = logits[-1]
+        return total
+
+
+def worker(spec: dict) -> dict:
+    """Measure one peer in this process; returns the numbers as a dict."""
+    peer_name, path, threads = spec["peer"], spec["path"], spec["threads"]
+    prompt, gen, ppl_ids = spec["prompt_ids"], spec["gen_tokens"], spec["ppl_ids"]
+    started = time.perf_counter()
+    if peer_name in ("runlm", "runlm-f32"):
+        peer = RunlmPeer(path, threads, packed=peer_name == "runlm")
+    elif peer_name == "llama.cpp":
+        peer = LlamaCppPeer(path, threads, n_ctx=max(len(prompt) + gen, len(ppl_ids)) + 16)
+    else:
+        peer = TransformersPeer(path, threads)
+    load_s = time.perf_counter() - started
+
+    warm = time.perf_counter()
+    token = peer.prefill(prompt[:16])
+    for _ in range(4):
+        token = peer.decode(token)
+    warmup_s = time.perf_counter() - warm
+
+    t0 = time.perf_counter()
+    token = peer.prefill(prompt)
+    t1 = time.perf_counter()
+    for _ in range(gen):
+        token = peer.decode(token)
+    t2 = time.perf_counter()
+    rss = peak_rss_mb()
+
+    nll = peer.nll(ppl_ids)
+    return {
+        "peer": peer_name,
+        "load_s": load_s,
+        "warmup_s": warmup_s,
+        "prefill_tok_s": len(prompt) / (t1 - t0),
+        "decode_tok_s": gen / (t2 - t1),
+        "peak_rss_mb": rss,
+        "ppl": math.exp(nll / (len(ppl_ids) - 1)),
+    }
+
+
+# -- the parent: spawn workers, print the table ------------------------------------------------
+
+
+def run_bench(args) -> int:
+    from runlm.loading import resolve_model
+
+    path = resolve_model(args.model)
+    threads = args.threads or os.cpu_count() or 1
+    tokenizer = load_tokenizer(path)
+    text_ids = tokenizer.encode(english_text())
+    needed = max(args.prompt_tokens, args.ppl_tokens)
+    if len(text_ids) < needed:
+        text_ids = (text_ids * (needed // len(text_ids) + 1))[:needed]
+    spec = {
+        "path": str(path),
+        "threads": threads,
+        "prompt_ids": text_ids[: args.prompt_tokens],
+        "gen_tokens": args.gen_tokens,
+        "ppl_ids": text_ids[: args.ppl_tokens],
+    }
+    peers = ["runlm"] + [p for p in args.vs if p != "runlm"]
+    results, skipped = [], []
+    for peer in peers:
+        reason = missing_peer(peer)
+        if reason:
+            skipped.append((peer, reason))
+            continue
+        print(f"bench: measuring {peer} ...", file=sys.stderr, flush=True)
+        outcome = run_worker({**spec, "peer": peer})
+        if "error" in outcome:
+            skipped.append((peer, outcome["error"]))
+        else:
+            results.append(outcome)
+    print_table(path, threads, args, results, skipped)
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {"model": str(path), "threads": threads, "results": results, "skipped": skipped, "machine": machine()},
+                indent=2,
+            )
+        )
+    return 0 if results else 1
+
+
+def load_tokenizer(path: Path):
+    from runlm.formats.gguf import GGUFFile
+    from runlm.text import Tokenizer
+
+    if path.is_dir():
+        return Tokenizer.from_hf_dir(path)
+    return Tokenizer.from_gguf(GGUFFile(path).metadata)
+
+
+def missing_peer(peer: str) -> str | None:
+    import importlib.util
+
+    module = {"llama.cpp": "llama_cpp", "transformers": "transformers"}.get(peer)
+    if module and importlib.util.find_spec(module) is None:
+        return f"not installed (pip install {'llama-cpp-python' if module == 'llama_cpp' else module})"
+    return None
+
+
+def run_worker(spec: dict) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "runlm.bench"], input=json.dumps(spec), capture_output=True, text=True, env=env
+    )
+    for line in reversed(proc.stdout.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"error": f"worker failed: {tail}"}
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+COLUMNS = [
+    ("load_s", "load s", False),
+    ("prefill_tok_s", "prefill tok/s", True),
+    ("decode_tok_s", "decode tok/s", True),
+    ("peak_rss_mb", "peak RSS MB", False),
+    ("ppl", "perplexity", False),
+]
+
+
+def print_table(path: Path, threads: int, args, results: list[dict], skipped: list) -> None:
+    print(
+        f"model: {path.name}   threads: {threads}   prompt: {args.prompt_tokens}   gen: {args.gen_tokens}   "
+        f"ppl tokens: {args.ppl_tokens}"
+    )
+    print(f"machine: {machine()}")
+    header = f"| {'peer':<14} | " + " | ".join(f"{title:>13}" for _, title, _ in COLUMNS) + " |"
+    print(header)
+    print("|" + "|".join("-" * (len(cell) + 0) for cell in header.split("|")[1:-1]) + "|")
+    for row in results:
+        print(f"| {row['peer']:<14} | " + " | ".join(f"{row[key]:>13.2f}" for key, _, _ in COLUMNS) + " |")
+    ours = next((r for r in results if r["peer"] == "runlm"), None)
+    if ours:
+        for row in results:
+            if row is ours:
+                continue
+            ratios = " | ".join(f"{ours[key] / row[key]:>12.2f}x" for key, _, _ in COLUMNS)
+            print(f"| {'runlm/' + row['peer']:<14} | {ratios} |")
+    for peer, reason in skipped:
+        print(f"skipped {peer}: {reason}")
+
+
+if __name__ == "__main__":
+    print(json.dumps(worker(json.loads(sys.stdin.read()))))

@@ -1,0 +1,243 @@
+"""The `runlm` command: generate, chat, info, pull, serve, bench."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from runlm.errors import RunlmError
+
+
+def _add_model(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-m", "--model", default=None, help="catalog name or path (GGUF file or HF directory)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "f32", "bf16"],
+        help="auto: packed int4 where GGUF allows it, else f32 (the reference)",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    parser.add_argument("--ctx", type=int, default=None, help="context length (default: the model's)")
+
+
+def _add_sampling(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="runlm", description="Run open language models locally.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="stream a completion for one prompt")
+    _add_model(gen)
+    _add_sampling(gen)
+    gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    gen.add_argument("--system", default=None, help="system prompt (chat models)")
+    gen.add_argument("--image", default=None, help="an image file for multimodal models")
+    gen.add_argument("prompt")
+
+    chat = sub.add_parser("chat", help="interactive multi-turn chat")
+    _add_model(chat)
+    _add_sampling(chat)
+    chat.add_argument("--system", default=None)
+    chat.add_argument("--web", action="store_true", help="serve the chat page and open it in a browser")
+    chat.add_argument("--port", type=int, default=8000)
+
+    info = sub.add_parser("info", help="family, format, quantization, context, vocabulary")
+    _add_model(info)
+    info.add_argument("model_arg", nargs="?", default=None, metavar="MODEL")
+
+    pull = sub.add_parser("pull", help="download a catalog model into the cache")
+    pull.add_argument("name", nargs="?", default=None)
+    pull.add_argument("--force", action="store_true")
+
+    sub.add_parser("list", help="list catalog models and whether they are pulled")
+
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    _add_model(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require this bearer token (or set RUNLM_API_KEY)")
+    serve.add_argument("--prompt-cache-mb", type=int, default=256)
+    serve.add_argument("--max-queue", type=int, default=16)
+
+    bench = sub.add_parser("bench", help="speed, memory and perplexity side by side with peers")
+    _add_model(bench)
+    bench.add_argument("--prompt-tokens", type=int, default=512)
+    bench.add_argument("--gen-tokens", type=int, default=128)
+    bench.add_argument("--vs", action="append", default=[], choices=["llama.cpp", "transformers"])
+    bench.add_argument("--ppl-tokens", type=int, default=1024)
+    bench.add_argument("--json", default=None, help="also write the results to this JSON file")
+    return parser
+
+
+def _load(args: argparse.Namespace, model: str | None = None):
+    import torch
+
+    from runlm import load
+
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    name = model if model is not None else args.model
+    return load(name, dtype=args.dtype, max_context=args.ctx)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    loaded = _load(args)
+    if args.image is not None:
+        raise RunlmError("images are not supported yet: no family in this build has a vision tower")
+    if args.raw or loaded.chat_template is None:
+        ids = loaded.tokenizer.encode(args.prompt)
+    else:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": args.prompt}
+        ]
+        ids = loaded.tokenizer.encode(loaded.chat_template.render(messages), add_bos=False)
+    _stream_reply(loaded, ids, args)
+    return 0
+
+
+def _stream_reply(loaded, ids: list[int], args: argparse.Namespace) -> str:
+    """Print the reply as it is produced; return its text."""
+    from runlm.engine import GenerationRequest, generate_stream
+    from runlm.sampling import SamplingParams
+
+    request = GenerationRequest(
+        prompt_ids=ids,
+        max_tokens=args.max_tokens,
+        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed),
+    )
+    pieces = []
+    for event in generate_stream(loaded.runner, loaded.tokenizer, request):
+        if event.text:
+            pieces.append(event.text)
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+    sys.stdout.write("\n")
+    return "".join(pieces)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    if args.web:
+        return _chat_web(args)
+    loaded = _load(args)
+    if loaded.chat_template is None:
+        raise RunlmError(f"{loaded.path}: the model has no chat template; use `runlm generate --raw`")
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    print(f"runlm chat: {loaded.path.name} ({loaded.family.name}). Empty line or Ctrl-D to quit.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        if not line.strip():
+            return 0
+        messages.append({"role": "user", "content": line})
+        ids = loaded.tokenizer.encode(loaded.chat_template.render(messages), add_bos=False)
+        reply = _stream_reply(loaded, ids, args)
+        messages.append({"role": "assistant", "content": reply})
+
+
+def _chat_web(args: argparse.Namespace) -> int:
+    import threading
+    import webbrowser
+
+    url = f"http://127.0.0.1:{args.port}/"
+    threading.Timer(2.0, lambda: webbrowser.open(url)).start()
+    serve_args = argparse.Namespace(**vars(args), host="127.0.0.1", api_key=None, prompt_cache_mb=256, max_queue=16)
+    return cmd_serve(serve_args)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    loaded = _load(args, args.model_arg or args.model)
+    cfg = loaded.config
+    rows = [
+        ("path", str(loaded.path)),
+        ("family", loaded.family.name),
+        ("format", loaded.format),
+        ("quantization", loaded.quantization),
+        ("context length", str(cfg.max_position)),
+        ("vocabulary", str(cfg.vocab_size)),
+        ("layers", str(cfg.num_layers)),
+        ("hidden size", str(cfg.hidden_size)),
+        ("heads (q / kv)", f"{cfg.num_heads} / {cfg.num_kv_heads}"),
+        ("chat template", "yes" if loaded.chat_template is not None else "no"),
+    ]
+    for key, value in rows:
+        print(f"{key:>16}: {value}")
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from runlm import catalog
+
+    name = args.name or catalog.DEFAULT_MODEL
+    path = catalog.pull(name, progress=True, force=args.force)
+    print(path)
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from runlm import catalog
+
+    for model in catalog.CATALOG.values():
+        mark = "pulled" if catalog.is_pulled(model.name) else "-"
+        default = " (default)" if model.name == catalog.DEFAULT_MODEL else ""
+        print(f"{model.name:<16} {mark:<7} {model.description}{default}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
+    from runlm.server import serve
+
+    loaded = _load(args)
+    serve(
+        loaded,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or os.environ.get("RUNLM_API_KEY"),
+        prompt_cache_mb=args.prompt_cache_mb,
+        max_queue=args.max_queue,
+    )
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from runlm.bench import run_bench
+
+    return run_bench(args)
+
+
+COMMANDS = {
+    "generate": cmd_generate,
+    "chat": cmd_chat,
+    "info": cmd_info,
+    "pull": cmd_pull,
+    "list": cmd_list,
+    "serve": cmd_serve,
+    "bench": cmd_bench,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except RunlmError as exc:
+        print(f"runlm: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""GGML quantized tensors: reference dequantization and packed fast-path linear layers."""
+
+from __future__ import annotations
+
+from runlm.quant.dequant import BLOCK_LAYOUTS, SUPPORTED_TYPES, dequantize
+from runlm.quant.packed import (
+    FAST_INT4_DTYPES,
+    INT4_TYPES,
+    ConcatLinear,
+    DenseLinear,
+    Int4Linear,
+    concat_linears,
+    make_linear,
+    pack_linear,
+)
+
+__all__ = [
+    "BLOCK_LAYOUTS",
+    "FAST_INT4_DTYPES",
+    "INT4_TYPES",
+    "SUPPORTED_TYPES",
+    "ConcatLinear",
+    "DenseLinear",
+    "Int4Linear",
+    "concat_linears",
+    "dequantize",
+    "make_linear",
+    "pack_linear",
+]

@@ -1,0 +1,281 @@
+"""Chat templates: the model's own Jinja template turns messages into the prompt text.
+
+Templates come from model files (GGUF metadata, Hugging Face directories), so they are untrusted
+code: they run in Jinja's immutable sandbox, with the helpers transformers gives templates so that
+the same template renders the same text here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.utils
+from jinja2.exceptions import SecurityError, TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from runlm.errors import TokenizerError
+
+
+class _StrictSandbox(ImmutableSandboxedEnvironment):
+    """The immutable sandbox, but reaching for an unsafe attribute (`__class__`, `__globals__`...)
+    fails at once instead of quietly rendering as an empty string."""
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
+        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` (marks assistant text for training masks): render the body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body).set_lineno(lineno)
+
+
+class _Namespace(jinja2.utils.Namespace):
+    """`namespace()` that refuses underscore names, so templates cannot shadow internals."""
+
+    def __init__(*args: Any, **kwargs: Any):  # same signature trick as jinja2.utils.Namespace
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            _Namespace._check(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _Namespace._check(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check(name: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise SecurityError(f"chat templates cannot set underscore attribute {name!r} on a namespace")
+
+
+def _raise_exception(message: str) -> None:
+    raise TokenizerError(f"chat template error: {message}")
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys=False) -> str:
+    # Jinja's own tojson escapes HTML characters; templates expect plain JSON (as transformers renders it).
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _environment() -> _StrictSandbox:
+    env = _StrictSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationTag])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["namespace"] = _Namespace
+    return env
+
+
+def _plain(value: Any) -> Any:
+    """A deep copy in plain dicts/lists, so the template sees data only, never the caller's objects."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+class ChatTemplate:
+    """One chat template, compiled once; `render` turns messages into the prompt text."""
+
+    def __init__(
+        self, source: str, *, bos_token: str | None = None, eos_token: str | None = None, name: str | None = None
+    ):
+        if not isinstance(source, str) or not source.strip():
+            raise TokenizerError("a chat template must be a non-empty string")
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.name = name
+        try:
+            self._template = _environment().from_string(source)
+        except TemplateError as exc:
+            raise TokenizerError(f"malformed chat template: {exc}") from exc
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list | None = None,
+        **extra: Any,
+    ) -> str:
+        """The prompt text for `messages` ([{"role": ..., "content": ...}, ...]).
+
+        `tools` are JSON-schema dicts; `extra` reaches the template as variables (e.g. `enable_thinking`,
+        `documents`) and may override `bos_token`/`eos_token`.
+        """
+        if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)):
+            raise TokenizerError("messages must be a list of {'role': ..., 'content': ...} dicts")
+        for message in messages:
+            if not isinstance(message, Mapping) or "role" not in message:
+                raise TokenizerError(f"each message must be a dict with a 'role', got {message!r}")
+        variables: dict[str, Any] = {"documents": None}
+        if self.bos_token is not None:
+            variables["bos_token"] = self.bos_token
+        if self.eos_token is not None:
+            variables["eos_token"] = self.eos_token
+        variables.update(_plain(extra))
+        variables.update(
+            messages=_plain(list(messages)),
+            tools=_plain(tools) if tools is not None else None,
+            add_generation_prompt=bool(add_generation_prompt),
+        )
+        try:
+            return self._template.render(**variables)
+        except TokenizerError:
+            raise
+        except TemplateError as exc:
+            raise TokenizerError(f"chat template failed: {exc}") from exc
+        except Exception as exc:  # a template can raise anything (TypeError on bad concatenation, ...)
+            raise TokenizerError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+
+    # ------------------------------------------------------------------ constructors
+
+    @classmethod
+    def from_gguf(cls, metadata: Mapping[str, Any], name: str | None = None) -> ChatTemplate | None:
+        """The template a GGUF carries (`tokenizer.chat_template`, or `tokenizer.chat_template.<name>`);
+        None when it has none."""
+        key = "tokenizer.chat_template" if name is None else f"tokenizer.chat_template.{name}"
+        source = metadata.get(key)
+        if not isinstance(source, str) or not source.strip():
+            return None
+        tokens = metadata.get("tokenizer.ggml.tokens")
+
+        def token(key: str) -> str | None:
+            index = metadata.get(f"tokenizer.ggml.{key}")
+            if isinstance(tokens, list) and isinstance(index, int) and 0 <= index < len(tokens):
+                return tokens[index]
+            return None
+
+        return cls(source, bos_token=token("bos_token_id"), eos_token=token("eos_token_id"), name=name)
+
+    @classmethod
+    def from_hf_dir(cls, path: str | Path, name: str | None = None) -> ChatTemplate | None:
+        """The template of a Hugging Face directory: chat_template.jinja, tokenizer_config.json's
+        `chat_template` (a string, or a list of {name, template}), or chat_template.json; None if none."""
+        root = Path(path)
+        config = _read_json(root / "tokenizer_config.json")
+        bos, eos = _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
+        candidates: list[Any] = []
+        if name is not None:
+            named = root / "additional_chat_templates" / f"{name}.jinja"
+            if named.is_file():
+                candidates.append(named.read_text(encoding="utf-8"))
+        jinja_file = root / "chat_template.jinja"
+        if name is None and jinja_file.is_file():
+            candidates.append(jinja_file.read_text(encoding="utf-8"))
+        candidates.append(config.get("chat_template"))
+        candidates.append(_read_json(root / "chat_template.json").get("chat_template"))
+        for candidate in candidates:
+            source = _pick(candidate, name)
+            if source is not None:
+                return cls(source, bos_token=bos, eos_token=eos, name=name)
+        return None
+
+    @classmethod
+    def builtin(cls, name: str, bos_token: str | None = None, eos_token: str | None = None) -> ChatTemplate:
+        """A chat format runlm knows for files that carry no template (see BUILTIN_TEMPLATES)."""
+        source = BUILTIN_TEMPLATES.get(name)
+        if source is None:
+            raise TokenizerError(f"no built-in chat format {name!r}; known: {', '.join(sorted(BUILTIN_TEMPLATES))}")
+        return cls(source, bos_token=bos_token, eos_token=eos_token, name=name)
+
+    def __repr__(self) -> str:
+        return f"ChatTemplate(name={self.name!r}, {len(self.source)} chars)"
+
+
+def _pick(candidate: Any, name: str | None) -> str | None:
+    """A template source from a config value: a string, or the named/default entry of a list."""
+    if isinstance(candidate, str) and candidate.strip():
+        return candidate if name is None else None
+    if isinstance(candidate, list):
+        wanted = name or "default"
+        for entry in candidate:
+            if isinstance(entry, Mapping) and entry.get("name") == wanted and isinstance(entry.get("template"), str):
+                return entry["template"]
+    return None
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TokenizerError(f"{path}: cannot read ({exc})") from exc
+    return data if isinstance(data, dict) else {}
+
+
+# Gemma's turn format (Gemma 1-3 model cards): turns are `<start_of_turn>{user|model}\n{text}<end_of_turn>\n`,
+# the whole prompt starts with BOS, there is no system role (its text opens the first user turn,
+# followed by a blank line), and the prompt for a reply ends with an open model turn.
+_GEMMA = r"""
+{%- macro text_of(content) -%}
+    {%- if content is string -%}
+        {{- content -}}
+    {%- elif content is iterable -%}
+        {%- for part in content -%}
+            {%- if part is mapping and part.get('type') == 'text' -%}{{- part.get('text', '') -}}
+            {%- elif part is mapping and part.get('type') == 'image' -%}{{- '<start_of_image>' -}}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- elif content is not none -%}
+        {{- raise_exception('message content must be a string or a list of parts') -}}
+    {%- endif -%}
+{%- endmacro -%}
+{%- if messages and messages[0]['role'] == 'system' -%}
+    {%- set system = text_of(messages[0]['content']) -%}
+    {%- set turns = messages[1:] -%}
+{%- else -%}
+    {%- set system = '' -%}
+    {%- set turns = messages -%}
+{%- endif -%}
+{{- bos_token -}}
+{%- if system and (not turns or turns[0]['role'] != 'user') -%}
+    {{- '<start_of_turn>user\n' + system + '<end_of_turn>\n' -}}
+{%- endif -%}
+{%- for message in turns -%}
+    {%- if message['role'] == 'user' -%}
+        {%- set role = 'user' -%}
+    {%- elif message['role'] in ['assistant', 'model'] -%}
+        {%- set role = 'model' -%}
+    {%- else -%}
+        {{- raise_exception('the gemma chat format has no role ' ~ message['role'] ~ ' (system only first)') -}}
+    {%- endif -%}
+    {{- '<start_of_turn>' + role + '\n' -}}
+    {%- if loop.first and system and role == 'user' -%}{{- system + '\n\n' -}}{%- endif -%}
+    {{- text_of(message['content']) | trim -}}
+    {{- '<end_of_turn>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<start_of_turn>model\n' -}}
+{%- endif -%}
+"""
+
+BUILTIN_TEMPLATES: dict[str, str] = {"gemma": _GEMMA}

@@ -1,0 +1,556 @@
+"""Tokenizers for GGUF files and Hugging Face directories, built on the `tokenizers` library.
+
+A GGUF carries no `tokenizer.json`, only llama.cpp's description of one (vocabulary, merges or
+scores, token types, pre-tokenizer name). We rebuild the same pipeline transformers' GGUF converter
+builds, so ids match the reference tokenizer of the model family.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as _Backend
+
+from runlm.errors import TokenizerError
+
+# llama.cpp token types (gguf.TokenType)
+_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
+
+# Token texts that end a turn when they are special tokens (llama.cpp's end-of-generation list).
+EOG_TOKEN_TEXTS = (
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "<|return|>",
+    "<|call|>",
+)
+
+_GEMMA_ARCHS = frozenset({"gemma", "gemma2", "gemma3", "gemma3n"})
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+# ---------------------------------------------------------------------------------------------
+# Byte-level BPE pre-tokenizers, by `tokenizer.ggml.pre` (names and groups as llama.cpp reads them,
+# regexes as the families' own tokenizer.json files write them).
+
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN35_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_TEKKEN_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_DEEPSEEK3_SPLITS = (
+    r"\p{N}{1,3}",
+    r"[一-龥぀-ゟ゠-ヿ]+",
+    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+)
+
+_GPT2 = "gpt2"  # ByteLevel's own GPT-2 regex
+_DIGITS = "digits"  # every digit alone, then the GPT-2 regex (StarCoder-style vocabularies)
+
+
+class _Pre:
+    """How one `tokenizer.ggml.pre` splits text, and the defaults llama.cpp attaches to it."""
+
+    def __init__(self, splits: str | tuple[str, ...], *, ignore_merges: bool = False, add_bos: bool = False):
+        self.splits = splits
+        self.ignore_merges = ignore_merges
+        self.add_bos = add_bos
+
+    def build(self) -> pre_tokenizers.PreTokenizer:
+        if self.splits == _GPT2:
+            return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        if self.splits == _DIGITS:
+            return pre_tokenizers.Sequence(
+                [
+                    pre_tokenizers.Digits(individual_digits=True),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+                ]
+            )
+        splits = (self.splits,) if isinstance(self.splits, str) else self.splits
+        return pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(s), behavior="isolated") for s in splits]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
+
+
+def _group(names: str, pre: _Pre) -> dict[str, _Pre]:
+    return dict.fromkeys(names.split(), pre)
+
+
+BPE_PRE_TYPES: dict[str, _Pre] = {
+    **_group(
+        "default gpt-2 gpt2 phi-2 mpt olmo jais gigachat exaone4 a.x-4.0 mellum trillion granite-docling "
+        "jina-es jina-de jina-v2-es jina-v2-de",
+        _Pre(_GPT2),
+    ),
+    **_group("starcoder refact smollm codeshell command-r exaone minerva-7b", _Pre(_DIGITS)),
+    **_group(
+        "llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano",
+        _Pre(_LLAMA3_SPLIT, ignore_merges=True, add_bos=True),
+    ),
+    **_group("dbrx smaug-bpe glm4 chatglm-bpe", _Pre(_LLAMA3_SPLIT)),
+    **_group("qwen2 qwen2.5 qwen-2.5 deepseek-r1-qwen kormo f2llmv2 megrez stablelm2 hunyuan", _Pre(_QWEN2_SPLIT)),
+    "qwen35": _Pre(_QWEN35_SPLIT),
+    "tekken": _Pre(_TEKKEN_SPLIT, ignore_merges=True, add_bos=True),
+    **_group("gpt-4o llama4 kanana2 talkie minimax-m2", _Pre(_GPT4O_SPLIT)),
+    "deepseek-v3": _Pre(_DEEPSEEK3_SPLITS),
+}
+
+
+@lru_cache(maxsize=1)
+def _byte_alphabet() -> tuple[dict[int, str], dict[str, int]]:
+    """GPT-2's printable spelling of every byte, both ways."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    to_char = {b: chr(c) for b, c in zip(printable, chars, strict=True)}
+    return to_char, {c: b for b, c in to_char.items()}
+
+
+def _generate_merges(vocab: Mapping[str, int], ranking: Mapping[str, float]) -> list[tuple[str, str]]:
+    """The merges a merge-less vocabulary implies: every split of a token into two known tokens,
+    best-ranked result first (transformers' `generate_merges`, so ties break the same way)."""
+    merges: list[tuple[str, str, float]] = []
+    for piece, score in ranking.items():
+        local = []
+        for i in range(1, len(piece)):
+            left, right = piece[:i], piece[i:]
+            if left in vocab and right in vocab:
+                local.append((left, right, score))
+        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        merges.extend(local)
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(a, b) for a, b, _ in merges]
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TokenizerError(f"{path}: cannot read ({exc})") from exc
+    if not isinstance(data, dict):
+        raise TokenizerError(f"{path}: expected a JSON object")
+    return data
+
+
+class Tokenizer:
+    """Text <-> token ids for one model, with its BOS/EOS conventions and end-of-turn tokens.
+
+    Build it with `from_gguf` or `from_hf_dir`; the constructor takes an assembled backend.
+    """
+
+    def __init__(
+        self,
+        backend: _Backend,
+        *,
+        bos_id: int | None,
+        eos_id: int | None,
+        add_bos: bool,
+        add_eos: bool = False,
+        extra_stop_ids: Iterable[int] = (),
+        byte_mode: str = "byte_level",
+        strip_mode: tuple[str, int] = ("none", 0),
+    ):
+        backend.no_truncation()
+        backend.no_padding()
+        self._backend = backend
+        self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        self.bos_id = bos_id if bos_id is not None and 0 <= bos_id < self.vocab_size else None
+        self.eos_id = eos_id if eos_id is not None and 0 <= eos_id < self.vocab_size else None
+        self.add_bos = bool(add_bos) and self.bos_id is not None
+        self.add_eos = bool(add_eos) and self.eos_id is not None
+        added = backend.get_added_tokens_decoder()
+        self.special_ids: frozenset[int] = frozenset(i for i, t in added.items() if t.special)
+        stops = {i for i in extra_stop_ids if 0 <= i < self.vocab_size}
+        if self.eos_id is not None:
+            stops.add(self.eos_id)
+        for text in EOG_TOKEN_TEXTS:
+            token_id = backend.token_to_id(text)
+            if token_id is not None and token_id in self.special_ids:
+                stops.add(token_id)
+        self.stop_ids: frozenset[int] = frozenset(stops)
+        # How one token's text becomes bytes, mirroring the decoder (see token_to_bytes).
+        self._byte_mode = byte_mode
+        # Leading spaces the decoder strips from a sequence: ("string", n) from the whole text (Strip
+        # decoder), ("first_token", 1) from the first token only (Metaspace decoder), or ("none", 0).
+        self.strip_mode = strip_mode
+        self._bytes_cache: dict[int, bytes] = {}
+
+    # ------------------------------------------------------------------ constructors
+
+    @classmethod
+    def from_gguf(cls, metadata: Mapping[str, Any] | str | Path) -> Tokenizer:
+        """The tokenizer a GGUF's `tokenizer.ggml.*` metadata describes (or a GGUF file's path)."""
+        if isinstance(metadata, (str, Path)):
+            from runlm.formats.gguf import GGUFFile
+
+            metadata = GGUFFile(metadata).metadata
+        model = metadata.get("tokenizer.ggml.model")
+        tokens = metadata.get("tokenizer.ggml.tokens")
+        if not isinstance(tokens, list) or not tokens:
+            raise TokenizerError("GGUF metadata has no tokenizer.ggml.tokens vocabulary")
+        types = metadata.get("tokenizer.ggml.token_type")
+        if not isinstance(types, list) or len(types) != len(tokens):
+            types = [_NORMAL] * len(tokens)
+        if model == "gpt2":
+            backend, pre = cls._gguf_byte_level(metadata, tokens, types)
+            default_add_bos = pre.add_bos
+            byte_mode, strip_mode = "byte_level", ("none", 0)
+        elif model == "llama":
+            backend, strip_mode = cls._gguf_sentencepiece(metadata, tokens, types)
+            default_add_bos = True
+            byte_mode = "spm"
+        else:
+            raise TokenizerError(
+                f"unsupported GGUF tokenizer model {model!r} (supported: 'gpt2' byte-level BPE, 'llama' SentencePiece)"
+            )
+
+        def token_id(key: str) -> int | None:
+            value = metadata.get(f"tokenizer.ggml.{key}")
+            return value if isinstance(value, int) and 0 <= value < len(tokens) else None
+
+        add_bos = metadata.get("tokenizer.ggml.add_bos_token", default_add_bos)
+        add_eos = metadata.get("tokenizer.ggml.add_eos_token", False)
+        extra_stops = [i for i in (token_id("eot_token_id"), token_id("eom_token_id")) if i is not None]
+        return cls(
+            backend,
+            bos_id=token_id("bos_token_id"),
+            eos_id=token_id("eos_token_id"),
+            add_bos=bool(add_bos),
+            add_eos=bool(add_eos),
+            extra_stop_ids=extra_stops,
+            byte_mode=byte_mode,
+            strip_mode=strip_mode,
+        )
+
+    @staticmethod
+    def _gguf_byte_level(metadata: Mapping[str, Any], tokens: list[str], types: list[int]) -> tuple[_Backend, _Pre]:
+        """Byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM...): vocabulary + merges + a split regex."""
+        pre_name = metadata.get("tokenizer.ggml.pre") or "default"
+        pre = BPE_PRE_TYPES.get(pre_name)
+        if pre is None:
+            raise TokenizerError(
+                f"unknown tokenizer.ggml.pre {pre_name!r}: runlm does not know how this vocabulary splits text "
+                f"(known: {', '.join(sorted(BPE_PRE_TYPES))})"
+            )
+        to_char, _ = _byte_alphabet()
+        alphabet = set(to_char.values())
+        vocab: dict[str, int] = {}
+        for index, (token, kind) in enumerate(zip(tokens, types, strict=True)):
+            if kind not in (_CONTROL, _USER_DEFINED) and not set(token) <= alphabet:
+                # A token written as raw text: respell it the way byte-level BPE produces it.
+                token = "".join(to_char[b] for b in token.encode("utf-8"))
+            vocab[token] = index
+        raw_merges = metadata.get("tokenizer.ggml.merges")
+        if isinstance(raw_merges, list) and raw_merges:
+            merges = []
+            for merge in raw_merges:
+                cut = merge.find(" ", 1)
+                if cut < 0:
+                    raise TokenizerError(f"malformed merge {merge!r} in tokenizer.ggml.merges")
+                merges.append((merge[:cut], merge[cut + 1 :]))
+        else:
+            merges = _generate_merges(vocab, {t: -i for t, i in vocab.items()})
+        try:
+            bpe = models.BPE(
+                vocab=vocab,
+                merges=merges,
+                dropout=None,
+                continuing_subword_prefix="",
+                end_of_word_suffix="",
+                fuse_unk=False,
+                ignore_merges=pre.ignore_merges,
+            )
+        except Exception as exc:
+            raise TokenizerError(f"cannot build the byte-level BPE model: {exc}") from exc
+        backend = _Backend(bpe)
+        backend.pre_tokenizer = pre.build()
+        backend.decoder = decoders.ByteLevel()
+        _add_gguf_special_tokens(backend, metadata, tokens, types, vocab)
+        return backend, pre
+
+    @staticmethod
+    def _gguf_sentencepiece(
+        metadata: Mapping[str, Any], tokens: list[str], types: list[int]
+    ) -> tuple[_Backend, tuple[str, int]]:
+        """SentencePiece BPE (Llama 2, Mistral, Gemma...): vocabulary + scores, byte fallback, ▁ for spaces."""
+        arch = metadata.get("general.architecture")
+        gemma = arch in _GEMMA_ARCHS
+        original = tokens
+        if gemma:
+            # Gemma stores its runs of spaces as real spaces; the model looks them up spelled with ▁.
+            tokens = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
+        vocab = {token: index for index, token in enumerate(tokens)}
+        raw_merges = metadata.get("tokenizer.ggml.merges")
+        if isinstance(raw_merges, list) and raw_merges:
+            merges = [tuple(m.split(" ", 1)) for m in raw_merges]
+        else:
+            scores = metadata.get("tokenizer.ggml.scores")
+            if gemma or not isinstance(scores, list) or len(scores) != len(tokens):
+                # Gemma's scores put its added tokens last; the file order is its merge order.
+                ranking = {token: -float(index) for index, token in enumerate(tokens)}
+            else:
+                ranking = dict(zip(tokens, (float(s) for s in scores), strict=True))
+            merges = _generate_merges(vocab, ranking)
+        unk_id = metadata.get("tokenizer.ggml.unknown_token_id")
+        unk = tokens[unk_id] if isinstance(unk_id, int) and 0 <= unk_id < len(tokens) else None
+        try:
+            bpe = models.BPE(vocab=vocab, merges=merges, dropout=None, unk_token=unk, fuse_unk=True, byte_fallback=True)
+        except Exception as exc:
+            raise TokenizerError(f"cannot build the SentencePiece BPE model: {exc}") from exc
+        backend = _Backend(bpe)
+        add_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", not gemma))
+        steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+        strip_mode: tuple[str, int] = ("none", 0)
+        if gemma:
+            # GemmaTokenizer: spaces become ▁ in the normalizer, no pre-tokenizer split.
+            norms = [normalizers.Replace(" ", "▁")]
+            if add_prefix:
+                norms.insert(0, normalizers.Prepend("▁"))
+            backend.normalizer = norms[0] if len(norms) == 1 else normalizers.Sequence(norms)
+        else:
+            # LlamaTokenizer: Metaspace adds the dummy prefix to the first piece, the decoder drops it.
+            backend.pre_tokenizer = pre_tokenizers.Metaspace(
+                replacement="▁", prepend_scheme="first" if add_prefix else "never", split=False
+            )
+            if add_prefix:
+                steps.append(decoders.Strip(content=" ", left=1, right=0))
+                strip_mode = ("string", 1)
+        backend.decoder = decoders.Sequence(steps)
+        # Respelled space runs are not added tokens: the text spells them with spaces, never with ▁.
+        _add_gguf_special_tokens(backend, metadata, original, types, vocab)
+        return backend, strip_mode
+
+    @classmethod
+    def from_hf_dir(cls, path: str | Path) -> Tokenizer:
+        """A Hugging Face tokenizer directory: tokenizer.json, plus tokenizer_config.json and
+        generation_config.json for BOS/EOS, add_bos and extra added tokens."""
+        root = Path(path)
+        tokenizer_file = root / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise TokenizerError(f"{root}: no tokenizer.json")
+        try:
+            backend = _Backend.from_file(str(tokenizer_file))
+        except Exception as exc:
+            raise TokenizerError(f"{tokenizer_file}: cannot load ({exc})") from exc
+        config_file = root / "tokenizer_config.json"
+        config = _read_json(config_file) if config_file.is_file() else {}
+
+        # Added tokens the config declares but tokenizer.json lacks (old checkpoints).
+        known = backend.get_added_tokens_decoder()
+        for raw_id, spec in (config.get("added_tokens_decoder") or {}).items():
+            content = _token_text(spec)
+            if content is None or not str(raw_id).isdigit() or int(raw_id) in known:
+                continue
+            token_id = int(raw_id)
+            if backend.token_to_id(content) == token_id or token_id == backend.get_vocab_size(True):
+                special = bool(spec.get("special", True)) if isinstance(spec, Mapping) else True
+                token = AddedToken(content, special=special, normalized=not special)
+                (backend.add_special_tokens if special else backend.add_tokens)([token])
+
+        def lookup(key: str) -> int | None:
+            text = _token_text(config.get(key))
+            return backend.token_to_id(text) if text is not None else None
+
+        bos_id, eos_id = lookup("bos_token"), lookup("eos_token")
+        add_bos = config.get("add_bos_token")
+        if not isinstance(add_bos, bool):
+            # No flag: the template post-processor says whether the reference adds BOS.
+            add_bos = bos_id is not None and _post_processor_adds(backend, bos_id)
+        add_eos = config.get("add_eos_token") is True
+        extra_stops: list[int] = []
+        generation_file = root / "generation_config.json"
+        if generation_file.is_file():
+            generation = _read_json(generation_file)
+            eos = generation.get("eos_token_id")
+            extra_stops = [eos] if isinstance(eos, int) else [i for i in eos or () if isinstance(i, int)]
+            if eos_id is None and extra_stops:
+                eos_id = extra_stops[0]
+            if bos_id is None and isinstance(generation.get("bos_token_id"), int):
+                bos_id = generation["bos_token_id"]
+        byte_mode, strip_mode = _decoder_modes(json.loads(backend.to_str()).get("decoder"))
+        return cls(
+            backend,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            add_bos=add_bos,
+            add_eos=add_eos,
+            extra_stop_ids=extra_stops,
+            byte_mode=byte_mode,
+            strip_mode=strip_mode,
+        )
+
+    # ------------------------------------------------------------------ API
+
+    @property
+    def backend(self) -> _Backend:
+        """The underlying `tokenizers.Tokenizer` (for batch work or inspection)."""
+        return self._backend
+
+    def encode(self, text: str, add_bos: bool | None = None, add_eos: bool | None = None) -> list[int]:
+        """Token ids of `text`; special tokens written in the text (`<|im_start|>`) become their ids.
+
+        `add_bos`/`add_eos` None follows the model's convention (GGUF `add_bos_token`, tokenizer_config).
+        """
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode() takes a str, got {type(text).__name__}")
+        ids = self._backend.encode(text, add_special_tokens=False).ids
+        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
+            ids.insert(0, self.bos_id)
+        if (self.add_eos if add_eos is None else add_eos) and self.eos_id is not None:
+            ids.append(self.eos_id)
+        return ids
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        """The text of `ids`; special tokens are written out unless `skip_special`."""
+        checked = self._check_ids(ids)
+        return self._backend.decode(checked, skip_special_tokens=skip_special)
+
+    def token_str(self, token_id: int) -> str:
+        """The vocabulary's spelling of a token ('Ġhello', '▁hello', '<0x0A>', '<|im_end|>')."""
+        (token_id,) = self._check_ids([token_id])
+        text = self._backend.id_to_token(token_id)
+        if text is None:
+            raise TokenizerError(f"token id {token_id} has no entry in the vocabulary")
+        return text
+
+    def is_special(self, token_id: int) -> bool:
+        """Whether `decode(..., skip_special=True)` drops this token."""
+        return int(token_id) in self.special_ids
+
+    def token_to_bytes(self, token_id: int) -> bytes:
+        """The bytes this token contributes to decoded text, possibly part of one UTF-8 character.
+
+        Streaming needs bytes, not text: an emoji split over byte tokens has no text until its last
+        byte arrives. Follows the decoder: byte-level spelling, or ▁ / <0xNN> byte fallback.
+        """
+        cached = self._bytes_cache.get(token_id)
+        if cached is not None:
+            return cached
+        token = self.token_str(token_id)
+        if self._byte_mode == "byte_level":
+            _, from_char = _byte_alphabet()
+            try:
+                data = bytes(from_char[c] for c in token)
+            except KeyError:  # not byte-level spelled (an added token written as text)
+                data = token.encode("utf-8")
+        elif self._byte_mode == "spm":
+            match = _BYTE_TOKEN.fullmatch(token)
+            data = bytes([int(match.group(1), 16)]) if match else token.replace("▁", " ").encode("utf-8")
+        else:
+            data = self._backend.decode([token_id], skip_special_tokens=False).encode("utf-8")
+        self._bytes_cache[token_id] = data
+        return data
+
+    def _check_ids(self, ids: Iterable[int]) -> list[int]:
+        try:
+            checked = [int(i) for i in ids]
+        except (TypeError, ValueError) as exc:
+            raise TokenizerError(f"token ids must be integers ({exc})") from exc
+        for i in checked:
+            if not 0 <= i < self.vocab_size:
+                raise TokenizerError(f"token id {i} is outside the vocabulary (size {self.vocab_size})")
+        return checked
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer(vocab_size={self.vocab_size}, bos_id={self.bos_id}, eos_id={self.eos_id}, "
+            f"add_bos={self.add_bos}, stop_ids={sorted(self.stop_ids)})"
+        )
+
+
+def _add_gguf_special_tokens(
+    backend: _Backend, metadata: Mapping[str, Any], tokens: list[str], types: list[int], vocab: Mapping[str, int]
+) -> None:
+    """Register control tokens as special and user-defined ones as plain added tokens, so both are
+    matched whole in text (llama.cpp does the same); without this `<|im_start|>` is cut into pieces."""
+    specials = {i for i, kind in enumerate(types) if kind == _CONTROL}
+    for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
+        value = metadata.get(f"tokenizer.ggml.{key}")
+        if isinstance(value, int) and 0 <= value < len(tokens):
+            specials.add(value)
+    control = [
+        AddedToken(tokens[i], special=True, normalized=False) for i in sorted(specials) if vocab.get(tokens[i]) == i
+    ]
+    user = [
+        AddedToken(token, special=False, normalized=False)
+        for i, (token, kind) in enumerate(zip(tokens, types, strict=True))
+        if kind == _USER_DEFINED and vocab.get(token) == i
+    ]
+    if control:
+        backend.add_special_tokens(control)
+    if user:
+        backend.add_tokens(user)
+
+
+def _post_processor_adds(backend: _Backend, bos_id: int) -> bool:
+    """Whether the backend's post-processor puts BOS in front of a single sequence."""
+    try:
+        with_specials = backend.encode("a", add_special_tokens=True).ids
+        without = backend.encode("a", add_special_tokens=False).ids
+    except Exception:
+        return False
+    return bool(with_specials) and with_specials[0] == bos_id and (not without or without[0] != bos_id)
+
+
+def _decoder_modes(decoder: Mapping[str, Any] | None) -> tuple[str, tuple[str, int]]:
+    """(byte mode, strip mode) for token_to_bytes and streaming, read from a tokenizer.json decoder."""
+    steps = decoder.get("decoders", [decoder]) if isinstance(decoder, Mapping) else []
+    steps = [s for s in steps if isinstance(s, Mapping)]
+    kinds = {s.get("type") for s in steps}
+    strip: tuple[str, int] = ("none", 0)
+    for step in steps:
+        if step.get("type") == "Strip" and step.get("content") == " " and int(step.get("start", 0)) > 0:
+            strip = ("string", int(step["start"]))
+        if step.get("type") == "Metaspace":
+            scheme = step.get("prepend_scheme", "always" if step.get("add_prefix_space", True) else "never")
+            if scheme != "never":
+                strip = ("first_token", 1)
+    if "ByteLevel" in kinds:
+        return "byte_level", strip
+    if "ByteFallback" in kinds or "Metaspace" in kinds:
+        return "spm", strip
+    return "other", strip

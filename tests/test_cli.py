@@ -1,0 +1,71 @@
+"""The `runlm` command, run as a user runs it: a subprocess on the real SmolLM2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from runlm import load
+
+
+def runlm(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "runlm", *args], input=stdin, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_info(smollm2_gguf):
+    out = runlm("info", "smollm2-135m")
+    assert out.returncode == 0, out.stderr
+    assert "family: llama32" in out.stdout
+    assert "quantization: Q4_1" in out.stdout
+    assert "context length: 8192" in out.stdout
+    assert "vocabulary: 49152" in out.stdout
+
+
+def test_generate_streams_the_greedy_answer(smollm2_gguf):
+    prompt = "What is the capital of France?"
+    out = runlm("generate", "-m", str(smollm2_gguf), "--max-tokens", "12", prompt)
+    assert out.returncode == 0, out.stderr
+    loaded = load(smollm2_gguf)
+    ids = loaded.tokenizer.encode(loaded.chat_template.render([{"role": "user", "content": prompt}]), add_bos=False)
+    greedy = loaded.runner.generate(ids, 12)
+    stop = next((i for i, t in enumerate(greedy) if t in loaded.tokenizer.stop_ids), len(greedy))
+    assert out.stdout.strip() == loaded.tokenizer.decode(greedy[:stop]).strip()
+    assert "Paris" in out.stdout
+
+
+def test_generate_raw_with_seed_is_reproducible(smollm2_gguf):
+    args = ("generate", "-m", str(smollm2_gguf), "--raw", "--max-tokens", "8", "--temperature", "0.9", "--seed", "7")
+    first, second = runlm(*args, "Once upon a time"), runlm(*args, "Once upon a time")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout and first.stdout.strip()
+
+
+def test_chat_repl_answers_and_quits(smollm2_gguf):
+    out = runlm("chat", "-m", str(smollm2_gguf), "--max-tokens", "8", stdin="Say hello.\n\n")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("generate", "-m", "/nonexistent/model.gguf", "hi"), "no such file"),
+        (("info", "no-such-model"), "no such file"),
+        (("pull", "no-such-model"), "unknown catalog model"),
+    ],
+)
+def test_errors_are_one_line_and_nonzero(args, message):
+    out = runlm(*args)
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("runlm: error:") and message in lines[0]
+
+
+def test_negative_max_tokens_is_rejected(smollm2_gguf):
+    out = runlm("generate", "-m", str(smollm2_gguf), "--max-tokens", "-3", "hi")
+    assert out.returncode != 0
+    assert "max" in out.stderr.lower()
