@@ -98,25 +98,30 @@ def cmd_generate(args: argparse.Namespace) -> int:
             {"role": "user", "content": args.prompt}
         ]
         ids = loaded.tokenizer.encode(loaded.chat_template.render(messages), add_bos=False)
-    _stream_reply(loaded, ids, args)
+    _stream_reply(_engine(loaded), ids, args)
     return 0
 
 
-def _stream_reply(loaded, ids: list[int], args: argparse.Namespace) -> str:
+def _engine(loaded):
+    from runlm.engine import Engine
+
+    return Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length)
+
+
+def _stream_reply(engine, ids: list[int], args: argparse.Namespace) -> str:
     """Print the reply as it is produced; return its text."""
-    from runlm.engine import GenerationRequest, generate_stream
+    from runlm.engine import GenerationRequest
     from runlm.sampling import SamplingParams
 
-    request = GenerationRequest(
-        prompt_ids=ids,
-        max_tokens=args.max_tokens,
-        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed),
-    )
+    if args.max_tokens < 1:
+        raise RunlmError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    request = GenerationRequest(prompt_ids=ids, max_tokens=args.max_tokens, sampling=sampling)
     pieces = []
-    for event in generate_stream(loaded.runner, loaded.tokenizer, request):
-        if event.text:
-            pieces.append(event.text)
-            sys.stdout.write(event.text)
+    for record in engine.generate(request):
+        if record.text:
+            pieces.append(record.text)
+            sys.stdout.write(record.text)
             sys.stdout.flush()
     sys.stdout.write("\n")
     return "".join(pieces)
@@ -129,6 +134,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if loaded.chat_template is None:
         raise RunlmError(f"{loaded.path}: the model has no chat template; use `runlm generate --raw`")
     messages = [{"role": "system", "content": args.system}] if args.system else []
+    engine = _engine(loaded)  # its prompt cache makes each turn prefill only the new text
     print(f"runlm chat: {loaded.path.name} ({loaded.family.name}). Empty line or Ctrl-D to quit.", file=sys.stderr)
     while True:
         try:
@@ -140,7 +146,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
             return 0
         messages.append({"role": "user", "content": line})
         ids = loaded.tokenizer.encode(loaded.chat_template.render(messages), add_bos=False)
-        reply = _stream_reply(loaded, ids, args)
+        reply = _stream_reply(engine, ids, args)
         messages.append({"role": "assistant", "content": reply})
 
 

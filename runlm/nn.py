@@ -19,9 +19,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * self.scale).to(x.dtype)
+        return F.rms_norm(x.float(), self.scale.shape, self.scale, self.eps).to(x.dtype)
 
 
 # -- rotary position embeddings --------------------------------------------------
@@ -81,20 +79,20 @@ class Rope(nn.Module):
         self.register_buffer("sin", torch.empty(0, inv_freq.numel() * 2), persistent=False)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        needed = int(positions.max()) + 1
+        """cos and signed sin for `positions`, shaped [T, 1, D] to broadcast over [1, T, H, D]."""
+        needed = int(positions[-1]) + 1
         if needed > self.cos.shape[0]:
             size = max(needed, 2 * self.cos.shape[0], 256)
             angles = torch.arange(size, dtype=torch.float32, device=self.inv_freq.device)[:, None] * self.inv_freq
-            angles = torch.cat([angles, angles], dim=-1)
-            self.cos, self.sin = angles.cos(), angles.sin()
-        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
+            # rotate_half(x) * sin == roll(x, D/2) * [-sin, sin]: one roll instead of slice, negate and cat.
+            self.cos = torch.cat([angles.cos(), angles.cos()], dim=-1)
+            self.sin = torch.cat([-angles.sin(), angles.sin()], dim=-1)
+        return self.cos[positions, None].to(dtype), self.sin[positions, None].to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, H, T, D]; cos/sin: [T, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE; x: [1, T, H, D], tables from Rope.tables."""
+    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), signed_sin)
 
 
 # -- KV caches --------------------------------------------------------------------
@@ -203,11 +201,14 @@ def attention(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    image_group: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal (optionally windowed) attention with GQA; q: [1, Hq, T, D], k/v: [1, Hkv, S, D].
 
     `key_pos` None means no masking is needed for a single query (every key is
-    visible) and keys 0..S-1 in order otherwise.
+    visible) and keys 0..S-1 in order otherwise. `image_group` (optional, indexed by
+    absolute position, -1 for text) also lets a query see every key of its own image
+    block, Gemma 3's bidirectional rule; the window still applies on top.
     """
     n_rep = q.shape[1] // k.shape[1]
     t, s = q.shape[2], k.shape[2]
@@ -216,6 +217,9 @@ def attention(
         if key_pos is None:
             key_pos = torch.arange(s, device=q.device)
         allowed = key_pos[None, :] <= q_pos[:, None]
+        if image_group is not None:
+            q_group, k_group = image_group[q_pos], image_group[key_pos]
+            allowed |= (q_group[:, None] == k_group[None, :]) & (q_group[:, None] >= 0)
         if window is not None:
             allowed &= (q_pos[:, None] - key_pos[None, :]) < window
         mask = allowed
@@ -256,21 +260,21 @@ class Attention(nn.Module):
         self.q_norm, self.k_norm = q_norm, k_norm
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.scale, self.window, self.softcap = scale, window, softcap
-        self.split = (n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope_tables, cache, start: int) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, rope_tables, cache, start: int, image_group=None
+    ) -> torch.Tensor:
         _, t, _ = x.shape
-        q, k, v = self.qkv(x).split(self.split, dim=-1)
-        q = q.view(1, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = k.view(1, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(1, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        hq, hkv = self.n_heads, self.n_kv_heads
+        qkv = self.qkv(x).view(1, t, hq + 2 * hkv, self.head_dim)
+        qk, v = qkv[:, :, : hq + hkv], qkv[:, :, hq + hkv :]
         if self.q_norm is not None:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
+            qk = torch.cat([self.q_norm(qk[:, :, :hq]), self.k_norm(qk[:, :, hq:])], dim=2)
         cos, sin = rope_tables[id(self.rope)]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        qk = apply_rope(qk, cos, sin)  # queries and keys rotated in one go
+        q, k, v = qk[:, :, :hq].transpose(1, 2), qk[:, :, hq:].transpose(1, 2), v.transpose(1, 2)
         keys, values, key_pos = cache.update(k, v, start)
-        out = attention(q, keys, values, positions, key_pos, self.scale, self.window, self.softcap)
+        out = attention(q, keys, values, positions, key_pos, self.scale, self.window, self.softcap, image_group)
         return self.o_proj(out.transpose(1, 2).reshape(1, t, -1))
 
 
