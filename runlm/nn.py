@@ -79,19 +79,19 @@ class Rope(nn.Module):
         self.register_buffer("sin", torch.empty(0, inv_freq.numel() * 2), persistent=False)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin for `positions`, shaped [T, 1, D] to broadcast over [1, T, H, D]."""
-        needed = int(positions[-1]) + 1
+        """cos and signed sin for positions [T] or [B, T], with a head axis to broadcast over [B, T, H, D]."""
+        needed = int(positions.max()) + 1
         if needed > self.cos.shape[0]:
             size = max(needed, 2 * self.cos.shape[0], 256)
             angles = torch.arange(size, dtype=torch.float32, device=self.inv_freq.device)[:, None] * self.inv_freq
             # rotate_half(x) * sin == roll(x, D/2) * [-sin, sin]: one roll instead of slice, negate and cat.
             self.cos = torch.cat([angles.cos(), angles.cos()], dim=-1)
             self.sin = torch.cat([-angles.sin(), angles.sin()], dim=-1)
-        return self.cos[positions, None].to(dtype), self.sin[positions, None].to(dtype)
+        return self.cos[positions].unsqueeze(-2).to(dtype), self.sin[positions].unsqueeze(-2).to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE; x: [1, T, H, D], tables from Rope.tables."""
+    """Rotate-half RoPE; x: [B, T, H, D], tables from Rope.tables."""
     return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), signed_sin)
 
 
@@ -262,20 +262,31 @@ class Attention(nn.Module):
         self.scale, self.window, self.softcap = scale, window, softcap
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rope_tables, cache, start: int, image_group=None
+        self, x: torch.Tensor, positions: torch.Tensor, rope_tables, cache, start, image_group=None
     ) -> torch.Tensor:
-        _, t, _ = x.shape
+        """x: [B, T, hidden]. One sequence: `cache` is its layer cache and `start` an int. A batch of
+        sequences (continuous batching): lists of caches and starts, positions [B, T]."""
+        b, t, _ = x.shape
         hq, hkv = self.n_heads, self.n_kv_heads
-        qkv = self.qkv(x).view(1, t, hq + 2 * hkv, self.head_dim)
+        qkv = self.qkv(x).view(b, t, hq + 2 * hkv, self.head_dim)
         qk, v = qkv[:, :, : hq + hkv], qkv[:, :, hq + hkv :]
         if self.q_norm is not None:
             qk = torch.cat([self.q_norm(qk[:, :, :hq]), self.k_norm(qk[:, :, hq:])], dim=2)
         cos, sin = rope_tables[id(self.rope)]
         qk = apply_rope(qk, cos, sin)  # queries and keys rotated in one go
         q, k, v = qk[:, :, :hq].transpose(1, 2), qk[:, :, hq:].transpose(1, 2), v.transpose(1, 2)
-        keys, values, key_pos = cache.update(k, v, start)
-        out = attention(q, keys, values, positions, key_pos, self.scale, self.window, self.softcap, image_group)
-        return self.o_proj(out.transpose(1, 2).reshape(1, t, -1))
+        if not isinstance(cache, list):
+            keys, values, key_pos = cache.update(k, v, start)
+            out = attention(q, keys, values, positions, key_pos, self.scale, self.window, self.softcap, image_group)
+        else:  # each sequence attends over its own cache, at its own position
+            outs = []
+            for i, (seq_cache, seq_start) in enumerate(zip(cache, start)):
+                keys, values, key_pos = seq_cache.update(k[i : i + 1], v[i : i + 1], seq_start)
+                outs.append(
+                    attention(q[i : i + 1], keys, values, positions[i], key_pos, self.scale, self.window, self.softcap)
+                )
+            out = torch.cat(outs)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
 class GatedMLP(nn.Module):

@@ -260,13 +260,20 @@ class DecoderLM(nn.Module):
             h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
         return h
 
-    def forward_embeds(self, h: torch.Tensor, cache: list, start: int, last_only: bool = True) -> torch.Tensor:
-        """Run the stack on embeddings h [1, T, hidden] at positions start..start+T-1."""
+    def forward_embeds(
+        self, h: torch.Tensor, cache: list, start: int, last_only: bool = True, image_group: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Run the stack on embeddings h [1, T, hidden] at positions start..start+T-1.
+
+        `image_group` (multimodal prefill only): per absolute position, the image block
+        it belongs to or -1; layers that take it make each block attend bidirectionally.
+        """
         t = h.shape[1]
         positions = torch.arange(start, start + t, device=h.device)
         tables = {id(rope): rope.tables(positions, h.dtype) for rope in self.ropes}
+        extra = {} if image_group is None else {"image_group": image_group}
         for layer, layer_cache in zip(self.layers, cache):
-            h = layer(h, positions, tables, layer_cache, start)
+            h = layer(h, positions, tables, layer_cache, start, **extra)
         if last_only:
             h = h[:, -1:]
         logits = self.head(self.norm(h)).float()
@@ -278,20 +285,79 @@ class DecoderLM(nn.Module):
     def forward(self, ids: torch.Tensor, cache: list, start: int, last_only: bool = True) -> torch.Tensor:
         return self.forward_embeds(self.embed_tokens(ids)[None], cache, start, last_only)
 
+    def forward_batch(self, ids: torch.Tensor, caches: list[list], starts: list[int]) -> torch.Tensor:
+        """One decode step for B sequences, each with its own cache and position: logits [B, vocab].
+
+        The projections and the MLP run once for the whole batch (weights are read once per
+        step, which is where batching pays); attention runs per sequence over its own cache.
+        """
+        h = self.embed_tokens(ids)[:, None]
+        positions = torch.tensor(starts, device=h.device)[:, None]
+        tables = {id(rope): rope.tables(positions, h.dtype) for rope in self.ropes}
+        for index, layer in enumerate(self.layers):
+            h = layer(h, positions, tables, [cache[index] for cache in caches], starts)
+        logits = self.head(self.norm(h[:, -1])).float()
+        cap = self.config.final_softcap
+        return torch.tanh(logits / cap) * cap if cap is not None else logits
+
 
 # -- the runner --------------------------------------------------------------------------
 
 
+@dataclass
+class Session:
+    """One sequence's decode state: its per-layer KV caches and the tokens they hold."""
+
+    cache: list
+    tokens: list[int] = field(default_factory=list)
+
+
 class CachedRunner(LmRunner):
-    """The runner contract over a DecoderLM: cached decode, host-driven decode, sessions."""
+    """The runner contract over a DecoderLM: cached decode, host-driven decode, sessions.
+
+    The contract's calls act on the current `session`; a batcher keeps several sessions
+    and swaps them in with `use_session`, or steps them together with `decode_batch`.
+    """
 
     family_name = ""
 
     def __init__(self, model: DecoderLM, max_context: int | None = None):
         self.model = model
         self.max_context = max_context or model.config.max_position
-        self.cache = model.new_cache()
-        self.tokens: list[int] = []
+        self.session = self.new_session()
+
+    @property
+    def cache(self) -> list:
+        return self.session.cache
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.session.tokens
+
+    def new_session(self) -> Session:
+        return Session(self.model.new_cache())
+
+    def use_session(self, session: Session) -> None:
+        """Make `session` the one prefill / decode / export act on."""
+        self.session = session
+
+    @torch.inference_mode()
+    def decode_batch(self, sessions: Sequence[Session], tokens: Sequence[int]) -> torch.Tensor:
+        """Feed one token to each session in one batched forward; logits [B, vocab]."""
+        if len(sessions) != len(tokens) or not sessions:
+            raise InvalidInputError("decode_batch needs one token per session, and at least one session")
+        vocab = self.vocab_size()
+        for session, token in zip(sessions, tokens):
+            if not session.tokens:
+                raise InvalidInputError("decode_batch needs prefilled sessions")
+            check_token(token, vocab)
+            self._check_fits(len(session.tokens) + 1)
+        starts = [len(session.tokens) for session in sessions]
+        ids = torch.tensor([int(t) for t in tokens], dtype=torch.long)
+        logits = self.model.forward_batch(ids, [session.cache for session in sessions], starts)
+        for session, token in zip(sessions, tokens):
+            session.tokens.append(int(token))
+        return logits
 
     def family(self) -> str:
         return self.family_name
@@ -310,7 +376,7 @@ class CachedRunner(LmRunner):
         start = len(self.tokens)
         self._check_fits(start + len(ids))
         logits = self.model(torch.tensor(list(ids), dtype=torch.long), self.cache, start, last_only=not all_positions)
-        self.tokens.extend(int(t) for t in ids)
+        self.session.tokens.extend(int(t) for t in ids)
         return logits if all_positions else logits[-1]
 
     # -- beyond the contract: scoring (perplexity, prompt log-probs) ---------------
@@ -329,7 +395,7 @@ class CachedRunner(LmRunner):
             layer_cache.length = 0
             if isinstance(layer_cache, SlidingKVCache):
                 layer_cache.pos.fill_(-1)
-        self.tokens = []
+        self.session.tokens = []
 
     # -- the contract ------------------------------------------------------------
     def predict_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
@@ -381,7 +447,7 @@ class CachedRunner(LmRunner):
         if not all(c.restore(state, length) for c, state in zip(self.cache, snap.cache)):
             self.reset()
             return False
-        self.tokens = list(snap.token_ids[:length])
+        self.session.tokens = list(snap.token_ids[:length])
         return True
 
     def prefill_logits_reusing(self, prompt: Sequence[int], snap: SessionSnapshot, reuse_len: int) -> torch.Tensor:

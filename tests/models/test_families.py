@@ -137,3 +137,25 @@ def test_restore_refuses_other_family(tiny):
     snap = runner.export_session()
     snap.family = "other"
     assert runner.restore_session(snap) is False
+
+
+def test_decode_batch_equals_each_sequence_alone(tiny):
+    _, _, directory = tiny
+    runner = load(directory / "model.gguf").runner
+    prompts = [prompt_ids(n, seed=10 + n) for n in (3, 2 * GEMMA_WINDOW, 9)]  # different positions
+    sessions, alone = [], []
+    for prompt in prompts:
+        session = runner.new_session()
+        runner.use_session(session)
+        runner.prefill_logits(prompt)
+        sessions.append(session)
+        reference = load(directory / "model.gguf").runner
+        reference.prefill_logits(prompt)
+        alone.append(reference)
+    for step in range(GEMMA_WINDOW + 2):  # the long prompt's sliding layers wrap around meanwhile
+        tokens = [(step * 31 + i * 7) % 384 for i in range(len(prompts))]
+        batched = runner.decode_batch(sessions, tokens)
+        for i, reference in enumerate(alone):
+            single = reference.decode_logits(tokens[i])
+            assert (batched[i] - single).abs().max().item() <= TOL, (step, i)  # batched matmul order differs
+    assert [s.tokens for s in sessions] == [r.tokens for r in alone]

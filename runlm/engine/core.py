@@ -1,0 +1,273 @@
+"""The host-driven decode loop over any LmRunner: sampling, stops, streaming records, the prompt cache.
+
+A request becomes a `Sequence`: a small state machine that is prefilled once and then fed one row of
+logits per step (`on_logits`), returning the records to stream and the next token to feed. The loop
+that feeds it (`Engine.generate`) is the one-sequence case; a batched step would gather the pending
+tokens of many sequences, run one forward, and hand each its row, without touching `Sequence`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from runlm.engine.detok import make_detokenizer
+from runlm.engine.grammar import GrammarConstraint
+from runlm.engine.prompt_cache import PromptCache
+from runlm.engine.stops import StopStringFilter
+from runlm.errors import ContextOverflowError, InvalidInputError
+from runlm.runner import LmRunner
+from runlm.sampling import Sampler, SamplingParams, TokenLogprob
+
+
+@dataclass
+class GenerationRequest:
+    """What to generate: prompt ids plus the knobs of one OpenAI request."""
+
+    prompt_ids: list[int]
+    max_tokens: int | None = None  # None: up to the context's end
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: list[str] = field(default_factory=list)
+    stop_ids: frozenset[int] | None = None  # None: the tokenizer's EOS / end-of-turn ids
+    ignore_eos: bool = False
+    grammar: GrammarConstraint | None = None
+    use_prompt_cache: bool = True
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    queued_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    ttft_s: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        steps = max(0, self.completion_tokens - 1)
+        return steps / self.decode_s if self.decode_s > 0 and steps else 0.0
+
+
+@dataclass
+class StreamRecord:
+    """One step's worth of output: text released to the client, the token, its log-prob.
+
+    `text` may be empty while text is held back (a possible stop string, an incomplete character); the
+    last record carries `finish_reason` and `usage`.
+    """
+
+    text: str = ""
+    token_id: int | None = None
+    logprob: TokenLogprob | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+@dataclass
+class Completion:
+    """A whole generation, for callers that do not stream."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob]
+    finish_reason: str
+    usage: Usage
+
+
+class Sequence:
+    """One request in flight: its sampler, detokenizer, stop filter and counters."""
+
+    def __init__(self, request: GenerationRequest, tokenizer: Any, vocab_size: int, max_new: int,
+                 submitted_at: float | None = None):
+        self.request = request
+        self.tokenizer = tokenizer
+        self.sampler = Sampler(request.sampling, vocab_size, history=request.prompt_ids)
+        self.detok = make_detokenizer(tokenizer)
+        self.stops = StopStringFilter(request.stop)
+        ids = request.stop_ids if request.stop_ids is not None else getattr(tokenizer, "stop_ids", frozenset())
+        self.stop_ids = frozenset() if request.ignore_eos else frozenset(ids)
+        self.max_new = max_new
+        self.generated: list[int] = []
+        self.finish_reason: str | None = None
+        self.next_token: int | None = None
+        self.usage = Usage(prompt_tokens=len(request.prompt_ids))
+        self.submitted_at = submitted_at if submitted_at is not None else time.perf_counter()
+        self._started_at = 0.0
+        self._first_token_at = 0.0
+        self.prefilled = False
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def mark_started(self) -> None:
+        self._started_at = time.perf_counter()
+        self.usage.queued_s = self._started_at - self.submitted_at
+
+    def mark_prefilled(self, cached_tokens: int) -> None:
+        now = time.perf_counter()
+        self.usage.cached_tokens = cached_tokens
+        self.usage.prefill_s = now - self._started_at
+        self.prefilled = True
+
+    def on_logits(self, logits: torch.Tensor) -> StreamRecord:
+        """Sample from this step's logits and advance; sets `next_token` unless the sequence finished."""
+        grammar = self.request.grammar
+        allowed = grammar.allowed() if grammar is not None else None
+        token = self.sampler(logits, allowed)
+        logprob = self.sampler.logprob(logits, token)
+        self.generated.append(token)
+        now = time.perf_counter()
+        if len(self.generated) == 1:
+            self._first_token_at = now
+            self.usage.ttft_s = now - self.submitted_at
+        self.usage.completion_tokens = len(self.generated)
+        self.usage.decode_s = now - self._first_token_at
+        record = StreamRecord(token_id=token, logprob=logprob)
+        if token in self.stop_ids:
+            record.text = self._flush()
+            return self._finish(record, "stop")
+        text, hit = self.stops.push(self.detok.push(token))
+        record.text = text
+        if hit:
+            return self._finish(record, "stop")
+        if grammar is not None and (not grammar.accept(token) or grammar.done):
+            record.text += self._flush()
+            return self._finish(record, "stop")
+        if len(self.generated) >= self.max_new:
+            record.text += self._flush()
+            return self._finish(record, "length")
+        self.next_token = token
+        return record
+
+    def cancel(self) -> StreamRecord:
+        return self._finish(StreamRecord(), "cancelled")
+
+    def _flush(self) -> str:
+        text, hit = self.stops.push(self.detok.flush())
+        return text if hit else text + self.stops.flush()
+
+    def _finish(self, record: StreamRecord, reason: str) -> StreamRecord:
+        self.finish_reason = reason
+        self.next_token = None
+        record.finish_reason = reason
+        record.usage = self.usage
+        return record
+
+
+class Engine:
+    """Generation over one runner. Not thread-safe (the runner is not): the scheduler owns it."""
+
+    def __init__(self, runner: LmRunner, tokenizer: Any, *, context_length: int | None = None,
+                 prompt_cache_mb: float = 256):
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.vocab_size = runner.vocab_size()
+        self.context_length = context_length or getattr(runner, "max_context", None) or 4096
+        budget = int(prompt_cache_mb * 1024 * 1024)
+        self.prompt_cache: PromptCache | None = PromptCache(budget) if budget > 0 else None
+
+    # -- checks ------------------------------------------------------------------------
+    def check_prompt(self, prompt_ids: Seq[int]) -> None:
+        if not prompt_ids:
+            raise InvalidInputError("the prompt is empty: at least one token is needed")
+        for t in prompt_ids:
+            if not isinstance(t, int) or not 0 <= t < self.vocab_size:
+                raise InvalidInputError(f"token id {t!r} is outside the vocabulary [0, {self.vocab_size})")
+        if len(prompt_ids) >= self.context_length:
+            raise ContextOverflowError(
+                f"the prompt has {len(prompt_ids)} tokens but the model's context is {self.context_length} "
+                f"tokens: shorten the prompt (at least one token must be left to generate)"
+            )
+
+    def max_new_tokens(self, request: GenerationRequest) -> int:
+        """The request's max_tokens capped by what the context has left after the prompt."""
+        room = self.context_length - len(request.prompt_ids)
+        if request.max_tokens is None:
+            return room
+        if not isinstance(request.max_tokens, int) or request.max_tokens < 1:
+            raise InvalidInputError(f"max_tokens must be a positive integer, got {request.max_tokens!r}")
+        return min(request.max_tokens, room)
+
+    def new_sequence(self, request: GenerationRequest, submitted_at: float | None = None) -> Sequence:
+        """Validate a request and make its Sequence (cheap; no model work)."""
+        self.check_prompt(request.prompt_ids)
+        return Sequence(request, self.tokenizer, self.vocab_size, self.max_new_tokens(request), submitted_at)
+
+    # -- model work ----------------------------------------------------------------------
+    def prefill(self, seq: Sequence) -> torch.Tensor:
+        """Prefill the prompt, reusing the longest cached prefix; returns the first logits."""
+        seq.mark_started()
+        prompt = seq.request.prompt_ids
+        snap, reuse = (None, 0)
+        if self.prompt_cache is not None and seq.request.use_prompt_cache:
+            snap, reuse = self.prompt_cache.lookup(prompt)
+        if snap is not None:
+            reuse = min(reuse, len(prompt) - 1)  # the last prompt token must run to give logits
+            logits = self.runner.prefill_logits_reusing(prompt, snap, reuse)
+            self.prompt_cache.record_hit(reuse)
+        else:
+            logits = self.runner.prefill_logits(prompt)
+        seq.mark_prefilled(reuse if snap is not None else 0)
+        return logits
+
+    def decode(self, seq: Sequence) -> torch.Tensor:
+        assert seq.next_token is not None
+        return self.runner.decode_logits(seq.next_token)
+
+    def remember(self, seq: Sequence) -> None:
+        """Keep the finished session (prompt + reply) for later requests that share its prefix."""
+        if self.prompt_cache is None or not seq.request.use_prompt_cache:
+            return
+        try:
+            snap = self.runner.export_session()
+        except Exception:  # a runner that cannot snapshot just gets no cache
+            snap = None
+        self.prompt_cache.store(snap)
+
+    def generate(self, request: GenerationRequest | Sequence,
+                 cancelled: Callable[[], bool] = lambda: False) -> Iterator[StreamRecord]:
+        """Stream records for one request; the last one has finish_reason and usage."""
+        seq = request if isinstance(request, Sequence) else self.new_sequence(request)
+        try:
+            if cancelled():
+                yield seq.cancel()
+                return
+            logits = self.prefill(seq)
+            while True:
+                record = seq.on_logits(logits)
+                yield record
+                if seq.finished:
+                    return
+                if cancelled():
+                    yield seq.cancel()
+                    return
+                logits = self.decode(seq)
+        finally:
+            if seq.prefilled:
+                self.remember(seq)
+
+    def complete(self, request: GenerationRequest) -> Completion:
+        """Run a request to the end and gather its text."""
+        parts: list[str] = []
+        ids: list[int] = []
+        lps: list[TokenLogprob] = []
+        last = StreamRecord()
+        for last in self.generate(request):
+            parts.append(last.text)
+            if last.token_id is not None:
+                ids.append(last.token_id)
+            if last.logprob is not None:
+                lps.append(last.logprob)
+        return Completion("".join(parts), ids, lps, last.finish_reason or "stop", last.usage or Usage())

@@ -1,0 +1,131 @@
+"""Grammar-guided sampling through llguidance: JSON schemas become a token mask per step.
+
+llguidance (a maintained Rust library with CPU wheels and no torch pin) compiles a JSON schema into a
+grammar and, given the vocabulary as bytes, tells which tokens may come next. We build its tokenizer
+from the runlm Tokenizer's own byte spelling of each token, so any family's vocabulary works.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+import torch
+
+from runlm.errors import InvalidInputError, RunlmError
+
+
+class GrammarUnavailableError(RunlmError):
+    """Constrained output was asked for but llguidance is not installed."""
+
+
+def _llguidance():
+    try:
+        import llguidance
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise GrammarUnavailableError(
+            "structured output needs the llguidance package (pip install llguidance)"
+        ) from exc
+    return llguidance
+
+
+_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TOKENIZERS_LOCK = threading.Lock()
+
+
+class _VocabAdapter:
+    """What llguidance.TokenizerWrapper reads: bytes per token, special tokens marked with 0xFF."""
+
+    def __init__(self, tokenizer: Any, n_vocab: int, eos_ids: list[int]):
+        special = set(getattr(tokenizer, "special_ids", ()) or ())
+        tokens: list[bytes] = []
+        for i in range(n_vocab):
+            if i >= tokenizer.vocab_size:
+                tokens.append(b"")
+            elif i in special:
+                tokens.append(b"\xff" + tokenizer.token_str(i).encode("utf-8"))
+            else:
+                tokens.append(tokenizer.token_to_bytes(i))
+        self.tokens = tokens
+        self.eos_token_id = eos_ids[0] if eos_ids else 0
+        self.bos_token_id = getattr(tokenizer, "bos_id", None)
+        self.special_token_ids = sorted(special)
+        self._tokenizer = tokenizer
+
+    def __call__(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_bos=False)
+
+
+def ll_tokenizer(tokenizer: Any, n_vocab: int, eos_ids: list[int]):
+    """The llguidance tokenizer for a runlm Tokenizer (built once: it walks the whole vocabulary)."""
+    llg = _llguidance()
+    key = (n_vocab, tuple(eos_ids))
+    with _TOKENIZERS_LOCK:
+        per_tok = _TOKENIZERS.setdefault(tokenizer, {})
+        if key not in per_tok:
+            wrapper = llg.TokenizerWrapper(_VocabAdapter(tokenizer, n_vocab, eos_ids))
+            per_tok[key] = llg.LLTokenizer(wrapper, n_vocab=n_vocab, eos_token=eos_ids or None)
+        return per_tok[key]
+
+
+def grammar_for_json_schema(schema: dict[str, Any] | bool | None) -> str:
+    """An llguidance grammar for a JSON schema (None: any JSON object). Compact separators keep small
+    models from wandering off into whitespace."""
+    llg = _llguidance()
+    if schema is None:
+        schema = {"type": "object"}
+    elif schema is True:
+        schema = {}
+    elif schema is False:
+        raise InvalidInputError("response_format: the schema `false` accepts no value at all")
+    try:
+        return llg.LLMatcher.grammar_from_json_schema(
+            json.dumps(schema), defaults={"whitespace_flexible": False, "item_separator": ", ",
+                                          "key_separator": ": "}
+        )
+    except (ValueError, TypeError) as exc:
+        raise InvalidInputError(f"response_format: invalid JSON schema ({exc})") from exc
+
+
+class GrammarConstraint:
+    """One request's matcher: the allowed-token mask before each draw, advanced by each drawn token."""
+
+    def __init__(self, grammar: str, tokenizer: Any, n_vocab: int, eos_ids: list[int]):
+        llg = _llguidance()
+        self.n_vocab = n_vocab
+        self.matcher = llg.LLMatcher(ll_tokenizer(tokenizer, n_vocab, eos_ids), grammar, log_level=0)
+        if self.matcher.is_error():
+            raise InvalidInputError(f"response_format: the schema cannot be used ({self.matcher.get_error()})")
+        self.eos_ids = list(eos_ids)
+
+    @classmethod
+    def json_schema(cls, schema: dict[str, Any] | bool | None, tokenizer: Any, n_vocab: int,
+                    eos_ids: list[int]) -> GrammarConstraint:
+        return cls(grammar_for_json_schema(schema), tokenizer, n_vocab, eos_ids)
+
+    def allowed(self) -> torch.Tensor:
+        """Bool mask [n_vocab] of tokens the grammar accepts next (EOS only once the value is complete)."""
+        words = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        bits = np.unpackbits(words, bitorder="little")[: self.n_vocab].astype(bool)
+        mask = torch.from_numpy(bits.copy())
+        if not mask.any():  # the grammar is finished or broken: let the request end
+            mask[self.eos_ids] = True
+        return mask
+
+    def accept(self, token: int) -> bool:
+        """Advance by the drawn token; False if the grammar rejected it (then the request should end)."""
+        if self.matcher.is_stopped():
+            return token in self.eos_ids
+        return bool(self.matcher.consume_token(token))
+
+    @property
+    def done(self) -> bool:
+        """The grammar cannot take more text (a complete value was produced)."""
+        return self.matcher.is_stopped()
+
+    @property
+    def error(self) -> str:
+        return self.matcher.get_error() if self.matcher.is_error() else ""

@@ -1,0 +1,204 @@
+"""One worker thread owns the runner; requests wait in a bounded queue and stream back through handles.
+
+The runner is not thread-safe and holds one decode session, so a single worker runs the requests one
+at a time, in arrival order. Cancellation is checked between tokens, and a request cancelled while it
+waits leaves the queue at once (its slot is free for the next client).
+
+Continuous batching is not here yet: `_run` drives one `Sequence` with `Engine.generate`. A batched
+step would keep several admitted sequences, gather their `next_token`s, run one batched forward and
+hand each sequence its logits row through `Sequence.on_logits`; handles, the queue and cancellation
+would stay as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+from runlm.engine.core import Completion, Engine, GenerationRequest, Sequence, StreamRecord, Usage
+from runlm.errors import RunlmError
+
+
+class QueueFullError(RunlmError):
+    """Too many requests are waiting; the client should retry later (HTTP 429)."""
+
+
+class SchedulerClosedError(RunlmError):
+    """The scheduler was shut down."""
+
+
+_END = object()
+
+
+class RequestHandle:
+    """The caller's side of a submitted request: iterate (sync or async) for records, or cancel."""
+
+    def __init__(self, seq: Sequence, loop: asyncio.AbstractEventLoop | None):
+        self.seq = seq
+        self._loop = loop
+        self._async_q: asyncio.Queue | None = asyncio.Queue() if loop is not None else None
+        self._sync_q: queue.Queue | None = queue.Queue() if loop is None else None
+        self._cancel = threading.Event()
+        self.done = threading.Event()
+        self.on_done: Callable[[RequestHandle], None] | None = None
+
+    # -- worker side ---------------------------------------------------------------------
+    def _put(self, item: Any) -> None:
+        if self._sync_q is not None:
+            self._sync_q.put(item)
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._async_q.put_nowait, item)
+        except RuntimeError:  # the event loop is gone: nobody is listening any more
+            self._cancel.set()
+
+    def _finish(self) -> None:
+        self.done.set()
+        self._put(_END)
+
+    # -- caller side ---------------------------------------------------------------------
+    def cancel(self) -> None:
+        """Stop at the next token (or drop from the queue if not started)."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def __iter__(self) -> Iterator[StreamRecord]:
+        if self._sync_q is None:
+            raise TypeError("this handle was submitted with an event loop: use `async for`")
+        while True:
+            item = self._sync_q.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    async def __aiter__(self) -> AsyncIterator[StreamRecord]:
+        if self._async_q is None:
+            raise TypeError("this handle was submitted without an event loop: use `for`")
+        while True:
+            item = await self._async_q.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def result(self) -> Completion:
+        return _gather(list(self))
+
+    async def aresult(self) -> Completion:
+        return _gather([r async for r in self])
+
+
+def _gather(records: list[StreamRecord]) -> Completion:
+    text = "".join(r.text for r in records)
+    ids = [r.token_id for r in records if r.token_id is not None]
+    lps = [r.logprob for r in records if r.logprob is not None]
+    last = records[-1] if records else StreamRecord(finish_reason="cancelled")
+    return Completion(text, ids, lps, last.finish_reason or "cancelled", last.usage or Usage())
+
+
+class Scheduler:
+    """A bounded FIFO of requests in front of one worker thread that owns the engine."""
+
+    def __init__(self, engine: Engine, max_queue: int = 16, name: str = "runlm-worker"):
+        self.engine = engine
+        self.max_queue = max(0, int(max_queue))
+        self._waiting: deque[RequestHandle] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self.running: RequestHandle | None = None
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting (not counting the one running)."""
+        with self._cond:
+            return sum(1 for h in self._waiting if not h.cancelled)
+
+    @property
+    def busy(self) -> bool:
+        return self.running is not None
+
+    def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None,
+               on_done: Callable[[RequestHandle], None] | None = None) -> RequestHandle:
+        """Validate and enqueue; raises InvalidInputError / ContextOverflowError / QueueFullError at once.
+
+        With `loop`, records are delivered into that asyncio loop (iterate with `async for`); `on_done`
+        runs on the worker thread when the request ends (metrics).
+        """
+        seq = self.engine.new_sequence(request, submitted_at=time.perf_counter())
+        handle = RequestHandle(seq, loop)
+        handle.on_done = on_done
+        with self._cond:
+            if self._closed:
+                raise SchedulerClosedError("the server is shutting down")
+            # Cancelled requests do not hold slots.
+            if any(h.cancelled for h in self._waiting):
+                self._waiting = deque(h for h in self._waiting if not h.cancelled or self._drop(h))
+            busy = self.running is not None or bool(self._waiting)
+            if busy and len(self._waiting) >= self.max_queue:
+                raise QueueFullError(
+                    f"the server is busy: {len(self._waiting)} requests are already waiting (max_queue "
+                    f"{self.max_queue}); retry later"
+                )
+            self._waiting.append(handle)
+            self._cond.notify()
+        return handle
+
+    def _drop(self, handle: RequestHandle) -> bool:
+        handle._put(handle.seq.cancel())
+        handle._finish()
+        return False
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop taking requests, cancel what waits and what runs, and end the worker."""
+        with self._cond:
+            self._closed = True
+            waiting, self._waiting = list(self._waiting), deque()
+            if self.running is not None:
+                self.running.cancel()
+            self._cond.notify_all()
+        for h in waiting:
+            self._drop(h)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    # -- the worker ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                handle = self._waiting.popleft()
+                self.running = handle
+            try:
+                self._run(handle)
+            finally:
+                with self._cond:
+                    self.running = None
+                handle._finish()
+                if handle.on_done is not None:
+                    try:
+                        handle.on_done(handle)
+                    except Exception:  # a metrics hook must never kill the worker
+                        pass
+
+    def _run(self, handle: RequestHandle) -> None:
+        try:
+            for record in self.engine.generate(handle.seq, cancelled=lambda: handle.cancelled):
+                handle._put(record)
+        except Exception as exc:  # delivered to the caller; the worker lives on
+            handle._put(exc)

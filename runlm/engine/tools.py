@@ -1,0 +1,185 @@
+"""Tool calls in model output: Hermes/Qwen `<tool_call>{...}</tool_call>` blocks or a bare JSON call.
+
+Also the JSON schema a forced tool call must follow, so `tool_choice: "required"` or a named function
+can be enforced by the grammar sampler instead of hoped for.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object, as OpenAI sends it
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            self.id = "call_" + uuid.uuid4().hex[:24]
+
+    def to_openai(self, index: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "type": "function",
+                               "function": {"name": self.name, "arguments": self.arguments}}
+        if index is not None:
+            out["index"] = index
+        return out
+
+
+def _call_from_obj(obj: Any, known: set[str] | None) -> ToolCall | None:
+    if not isinstance(obj, dict):
+        return None
+    if "function" in obj and isinstance(obj["function"], dict):  # {"type": "function", "function": {...}}
+        obj = obj["function"]
+    name = obj.get("name")
+    if not isinstance(name, str) or not name or (known is not None and name not in known):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ToolCall(name=name, arguments=json.dumps(args, ensure_ascii=False))
+
+
+def _decode_json_values(text: str) -> list[Any] | None:
+    """All JSON values in `text` back to back (a model may emit a list or several objects)."""
+    decoder = json.JSONDecoder()
+    values, i = [], 0
+    while True:
+        while i < len(text) and text[i] in " \t\r\n,;":
+            i += 1
+        if i >= len(text):
+            return values
+        try:
+            value, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return None
+        values.append(value)
+
+
+def parse_tool_calls(text: str, known_names: set[str] | None = None) -> tuple[str, list[ToolCall]]:
+    """Split model output into (content, tool calls); content is what is left outside the calls.
+
+    Output that does not parse as calls to known tools stays content, so a model that merely talks
+    about JSON is not turned into a broken call.
+    """
+    if TOOL_CALL_OPEN in text:
+        calls: list[ToolCall] = []
+        for body in _BLOCK.findall(text):
+            for value in _decode_json_values(body) or []:
+                for item in value if isinstance(value, list) else [value]:
+                    call = _call_from_obj(item, known_names)
+                    if call is not None:
+                        calls.append(call)
+        if calls:
+            content = text[: text.index(TOOL_CALL_OPEN)].strip()
+            return content, calls
+        return text, []
+    stripped = text.strip()
+    if stripped.startswith(("{", "[")):
+        values = _decode_json_values(stripped)
+        if values:
+            calls = []
+            for value in values:
+                for item in value if isinstance(value, list) else [value]:
+                    call = _call_from_obj(item, known_names)
+                    if call is None:
+                        return text, []
+                    calls.append(call)
+            return "", calls
+    return text, []
+
+
+def might_be_tool_call(text: str) -> bool:
+    """Whether streamed output so far could still turn out to be a bare JSON tool call."""
+    stripped = text.lstrip()
+    return stripped == "" or stripped.startswith(("{", "["))
+
+
+def tool_call_schema(tools: list[dict[str, Any]], name: str | None = None) -> dict[str, Any]:
+    """JSON schema of one call `{"name": ..., "arguments": {...}}` to `name` (or any of `tools`)."""
+    variants = []
+    for tool in tools:
+        fn = tool.get("function", {})
+        if name is not None and fn.get("name") != name:
+            continue
+        params = fn.get("parameters") or {"type": "object"}
+        variants.append({
+            "type": "object",
+            "properties": {"name": {"const": fn.get("name")}, "arguments": params},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        })
+    return variants[0] if len(variants) == 1 else {"anyOf": variants}
+
+
+def tools_system_prompt(tools: list[dict[str, Any]]) -> str:
+    """For chat templates that know nothing of tools: describe them and the call format in a system
+    message (what llama.cpp's generic tool format does)."""
+    specs = json.dumps([t.get("function", t) for t in tools], ensure_ascii=False, indent=1)
+    return (
+        "You can call these tools:\n"
+        f"{specs}\n"
+        "To call a tool, reply with only a JSON object of the form "
+        '{"name": "<tool name>", "arguments": {<arguments>}}, '
+        "or wrap each call as <tool_call>{...}</tool_call>. Otherwise answer normally."
+    )
+
+
+class ToolCallStreamFilter:
+    """Streams content while holding back anything that may turn into a tool call.
+
+    Text before a `<tool_call>` block streams (minus a tail that could be the start of the tag); output
+    that opens with `{` or `[` is held whole, since it may be a bare JSON call. `finish` parses what
+    was held: calls come back as ToolCall objects, anything else is released as content.
+    """
+
+    def __init__(self, active: bool, known_names: set[str] | None = None):
+        self.active = active
+        self.known = known_names
+        self.text = ""
+        self.emitted = 0
+
+    def push(self, delta: str) -> str:
+        self.text += delta
+        if not self.active:
+            out, self.emitted = self.text[self.emitted:], len(self.text)
+            return out
+        if might_be_tool_call(self.text):
+            return ""
+        i = self.text.find(TOOL_CALL_OPEN)
+        if i != -1:
+            end = i
+        else:
+            end = len(self.text)
+            for n in range(min(len(TOOL_CALL_OPEN) - 1, len(self.text)), 0, -1):
+                if self.text.endswith(TOOL_CALL_OPEN[:n]):
+                    end -= n
+                    break
+        end = max(end, self.emitted)
+        out, self.emitted = self.text[self.emitted:end], end
+        return out
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """(content not yet emitted, tool calls found in the whole output)."""
+        if self.active:
+            content, calls = parse_tool_calls(self.text, self.known)
+            if calls:
+                i = self.text.find(TOOL_CALL_OPEN)
+                rest = self.text[self.emitted:i] if i != -1 else ""
+                return rest.rstrip() if rest.strip() else "", calls
+        out, self.emitted = self.text[self.emitted:], len(self.text)
+        return out, []

@@ -1,0 +1,141 @@
+"""A scripted runner and a tiny byte tokenizer: exact, fast stand-ins for a model in engine tests."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from runlm.runner import LmRunner, SessionSnapshot
+
+PIECES: list[bytes] = [
+    b"<eos>", b"<eot>", b"Hello", b" world", b"!", b"<", b"|", b"end", b"|>", b" ", b"a", b"b", b"c",
+    b"\xe2\x82", b"\xac", b"{", b"}", b"\"", b":", b"1", b"2", b"x", b"\n", b"STOP", b"ST", b"OP",
+]
+PIECES += [f"t{i}".encode() for i in range(len(PIECES), 64)]
+ID = {p.decode("utf-8", "replace"): i for i, p in enumerate(PIECES)}
+
+
+class MockTokenizer:
+    """Pieces are bytes; decode joins them (so a character may span tokens); encode is greedy."""
+
+    vocab_size = len(PIECES)
+    bos_id = None
+    eos_id = 0
+    stop_ids = frozenset({0, 1})
+    special_ids = frozenset({0, 1})
+    strip_mode = ("none", 0)
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        data, out = text.encode(), []
+        while data:
+            best = max((i for i, p in enumerate(PIECES) if p and data.startswith(p) and i > 1),
+                       key=lambda i: len(PIECES[i]), default=None)
+            if best is None:
+                raise ValueError(f"cannot encode {data!r}")
+            out.append(best)
+            data = data[len(PIECES[best]):]
+        return out
+
+    def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        return b"".join(PIECES[i] for i in ids if not (skip_special and i in self.special_ids)).decode(
+            "utf-8", "replace")
+
+    def token_str(self, token_id: int) -> str:
+        return PIECES[token_id].decode("latin-1")
+
+    def token_to_bytes(self, token_id: int) -> bytes:
+        return PIECES[token_id]
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self.special_ids
+
+
+class ScriptedRunner(LmRunner):
+    """After any prompt it 'wants' script[0], script[1], ...: that token gets a big logit on top of
+    fixed noise, so greedy follows the script and sampling has a real distribution to draw from.
+
+    It counts the prompt tokens it actually ran, so tests can see prompt-cache reuse.
+    """
+
+    def __init__(self, script: Sequence[int], vocab: int = len(PIECES), margin: float = 8.0,
+                 delay_s: float = 0.0, max_context: int = 256):
+        self.script = list(script)
+        self.vocab = vocab
+        self.margin = margin
+        self.delay_s = delay_s
+        self.max_context = max_context
+        self.tokens: list[int] = []
+        self.prompt_len = 0
+        self.prefilled_tokens = 0  # tokens run through prefill, all calls together
+        self.decode_calls = 0
+        noise = torch.Generator().manual_seed(1234)
+        self.noise = torch.randn(512, vocab, generator=noise)
+
+    def family(self) -> str:
+        return "mock"
+
+    def vocab_size(self) -> int:
+        return self.vocab
+
+    def _logits(self) -> torch.Tensor:
+        step = len(self.tokens) - self.prompt_len
+        logits = self.noise[len(self.tokens) % 512].clone()
+        if step < len(self.script):
+            logits[self.script[step]] += self.margin
+        else:
+            logits[0] += self.margin
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return logits
+
+    def predict_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+        return self.prefill_logits(prompt_ids)
+
+    def prefill_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+        self.check_prompt(prompt_ids)
+        self.tokens = list(prompt_ids)
+        self.prompt_len = len(self.tokens)
+        self.prefilled_tokens += len(prompt_ids)
+        return self._logits()
+
+    def decode_logits(self, token: int) -> torch.Tensor:
+        self.decode_calls += 1
+        self.tokens.append(int(token))
+        return self._logits()
+
+    def export_session(self) -> SessionSnapshot:
+        return SessionSnapshot(token_ids=list(self.tokens), cache=None, nbytes=100 * len(self.tokens),
+                               family="mock")
+
+    def restore_session(self, snap: SessionSnapshot) -> bool:
+        self.tokens = list(snap.token_ids)
+        return True
+
+    def prefill_logits_reusing(self, prompt: Sequence[int], snap: SessionSnapshot, reuse_len: int) -> torch.Tensor:
+        assert list(prompt[:reuse_len]) == snap.token_ids[:reuse_len]
+        self.tokens = list(prompt)
+        self.prompt_len = len(prompt)
+        self.prefilled_tokens += len(prompt) - reuse_len
+        return self._logits()
+
+
+def ids(*pieces: str) -> list[int]:
+    return [ID[p] for p in pieces]
+
+
+def shared_loaded(path):
+    """Load a model once per test process (the server tests share the same store)."""
+    import sys
+    import types
+
+    store = sys.modules.setdefault("_runlm_shared_test_models", types.ModuleType("_runlm_shared_test_models"))
+    if not hasattr(store, "loaded"):
+        store.loaded = {}
+    key = str(path)
+    if key not in store.loaded:
+        from runlm import load
+
+        store.loaded[key] = load(path)
+    return store.loaded[key]

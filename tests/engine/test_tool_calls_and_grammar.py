@@ -1,0 +1,85 @@
+"""Tool-call parsing (Hermes blocks, bare JSON), its streaming filter, and grammar-constrained decoding."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from engine_mocks import MockTokenizer, ScriptedRunner
+
+from runlm.engine import Engine, GenerationRequest, parse_tool_calls
+from runlm.engine.grammar import GrammarConstraint
+from runlm.engine.tools import ToolCallStreamFilter, tool_call_schema
+from runlm.errors import InvalidInputError
+from runlm.sampling import SamplingParams
+
+
+def test_hermes_blocks_are_parsed_with_leading_content():
+    text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' \
+           '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    content, calls = parse_tool_calls(text, {"get_weather", "get_time"})
+    assert content == "Let me check."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"}),
+                                                                   ("get_time", {})]
+    assert calls[0].id != calls[1].id
+
+
+def test_bare_json_call_and_string_arguments():
+    _, calls = parse_tool_calls(' {"name": "f", "arguments": "{\\"a\\": 1}"}', {"f"})
+    assert calls[0].name == "f" and json.loads(calls[0].arguments) == {"a": 1}
+    _, calls = parse_tool_calls('[{"name": "f", "parameters": {"a": 2}}]', {"f"})
+    assert json.loads(calls[0].arguments) == {"a": 2}
+
+
+def test_things_that_are_not_calls_stay_content():
+    for text in ('{"answer": 42}', '{"name": "unknown", "arguments": {}}', "<tool_call>not json</tool_call>",
+                 "Plain text", '{"name": "f", "arguments": {} trailing'):
+        content, calls = parse_tool_calls(text, {"f"})
+        assert calls == [] and content == text
+
+
+def test_stream_filter_releases_plain_text_and_holds_calls():
+    f = ToolCallStreamFilter(active=True, known_names={"f"})
+    pieces = ["Sure", ", calling", " <tool", "_call>", '{"name": "f", "arguments": {}}', "</tool_call>"]
+    out = [f.push(t) for t in pieces]
+    assert "".join(out) == "Sure, calling "
+    rest, calls = f.finish()
+    assert rest == "" and calls[0].name == "f"
+
+    g = ToolCallStreamFilter(active=True, known_names={"f"})
+    assert g.push("  {") == "" and g.push('"x": 1}') == ""
+    assert g.finish() == ('  {"x": 1}', [])  # not a call after all: released whole
+
+    h = ToolCallStreamFilter(active=False)
+    assert h.push('{"name": "f", "arguments": {}}') == '{"name": "f", "arguments": {}}'
+
+
+def test_tool_call_schema_pins_the_name():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
+             {"type": "function", "function": {"name": "g"}}]
+    assert tool_call_schema(tools, "g")["properties"]["name"] == {"const": "g"}
+    assert len(tool_call_schema(tools)["anyOf"]) == 2
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_grammar_forces_valid_json_from_a_random_model(seed):
+    pytest.importorskip("llguidance")
+    tok = MockTokenizer()
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+    # margin 0: the "model" is pure noise, so only the grammar makes the output JSON.
+    engine = Engine(ScriptedRunner([], margin=0.0, max_context=256), tok, prompt_cache_mb=0)
+    grammar = GrammarConstraint.json_schema(schema, tok, tok.vocab_size, sorted(tok.stop_ids))
+    req = GenerationRequest(prompt_ids=tok.encode("abc"), max_tokens=60, grammar=grammar,
+                            sampling=SamplingParams(temperature=1.0, seed=seed))
+    out = engine.complete(req)
+    assert out.finish_reason == "stop"
+    value = json.loads(out.text)
+    assert set(value) == {"a"} and isinstance(value["a"], int)
+
+
+def test_broken_schema_is_invalid_input():
+    pytest.importorskip("llguidance")
+    tok = MockTokenizer()
+    with pytest.raises(InvalidInputError):
+        GrammarConstraint.json_schema({"$ref": "#/nowhere"}, tok, tok.vocab_size, [0])
