@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# Spinning OpenMP threads starve each other when the CPU is shared (server thread, CLI subprocesses).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 import torch
@@ -22,3 +26,11 @@ def gemma3_gguf() -> Path:
     from runlm.catalog import pull
 
     return pull("gemma3-270m", progress=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2_loaded(smollm2_gguf):
+    """SmolLM2 loaded once for the whole run (engine and server tests share it)."""
+    from runlm import load
+
+    return load(smollm2_gguf)

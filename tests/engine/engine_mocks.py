@@ -123,19 +123,3 @@ class ScriptedRunner(LmRunner):
 
 def ids(*pieces: str) -> list[int]:
     return [ID[p] for p in pieces]
-
-
-def shared_loaded(path):
-    """Load a model once per test process (the server tests share the same store)."""
-    import sys
-    import types
-
-    store = sys.modules.setdefault("_runlm_shared_test_models", types.ModuleType("_runlm_shared_test_models"))
-    if not hasattr(store, "loaded"):
-        store.loaded = {}
-    key = str(path)
-    if key not in store.loaded:
-        from runlm import load
-
-        store.loaded[key] = load(path)
-    return store.loaded[key]

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from engine_mocks import shared_loaded
 
 from runlm.engine import Engine, GenerationRequest
 from runlm.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
-def smollm2(smollm2_gguf):
-    return shared_loaded(smollm2_gguf)
+def smollm2(smollm2_loaded):
+    return smollm2_loaded
 
 
 def test_greedy_matches_runner_generate_and_prompt_cache_keeps_it(smollm2):

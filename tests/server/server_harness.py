@@ -3,31 +3,11 @@
 from __future__ import annotations
 
 import socket
-import sys
 import threading
 import time
-import types
-from pathlib import Path
 from typing import Any
 
 import uvicorn
-
-
-def shared_loaded(path: Path) -> Any:
-    """Load SmolLM2 once per test process, whichever test directory asks first.
-
-    (Engine and server tests both need it and loading takes a while; a session fixture in
-    tests/conftest.py would be the tidy home for this.)
-    """
-    store = sys.modules.setdefault("_runlm_shared_test_models", types.ModuleType("_runlm_shared_test_models"))
-    key = str(path)
-    if not hasattr(store, "loaded"):
-        store.loaded = {}
-    if key not in store.loaded:
-        from runlm import load
-
-        store.loaded[key] = load(path)
-    return store.loaded[key]
 
 
 class LiveServer:

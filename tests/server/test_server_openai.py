@@ -12,7 +12,7 @@ import time
 import httpx
 import openai
 import pytest
-from server_harness import LiveServer, shared_loaded
+from server_harness import LiveServer
 
 from runlm.server import create_app
 
@@ -33,8 +33,8 @@ WEATHER_TOOL = {
 
 
 @pytest.fixture(scope="module")
-def smollm2(smollm2_gguf):
-    return shared_loaded(smollm2_gguf)
+def smollm2(smollm2_loaded):
+    return smollm2_loaded
 
 
 @pytest.fixture(scope="module")

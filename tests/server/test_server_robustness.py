@@ -17,7 +17,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_harness import LiveServer, shared_loaded
+from server_harness import LiveServer
 
 from runlm.runner import LmRunner
 from runlm.server import create_app
@@ -58,8 +58,8 @@ class FastRunner(LmRunner):
 
 
 @pytest.fixture(scope="module")
-def fuzz_server(smollm2_gguf):
-    real = shared_loaded(smollm2_gguf)
+def fuzz_server(smollm2_loaded):
+    real = smollm2_loaded
     tok = real.tokenizer
     loaded = SimpleNamespace(runner=FastRunner(tok.vocab_size, tok.eos_id), tokenizer=tok,
                              chat_template=real.chat_template, path=real.path, family=real.family,
