@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from runlm.engine.detok import make_detokenizer
 from runlm.engine.grammar import GrammarConstraint
 from runlm.engine.prompt_cache import PromptCache
 from runlm.engine.stops import StopStringFilter
 from runlm.errors import ContextOverflowError, InvalidInputError
 from runlm.runner import LmRunner
 from runlm.sampling import Sampler, SamplingParams, TokenLogprob
+from runlm.text import StreamingDetokenizer
 
 
 @dataclass
@@ -93,7 +93,7 @@ class Sequence:
         self.request = request
         self.tokenizer = tokenizer
         self.sampler = Sampler(request.sampling, vocab_size, history=request.prompt_ids)
-        self.detok = make_detokenizer(tokenizer)
+        self.detok = StreamingDetokenizer(tokenizer, continuation=True)
         self.stops = StopStringFilter(request.stop)
         ids = request.stop_ids if request.stop_ids is not None else getattr(tokenizer, "stop_ids", frozenset())
         self.stop_ids = frozenset() if request.ignore_eos else frozenset(ids)

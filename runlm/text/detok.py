@@ -15,15 +15,18 @@ from runlm.text.tokenizer import Tokenizer
 class StreamingDetokenizer:
     """Turns generated token ids into text chunks whose concatenation equals `tokenizer.decode(ids)`."""
 
-    def __init__(self, tokenizer: Tokenizer, *, skip_special: bool = False):
+    def __init__(self, tokenizer: Tokenizer, *, skip_special: bool = False, continuation: bool = False):
+        """`continuation`: the tokens continue a prompt, so the decoder's start-of-text space
+        stripping does not apply (a generated " world" keeps its space)."""
         self.tokenizer = tokenizer
         self.skip_special = skip_special
+        self.continuation = continuation
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._chunks: list[str] = []
         self._text = ""
         self._joined = 0  # how many chunks _text already holds
         self._tokens = 0  # tokens fed to the decoder (skipped specials not counted)
-        mode, count = tokenizer.strip_mode
+        mode, count = ("none", 0) if continuation else tokenizer.strip_mode
         self._strip_first_token = mode == "first_token"
         self._strip_left = count if mode == "string" else 0
 
@@ -44,7 +47,7 @@ class StreamingDetokenizer:
 
     def reset(self) -> None:
         """Start a new stream with the same tokenizer."""
-        self.__init__(self.tokenizer, skip_special=self.skip_special)
+        self.__init__(self.tokenizer, skip_special=self.skip_special, continuation=self.continuation)
 
     @property
     def text(self) -> str:
