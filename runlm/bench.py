@@ -198,6 +198,9 @@ def worker(spec: dict) -> dict:
 def run_bench(args) -> int:
     from runlm.loading import resolve_model
 
+    if args.streams or args.prompt_cache:
+        return run_engine_bench(args)
+
     path = resolve_model(args.model)
     threads = args.threads or os.cpu_count() or 1
     tokenizer = load_tokenizer(path)
@@ -307,6 +310,65 @@ def print_table(path: Path, threads: int, args, results: list[dict], skipped: li
             print(f"| {'runlm/' + row['peer']:<14} | {ratios} |")
     for peer, reason in skipped:
         print(f"skipped {peer}: {reason}")
+
+
+# -- the engine: continuous batching and the prompt cache ---------------------------------------
+
+
+def run_engine_bench(args) -> int:
+    import torch
+
+    from runlm import load
+    from runlm.engine import Engine, GenerationRequest, Scheduler
+    from runlm.sampling import SamplingParams
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = load(args.model, dtype=args.dtype)
+    ids = loaded.tokenizer.encode(english_text())
+    greedy = SamplingParams(temperature=0.0)
+    print(f"model: {loaded.path.name}   threads: {torch.get_num_threads()}   machine: {machine()}")
+    if args.streams:
+        counts = [int(n) for n in args.streams.split(",")]
+        print("| streams | aggregate decode tok/s | per stream tok/s | vs 1 stream |")
+        print("|---|---|---|---|")
+        base = None
+        for n in counts:
+            engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length, prompt_cache_mb=0)
+            scheduler = Scheduler(engine, max_queue=n, max_batch=n)
+            requests = [
+                GenerationRequest(
+                    ids[i * 40 : i * 40 + 32],
+                    max_tokens=args.gen_tokens,
+                    sampling=greedy,
+                    ignore_eos=True,
+                    use_prompt_cache=False,
+                )
+                for i in range(n)
+            ]
+            started = time.perf_counter()
+            results = [h.result() for h in [scheduler.submit(r) for r in requests]]
+            wall = time.perf_counter() - started
+            scheduler.close()
+            tokens = sum(r.usage.completion_tokens for r in results)
+            prefill = sum(r.usage.prefill_s for r in results)
+            rate = tokens / max(wall - prefill, 1e-9)
+            base = base or rate
+            print(f"| {n} | {rate:.1f} | {rate / n:.1f} | {rate / base:.2f}x |")
+    if args.prompt_cache:
+        engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length, prompt_cache_mb=256)
+        shared = ids[: args.prompt_tokens]
+        first = engine.complete(GenerationRequest(shared + ids[600:616], max_tokens=1, sampling=greedy))
+        second = engine.complete(GenerationRequest(shared + ids[700:716], max_tokens=1, sampling=greedy))
+        print("| prompt cache | prompt tokens | cached | time to first token s |")
+        print("|---|---|---|---|")
+        print(f"| cold | {first.usage.prompt_tokens} | {first.usage.cached_tokens} | {first.usage.ttft_s:.3f} |")
+        print(
+            f"| shared prefix | {second.usage.prompt_tokens} | {second.usage.cached_tokens} | "
+            f"{second.usage.ttft_s:.3f} |"
+        )
+        print(f"speed-up: {first.usage.ttft_s / max(second.usage.ttft_s, 1e-9):.1f}x")
+    return 0
 
 
 if __name__ == "__main__":

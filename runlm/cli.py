@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling(gen)
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     gen.add_argument("--system", default=None, help="system prompt (chat models)")
-    gen.add_argument("--image", default=None, help="an image file for multimodal models")
+    gen.add_argument("--image", default=None, help="an image file (PNG, JPEG...) for vision models; greedy decoding")
+    gen.add_argument("--mmproj", default=None, help="llama.cpp vision projector GGUF for a GGUF model")
     gen.add_argument("prompt")
 
     chat = sub.add_parser("chat", help="interactive multi-turn chat")
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=None, help="require this bearer token (or set RUNLM_API_KEY)")
     serve.add_argument("--prompt-cache-mb", type=int, default=256)
     serve.add_argument("--max-queue", type=int, default=16)
+    serve.add_argument("--parallel", type=int, default=8, help="sequences decoded together (continuous batching)")
 
     bench = sub.add_parser("bench", help="speed, memory and perplexity side by side with peers")
     _add_model(bench)
@@ -73,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--vs", action="append", default=[], choices=["llama.cpp", "transformers"])
     bench.add_argument("--ppl-tokens", type=int, default=1024)
     bench.add_argument("--json", default=None, help="also write the results to this JSON file")
+    bench.add_argument("--streams", default=None, help="e.g. 1,4,8: aggregate decode tok/s with continuous batching")
+    bench.add_argument(
+        "--prompt-cache", action="store_true", help="time to first token with and without a cached prefix"
+    )
     return parser
 
 
@@ -88,9 +94,15 @@ def _load(args: argparse.Namespace, model: str | None = None):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    loaded = _load(args)
-    if args.image is not None:
-        raise RunlmError("images are not supported yet: no family in this build has a vision tower")
+    from runlm.models.vision import image_to_rgb
+
+    image = image_to_rgb(args.image) if args.image is not None else None  # a bad image fails before the load
+    if args.mmproj is None:
+        loaded = _load(args)
+    else:
+        loaded = _load_with_mmproj(args)
+    if image is not None:
+        return _generate_with_image(loaded, image, args)
     if args.raw or loaded.chat_template is None:
         ids = loaded.tokenizer.encode(args.prompt)
     else:
@@ -99,6 +111,48 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ]
         ids = loaded.tokenizer.encode(loaded.chat_template.render(messages), add_bos=False)
     _stream_reply(_engine(loaded), ids, args)
+    return 0
+
+
+def _load_with_mmproj(args: argparse.Namespace):
+    import torch
+
+    from runlm import load
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return load(args.model, dtype=args.dtype, max_context=args.ctx, mmproj=args.mmproj)
+
+
+def _generate_with_image(loaded, image: tuple[bytes, int, int], args: argparse.Namespace) -> int:
+    """Stream the greedy reply to a prompt with an image (the runner's generate_multimodal)."""
+    from runlm.models.vision import BOI
+    from runlm.text import StreamingDetokenizer
+
+    if args.max_tokens < 1:
+        raise RunlmError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if args.temperature > 0:
+        print("runlm: note: with --image decoding is greedy; sampling options are ignored", file=sys.stderr)
+    prompt = args.prompt
+    if not args.raw and loaded.chat_template is not None:
+        content = prompt if BOI in prompt else BOI + prompt  # the image inside the user turn, as Gemma's template
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": content}
+        ]
+        prompt = loaded.chat_template.render(messages)
+    tokenizer = loaded.tokenizer
+    detok = StreamingDetokenizer(tokenizer)
+
+    def on_token(token: int) -> bool:
+        if token in tokenizer.stop_ids:
+            return False
+        sys.stdout.write(detok.push(token))
+        sys.stdout.flush()
+        return True
+
+    rgb, width, height = image
+    loaded.runner.generate_multimodal(prompt, rgb, width, height, None, args.max_tokens, on_token)
+    sys.stdout.write(detok.flush() + "\n")
     return 0
 
 
@@ -156,7 +210,9 @@ def _chat_web(args: argparse.Namespace) -> int:
 
     url = f"http://127.0.0.1:{args.port}/"
     threading.Timer(2.0, lambda: webbrowser.open(url)).start()
-    serve_args = argparse.Namespace(**vars(args), host="127.0.0.1", api_key=None, prompt_cache_mb=256, max_queue=16)
+    serve_args = argparse.Namespace(
+        **vars(args), host="127.0.0.1", api_key=None, prompt_cache_mb=256, max_queue=16, parallel=8
+    )
     return cmd_serve(serve_args)
 
 
@@ -212,6 +268,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key or os.environ.get("RUNLM_API_KEY"),
         prompt_cache_mb=args.prompt_cache_mb,
         max_queue=args.max_queue,
+        max_batch=args.parallel,
     )
     return 0
 

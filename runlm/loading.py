@@ -39,6 +39,8 @@ class Family:
     # (strip, add) name prefixes to try, for checkpoints that nest the text model.
     hf_prefixes: tuple[tuple[str, str], ...] = (("", ""),)
     builtin_chat_format: str | None = None
+    # (loaded, mmproj path or None) -> None: give the runner its vision tower when the model has one.
+    attach_vision: Callable[[Any, Path | None], None] | None = None
 
 
 FAMILIES: dict[str, Family] = {}
@@ -126,10 +128,17 @@ DTYPES = {
 }
 
 
-def load(name_or_path: str | Path | None = None, dtype: str = "auto", max_context: int | None = None) -> LoadedModel:
+def load(
+    name_or_path: str | Path | None = None,
+    dtype: str = "auto",
+    max_context: int | None = None,
+    mmproj: str | Path | None = None,
+) -> LoadedModel:
     """Load a GGUF file, a Hugging Face directory or a catalog model into a ready runner.
 
-    dtype "f32" is the float32 reference; "auto" keeps 4-bit GGUF weights packed.
+    dtype "f32" is the float32 reference; "auto" keeps 4-bit GGUF weights packed. A vision
+    tower is found by itself (an HF directory's vision_config, an mmproj*.gguf next to a GGUF)
+    or given as `mmproj`, llama.cpp's vision projector GGUF.
     """
     from runlm import catalog
 
@@ -149,6 +158,11 @@ def load(name_or_path: str | Path | None = None, dtype: str = "auto", max_contex
 
             tok = loaded.tokenizer
             loaded.chat_template = ChatTemplate.builtin(fmt, tok.token_str(tok.bos_id), tok.token_str(tok.eos_id))
+    loaded.runner.tokenizer = loaded.tokenizer  # for prompts given as text (generate_multimodal)
+    if loaded.family.attach_vision is not None:
+        loaded.family.attach_vision(loaded, mmproj)
+    elif mmproj is not None:
+        raise ModelLoadError(f"{path}: {loaded.family.name} models take no vision projector (mmproj)")
     return loaded
 
 

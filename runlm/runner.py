@@ -105,8 +105,13 @@ class LmRunner(ABC):
         tokenizer: Path | None,
         n_new: int,
         on_token: OnToken | None = None,
+        on_phase: Callable[[str], None] | None = None,
     ) -> list[int]:
-        """Generate from a prompt whose image markers are spliced with vision embeddings."""
+        """Generate from a prompt whose image markers are spliced with vision embeddings.
+
+        `rgb` is img_w * img_h * 3 bytes, row-major; `on_phase` hears "vision" before the image
+        is encoded and "prefill" before the language model's prefill.
+        """
         raise UnsupportedOperationError(f"{self.family()} runner has no vision tower: this model cannot take images")
 
     # -- shared input checks --------------------------------------------------

@@ -1,13 +1,12 @@
 """One worker thread owns the runner; requests wait in a bounded queue and stream back through handles.
 
-The runner is not thread-safe and holds one decode session, so a single worker runs the requests one
-at a time, in arrival order. Cancellation is checked between tokens, and a request cancelled while it
-waits leaves the queue at once (its slot is free for the next client).
-
-Continuous batching is not here yet: `_run` drives one `Sequence` with `Engine.generate`. A batched
-step would keep several admitted sequences, gather their `next_token`s, run one batched forward and
-hand each sequence its logits row through `Sequence.on_logits`; handles, the queue and cancellation
-would stay as they are.
+Continuous batching: when the runner can keep several sessions and step them together
+(`new_session` / `use_session` / `decode_batch`, as every CachedRunner can), the worker keeps up to
+`max_batch` sequences in flight. Each loop admits at most one waiting request (its prefill, with the
+prompt cache) and then runs ONE batched decode step for every in-flight sequence, each at its own
+position over its own KV cache; sequences join and leave at token boundaries. Other runners are
+served one request at a time. Cancellation is checked between tokens, and a request cancelled while
+it waits leaves the queue at once.
 """
 
 from __future__ import annotations
@@ -110,9 +109,13 @@ def _gather(records: list[StreamRecord]) -> Completion:
 class Scheduler:
     """A bounded FIFO of requests in front of one worker thread that owns the engine."""
 
-    def __init__(self, engine: Engine, max_queue: int = 16, name: str = "runlm-worker"):
+    def __init__(self, engine: Engine, max_queue: int = 16, name: str = "runlm-worker", max_batch: int = 8):
         self.engine = engine
         self.max_queue = max(0, int(max_queue))
+        runner = engine.runner
+        self.batching = all(hasattr(runner, a) for a in ("new_session", "use_session", "decode_batch"))
+        self.max_batch = max(1, int(max_batch)) if self.batching else 1
+        self.active: list[tuple[RequestHandle, Any]] = []  # (handle, runner session) in flight
         self._waiting: deque[RequestHandle] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -128,10 +131,18 @@ class Scheduler:
 
     @property
     def busy(self) -> bool:
-        return self.running is not None
+        return self.running is not None or bool(self.active)
 
-    def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None,
-               on_done: Callable[[RequestHandle], None] | None = None) -> RequestHandle:
+    @property
+    def in_flight(self) -> int:
+        return len(self.active) if self.batching else int(self.running is not None)
+
+    def submit(
+        self,
+        request: GenerationRequest,
+        loop: asyncio.AbstractEventLoop | None = None,
+        on_done: Callable[[RequestHandle], None] | None = None,
+    ) -> RequestHandle:
         """Validate and enqueue; raises InvalidInputError / ContextOverflowError / QueueFullError at once.
 
         With `loop`, records are delivered into that asyncio loop (iterate with `async for`); `on_done`
@@ -146,8 +157,8 @@ class Scheduler:
             # Cancelled requests do not hold slots.
             if any(h.cancelled for h in self._waiting):
                 self._waiting = deque(h for h in self._waiting if not h.cancelled or self._drop(h))
-            busy = self.running is not None or bool(self._waiting)
-            if busy and len(self._waiting) >= self.max_queue:
+            full = len(self.active) >= self.max_batch if self.batching else self.running is not None
+            if (full or self._waiting) and len(self._waiting) >= self.max_queue:
                 raise QueueFullError(
                     f"the server is busy: {len(self._waiting)} requests are already waiting (max_queue "
                     f"{self.max_queue}); retry later"
@@ -168,6 +179,8 @@ class Scheduler:
             waiting, self._waiting = list(self._waiting), deque()
             if self.running is not None:
                 self.running.cancel()
+            for handle, _ in self.active:
+                handle.cancel()
             self._cond.notify_all()
         for h in waiting:
             self._drop(h)
@@ -176,6 +189,9 @@ class Scheduler:
 
     # -- the worker ----------------------------------------------------------------------
     def _loop(self) -> None:
+        if self.batching:
+            self._batch_loop()
+            return
         while True:
             with self._cond:
                 while not self._waiting and not self._closed:
@@ -189,12 +205,15 @@ class Scheduler:
             finally:
                 with self._cond:
                     self.running = None
-                handle._finish()
-                if handle.on_done is not None:
-                    try:
-                        handle.on_done(handle)
-                    except Exception:  # a metrics hook must never kill the worker
-                        pass
+                self._done(handle)
+
+    def _done(self, handle: RequestHandle) -> None:
+        handle._finish()
+        if handle.on_done is not None:
+            try:
+                handle.on_done(handle)
+            except Exception:  # a metrics hook must never kill the worker
+                pass
 
     def _run(self, handle: RequestHandle) -> None:
         try:
@@ -202,3 +221,72 @@ class Scheduler:
                 handle._put(record)
         except Exception as exc:  # delivered to the caller; the worker lives on
             handle._put(exc)
+
+    def _batch_loop(self) -> None:
+        runner = self.engine.runner
+        while True:
+            with self._cond:
+                while not self._waiting and not self.active and not self._closed:
+                    self._cond.wait()
+                if self._closed and not self.active:
+                    return
+                handle = None
+                if self._waiting and len(self.active) < self.max_batch and not self._closed:
+                    handle = self._waiting.popleft()
+            if handle is not None:
+                self._admit(runner, handle)
+            if self.active:
+                self._step(runner)
+
+    def _admit(self, runner, handle: RequestHandle) -> None:
+        """Prefill a new request in a session of its own; it joins the batch at the next step."""
+        if handle.cancelled:
+            self._drop(handle)
+            return
+        session = runner.new_session()
+        runner.use_session(session)
+        seq = handle.seq
+        try:
+            record = seq.on_logits(self.engine.prefill(seq))
+        except Exception as exc:
+            handle._put(exc)
+            self._done(handle)
+            return
+        handle._put(record)
+        if seq.finished:
+            self._retire(runner, handle, session)
+        else:
+            self.active.append((handle, session))
+
+    def _step(self, runner) -> None:
+        """One batched decode step for every sequence in flight."""
+        for handle, session in list(self.active):
+            if handle.cancelled:
+                handle._put(handle.seq.cancel())
+                self.active.remove((handle, session))
+                self._retire(runner, handle, session)
+        if not self.active:
+            return
+        tokens = [handle.seq.next_token for handle, _ in self.active]
+        try:
+            logits = runner.decode_batch([session for _, session in self.active], tokens)
+        except Exception as exc:  # fail the batch's requests, keep the worker alive
+            for handle, _ in self.active:
+                handle._put(exc)
+                self._done(handle)
+            self.active = []
+            return
+        still = []
+        for (handle, session), row in zip(self.active, logits):
+            handle._put(handle.seq.on_logits(row))
+            if handle.seq.finished:
+                self._retire(runner, handle, session)
+            else:
+                still.append((handle, session))
+        self.active = still
+
+    def _retire(self, runner, handle: RequestHandle, session) -> None:
+        """Keep the finished session for the prompt cache, then end the request."""
+        runner.use_session(session)
+        self.engine.remember(handle.seq)
+        self._done(handle)

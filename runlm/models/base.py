@@ -389,6 +389,7 @@ class CachedRunner(LmRunner):
             check_token(token, vocab)
         return self._extend(ids, all_positions=True)
 
+    @torch.inference_mode()
     def reset(self) -> None:
         """Forget the session: the next extend starts at position 0."""
         for layer_cache in self.cache:
@@ -430,6 +431,7 @@ class CachedRunner(LmRunner):
             logits = self.decode_logits(token)
         return produced
 
+    @torch.inference_mode()
     def export_session(self) -> SessionSnapshot | None:
         states = [layer_cache.snapshot() for layer_cache in self.cache]
         nbytes = sum(t.numel() * t.element_size() for state in states for t in state)
@@ -438,6 +440,7 @@ class CachedRunner(LmRunner):
     def restore_session(self, snap: SessionSnapshot) -> bool:
         return self._restore(snap, len(snap.token_ids))
 
+    @torch.inference_mode()
     def _restore(self, snap: SessionSnapshot, length: int) -> bool:
         if snap.family != self.family() or len(snap.cache) != len(self.cache):
             return False

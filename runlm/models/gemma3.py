@@ -32,8 +32,8 @@ class SandwichBlock(nn.Module):
         self.pre_attn, self.post_attn, self.pre_mlp, self.post_mlp = norms
         self.attn, self.mlp = attn, mlp
 
-    def forward(self, h, positions, rope_tables, cache, start):
-        h = h + self.post_attn(self.attn(self.pre_attn(h), positions, rope_tables, cache, start))
+    def forward(self, h, positions, rope_tables, cache, start, image_group=None):
+        h = h + self.post_attn(self.attn(self.pre_attn(h), positions, rope_tables, cache, start, image_group))
         return h + self.post_mlp(self.mlp(self.pre_mlp(h)))
 
 
@@ -89,6 +89,23 @@ def build(config: ModelConfig, weights: WeightLoader) -> DecoderLM:
 
 class GemmaRunner(CachedRunner):
     family_name = "gemma"
+    vision = None  # a runlm.models.vision.VisionModel when the model has a vision tower (set by runlm.load)
+
+    def supports_multimodal(self) -> bool:
+        return self.vision is not None
+
+    def generate_multimodal(
+        self, prompt, rgb, img_w, img_h, tokenizer, n_new, on_token=None, on_phase=None
+    ) -> list[int]:
+        from runlm.models.vision import generate_multimodal
+
+        return generate_multimodal(self, prompt, rgb, img_w, img_h, tokenizer, n_new, on_token, on_phase)
+
+    def prefill_multimodal(self, prompt, rgb, img_w, img_h, tokenizer=None, on_phase=None, all_positions=False):
+        """Beyond the contract: the multimodal prefill alone (last or all positions' logits)."""
+        from runlm.models.vision import prefill_multimodal
+
+        return prefill_multimodal(self, prompt, rgb, img_w, img_h, tokenizer, on_phase, all_positions)
 
 
 def _config_from_hf(cfg: dict) -> ModelConfig:
@@ -138,6 +155,12 @@ def _config_from_gguf(gguf) -> ModelConfig:
     )
 
 
+def _attach_vision(loaded, mmproj) -> None:
+    from runlm.models.vision import attach_vision
+
+    attach_vision(loaded, mmproj)
+
+
 FAMILY = register_family(
     Family(
         name="gemma",
@@ -150,5 +173,6 @@ FAMILY = register_family(
         gguf_overrides={"post_attention_layernorm": "post_attention_norm"},
         hf_prefixes=(("", ""), ("model.", "model.language_model."), ("", "language_model.")),
         builtin_chat_format="gemma",
+        attach_vision=_attach_vision,
     )
 )

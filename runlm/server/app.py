@@ -381,6 +381,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     model_name: str | None = None,
     default_max_tokens: int | None = None,
+    max_batch: int = 8,
 ) -> FastAPI:
     """A FastAPI app serving one loaded model.
 
@@ -394,7 +395,7 @@ def create_app(
     name = model_name or catalog_name or loaded.path.stem
     engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length,
                     prompt_cache_mb=prompt_cache_mb)
-    scheduler = Scheduler(engine, max_queue=max_queue)
+    scheduler = Scheduler(engine, max_queue=max_queue, max_batch=max_batch)
     metrics = Metrics()
     aliases = {name, loaded.path.name, loaded.path.stem} | ({catalog_name} if catalog_name else set())
     state = ServerState(loaded, engine, scheduler, metrics, name, aliases, default_max_tokens)
@@ -489,7 +490,8 @@ def create_app(
 
     @app.get("/props")
     async def props():
-        return {"model": state.model_name, **props_meta(), "total_slots": 1, "max_queue": scheduler.max_queue,
+        return {"model": state.model_name, **props_meta(), "total_slots": scheduler.max_batch,
+                "max_queue": scheduler.max_queue,
                 "chat_template": _template_source(loaded.chat_template) or None,
                 "has_chat_template": loaded.chat_template is not None,
                 "prompt_cache_mb": prompt_cache_mb,
@@ -506,7 +508,7 @@ def create_app(
         cache = engine.prompt_cache
         gauges = {
             "runlm_queue_depth": ("Requests waiting for the worker.", scheduler.queue_depth),
-            "runlm_requests_running": ("Requests being generated.", 1 if scheduler.busy else 0),
+            "runlm_requests_running": ("Requests being generated.", scheduler.in_flight),
             "runlm_prompt_cache_bytes": ("Bytes held by the prompt cache.", cache.nbytes if cache else 0),
             "runlm_prompt_cache_entries": ("Snapshots in the prompt cache.", len(cache) if cache else 0),
         }

@@ -200,7 +200,18 @@ def test_four_concurrent_streams_match_their_solo_runs(client, live):
     assert [results[i] for i in range(4)] == alone
 
 
-def test_queue_full_gives_429_and_disconnect_frees_the_worker(live, http):
+def test_queue_full_gives_429_and_disconnect_frees_the_worker(smollm2):
+    # One batch slot, so the long request holds it and the short ones queue behind it.
+    live = LiveServer(create_app(smollm2, model_name=MODEL, max_queue=4, max_batch=1))
+    http = httpx.Client(base_url=live.base_url, timeout=60)
+    try:
+        _queue_full_then_disconnect(live, http)
+    finally:
+        http.close()
+        live.stop()
+
+
+def _queue_full_then_disconnect(live, http):
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True,
             "ignore_eos": True}
     with httpx.Client(base_url=live.base_url, timeout=120) as long_client:
