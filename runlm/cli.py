@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--prompt-cache-mb", type=int, default=256)
     serve.add_argument("--max-queue", type=int, default=16)
     serve.add_argument("--parallel", type=int, default=8, help="sequences decoded together (continuous batching)")
+    serve.add_argument("--mmproj", default=None, help="llama.cpp vision projector GGUF for a GGUF model")
+    serve.add_argument("--allow-remote-images", action="store_true", help="fetch http(s) image_url parts")
 
     bench = sub.add_parser("bench", help="speed, memory and perplexity side by side with peers")
     _add_model(bench)
@@ -90,69 +92,26 @@ def _load(args: argparse.Namespace, model: str | None = None):
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     name = model if model is not None else args.model
-    return load(name, dtype=args.dtype, max_context=args.ctx)
+    return load(name, dtype=args.dtype, max_context=args.ctx, mmproj=getattr(args, "mmproj", None))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from runlm.models.vision import image_to_rgb
+    from runlm.engine import ImageInput
+    from runlm.models.vision import BOI, image_to_rgb
 
-    image = image_to_rgb(args.image) if args.image is not None else None  # a bad image fails before the load
-    if args.mmproj is None:
-        loaded = _load(args)
-    else:
-        loaded = _load_with_mmproj(args)
-    if image is not None:
-        return _generate_with_image(loaded, image, args)
-    if args.raw or loaded.chat_template is None:
-        ids = loaded.tokenizer.encode(args.prompt)
-    else:
-        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-            {"role": "user", "content": args.prompt}
-        ]
-        ids = loaded.tokenizer.encode(loaded.chat_template.render(messages), add_bos=False)
-    _stream_reply(_engine(loaded), ids, args)
-    return 0
-
-
-def _load_with_mmproj(args: argparse.Namespace):
-    import torch
-
-    from runlm import load
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    return load(args.model, dtype=args.dtype, max_context=args.ctx, mmproj=args.mmproj)
-
-
-def _generate_with_image(loaded, image: tuple[bytes, int, int], args: argparse.Namespace) -> int:
-    """Stream the greedy reply to a prompt with an image (the runner's generate_multimodal)."""
-    from runlm.models.vision import BOI
-    from runlm.text import StreamingDetokenizer
-
-    if args.max_tokens < 1:
-        raise RunlmError(f"--max-tokens must be at least 1, got {args.max_tokens}")
-    if args.temperature > 0:
-        print("runlm: note: with --image decoding is greedy; sampling options are ignored", file=sys.stderr)
+    image = ImageInput(*image_to_rgb(args.image)) if args.image is not None else None  # fail before the load
+    loaded = _load(args)
     prompt = args.prompt
-    if not args.raw and loaded.chat_template is not None:
-        content = prompt if BOI in prompt else BOI + prompt  # the image inside the user turn, as Gemma's template
+    if image is not None and BOI not in prompt:
+        prompt = BOI + prompt  # an image with no marker goes before the text, inside the user turn
+    if args.raw or loaded.chat_template is None:
+        text = prompt
+    else:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-            {"role": "user", "content": content}
+            {"role": "user", "content": prompt}
         ]
-        prompt = loaded.chat_template.render(messages)
-    tokenizer = loaded.tokenizer
-    detok = StreamingDetokenizer(tokenizer)
-
-    def on_token(token: int) -> bool:
-        if token in tokenizer.stop_ids:
-            return False
-        sys.stdout.write(detok.push(token))
-        sys.stdout.flush()
-        return True
-
-    rgb, width, height = image
-    loaded.runner.generate_multimodal(prompt, rgb, width, height, None, args.max_tokens, on_token)
-    sys.stdout.write(detok.flush() + "\n")
+        text = loaded.chat_template.render(messages)
+    _stream_reply(_engine(loaded), text, args, image)
     return 0
 
 
@@ -162,15 +121,19 @@ def _engine(loaded):
     return Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length)
 
 
-def _stream_reply(engine, ids: list[int], args: argparse.Namespace) -> str:
-    """Print the reply as it is produced; return its text."""
+def _stream_reply(engine, text: str, args: argparse.Namespace, image=None) -> str:
+    """Print the reply to a rendered prompt as it is produced; return its text."""
     from runlm.engine import GenerationRequest
     from runlm.sampling import SamplingParams
 
     if args.max_tokens < 1:
         raise RunlmError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
-    request = GenerationRequest(prompt_ids=ids, max_tokens=args.max_tokens, sampling=sampling)
+    request = GenerationRequest(prompt_ids=[], max_tokens=args.max_tokens, sampling=sampling)
+    if image is not None:
+        engine.with_image(request, text, image)
+    else:
+        request.prompt_ids = engine.tokenizer.encode_prompt(text)
     pieces = []
     for record in engine.generate(request):
         if record.text:
@@ -199,8 +162,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         if not line.strip():
             return 0
         messages.append({"role": "user", "content": line})
-        ids = loaded.tokenizer.encode(loaded.chat_template.render(messages), add_bos=False)
-        reply = _stream_reply(engine, ids, args)
+        reply = _stream_reply(engine, loaded.chat_template.render(messages), args)
         messages.append({"role": "assistant", "content": reply})
 
 
@@ -211,7 +173,8 @@ def _chat_web(args: argparse.Namespace) -> int:
     url = f"http://127.0.0.1:{args.port}/"
     threading.Timer(2.0, lambda: webbrowser.open(url)).start()
     serve_args = argparse.Namespace(
-        **vars(args), host="127.0.0.1", api_key=None, prompt_cache_mb=256, max_queue=16, parallel=8
+        **vars(args), host="127.0.0.1", api_key=None, prompt_cache_mb=256, max_queue=16, parallel=8,
+        mmproj=None, allow_remote_images=False,
     )
     return cmd_serve(serve_args)
 
@@ -269,6 +232,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         prompt_cache_mb=args.prompt_cache_mb,
         max_queue=args.max_queue,
         max_batch=args.parallel,
+        allow_remote_images=args.allow_remote_images,
     )
     return 0
 

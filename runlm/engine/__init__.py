@@ -1,6 +1,6 @@
 """The engine: host-driven decode loop, prompt cache, request scheduler."""
 
-from runlm.engine.core import Completion, Engine, GenerationRequest, Sequence, StreamRecord, Usage
+from runlm.engine.core import Completion, Engine, GenerationRequest, ImageInput, Sequence, StreamRecord, Usage
 from runlm.engine.prompt_cache import PromptCache
 from runlm.engine.scheduler import QueueFullError, RequestHandle, Scheduler
 from runlm.engine.stops import StopStringFilter
@@ -10,6 +10,7 @@ __all__ = [
     "Completion",
     "Engine",
     "GenerationRequest",
+    "ImageInput",
     "PromptCache",
     "QueueFullError",
     "RequestHandle",

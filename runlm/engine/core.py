@@ -25,9 +25,22 @@ from runlm.sampling import Sampler, SamplingParams, TokenLogprob
 from runlm.text import StreamingDetokenizer
 
 
+@dataclass(frozen=True)
+class ImageInput:
+    """One image as raw RGB bytes, row-major, width * height * 3 long."""
+
+    rgb: bytes
+    width: int
+    height: int
+
+
 @dataclass
 class GenerationRequest:
-    """What to generate: prompt ids plus the knobs of one OpenAI request."""
+    """What to generate: prompt ids plus the knobs of one OpenAI request.
+
+    With `image`, `prompt_text` holds the prompt (its `<start_of_image>` marks the image) and
+    `prompt_ids` its expansion with the image's soft tokens; see Engine.with_image.
+    """
 
     prompt_ids: list[int]
     max_tokens: int | None = None  # None: up to the context's end
@@ -37,6 +50,8 @@ class GenerationRequest:
     ignore_eos: bool = False
     grammar: GrammarConstraint | None = None
     use_prompt_cache: bool = True
+    image: ImageInput | None = None
+    prompt_text: str | None = None
 
 
 @dataclass
@@ -205,10 +220,25 @@ class Engine:
         self.check_prompt(request.prompt_ids)
         return Sequence(request, self.tokenizer, self.vocab_size, self.max_new_tokens(request), submitted_at)
 
+    def with_image(self, request: GenerationRequest, prompt_text: str, image: ImageInput) -> GenerationRequest:
+        """Turn a text request into an image + text one (the runner must have a vision tower)."""
+        from runlm.models.vision import multimodal_ids, require_vision
+
+        vision = require_vision(self.runner)
+        request.prompt_ids, _ = multimodal_ids(self.tokenizer, prompt_text, vision.config.mm_tokens_per_image)
+        request.prompt_text, request.image = prompt_text, image
+        request.use_prompt_cache = False  # a snapshot of soft tokens could not be matched by a later prompt
+        return request
+
     # -- model work ----------------------------------------------------------------------
     def prefill(self, seq: Sequence) -> torch.Tensor:
         """Prefill the prompt, reusing the longest cached prefix; returns the first logits."""
         seq.mark_started()
+        image = seq.request.image
+        if image is not None:
+            logits = self.runner.prefill_multimodal(seq.request.prompt_text, image.rgb, image.width, image.height)
+            seq.mark_prefilled(0)
+            return logits
         prompt = seq.request.prompt_ids
         snap, reuse = (None, 0)
         if self.prompt_cache is not None and seq.request.use_prompt_cache:

@@ -578,19 +578,26 @@ def generate_multimodal(
 
 def image_to_rgb(path: str | Path) -> tuple[bytes, int, int]:
     """An image file (PNG, JPEG... anything Pillow reads) as RGB bytes, width, height."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise InvalidInputError(f"{path}: no such image file")
+    return image_bytes_to_rgb(path.read_bytes(), str(path))
+
+
+def image_bytes_to_rgb(data: bytes, what: str = "image") -> tuple[bytes, int, int]:
+    """Encoded image bytes (PNG, JPEG...) as RGB bytes, width, height; unreadable data is InvalidInputError."""
+    import io
+
     try:
         from PIL import Image, UnidentifiedImageError
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise UnsupportedOperationError("image input needs Pillow: pip install pillow") from exc
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise InvalidInputError(f"{path}: no such image file")
     try:
-        with Image.open(path) as image:
+        with Image.open(io.BytesIO(data)) as image:
             image.load()
             rgb = image.convert("RGB")
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError) as exc:
-        raise InvalidInputError(f"{path}: cannot read the image ({' '.join(str(exc).split())})") from exc
+        raise InvalidInputError(f"{what}: cannot read the image ({' '.join(str(exc).split())})") from exc
     return rgb.tobytes(), rgb.width, rgb.height
 
 
@@ -600,6 +607,7 @@ __all__ = [
     "attach_vision",
     "expand_prompt",
     "generate_multimodal",
+    "image_bytes_to_rgb",
     "image_to_rgb",
     "mmproj_name",
     "prefill_multimodal",

@@ -21,9 +21,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from runlm.engine import Engine, GenerationRequest, RequestHandle, Scheduler, StreamRecord, Usage
+from runlm.engine import Engine, GenerationRequest, ImageInput, RequestHandle, Scheduler, StreamRecord, Usage
 from runlm.engine.grammar import GrammarConstraint, grammar_for_json_schema
 from runlm.engine.tools import ToolCallStreamFilter, tool_call_schema, tools_system_prompt
+from runlm.errors import InvalidInputError, RunlmError
 from runlm.sampling import SamplingParams, TokenLogprob
 from runlm.server.errors import APIError, api_error_from, error_body, install_error_handlers
 from runlm.server.metrics import Metrics
@@ -60,6 +61,7 @@ class ServerState:
     aliases: set[str]
     default_max_tokens: int | None
     created: int = field(default_factory=lambda: int(time.time()))
+    allow_remote_images: bool = False
 
     @property
     def tokenizer(self) -> Any:
@@ -214,17 +216,79 @@ def _template_source(template: Any) -> str:
     return ""
 
 
-def _message_text(message: ChatMessage, index: int) -> str | None:
+MAX_IMAGE_BYTES = 20 * 1024 * 1024
+IMAGE_MARKER = "<start_of_image>"  # where Gemma 3's image block goes
+
+
+def _message_text(state: ServerState, message: ChatMessage, index: int, images: list[ImageInput]) -> str | None:
+    """The message's text; each image part becomes Gemma's image marker and its pixels go to `images`."""
     if message.content is None or isinstance(message.content, str):
         return message.content
     parts = []
     for j, part in enumerate(message.content):
-        if part.type != "text":
-            raise APIError(400, f"messages.{index}.content.{j}: content of type {part.type!r} is not supported "
-                                "(this server takes text only)", param=f"messages.{index}.content",
-                           code="invalid_value")
-        parts.append(part.text or "")
+        where = f"messages.{index}.content.{j}"
+        if part.type == "text":
+            parts.append(part.text or "")
+        elif part.type == "image_url" and part.image_url is not None:
+            if not state.loaded.runner.supports_multimodal():
+                raise APIError(400, f"{where}: this model has no vision tower and cannot take images",
+                               param=f"messages.{index}.content", code="invalid_value")
+            images.append(_fetch_image(state, part.image_url.url, where))
+            parts.append(IMAGE_MARKER)
+        else:
+            raise APIError(400, f"{where}: content of type {part.type!r} is not supported (text and image_url are)",
+                           param=f"messages.{index}.content", code="invalid_value")
     return "\n".join(parts)
+
+
+def _fetch_image(state: ServerState, url: str, where: str) -> ImageInput:
+    """Pixels of a `data:` URL, or of an http(s) URL when the server allows remote images."""
+    import base64
+    import binascii
+
+    from runlm.models.vision import image_bytes_to_rgb
+
+    if url.startswith("data:"):
+        header, _, payload = url.partition(",")
+        if ";base64" not in header:
+            raise APIError(400, f"{where}: only base64 data: URLs are supported", param=where, code="invalid_value")
+        if len(payload) > MAX_IMAGE_BYTES * 4 // 3 + 4:
+            raise APIError(400, f"{where}: the image is larger than {MAX_IMAGE_BYTES} bytes", param=where,
+                           code="invalid_value")
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise APIError(400, f"{where}: invalid base64 image data", param=where, code="invalid_value") from exc
+    elif url.startswith(("http://", "https://")):
+        if not state.allow_remote_images:
+            raise APIError(400, f"{where}: remote image URLs are disabled on this server (send a base64 data: URL, "
+                                "or start the server with --allow-remote-images)", param=where, code="invalid_value")
+        data = _download_image(url, where)
+    else:
+        raise APIError(400, f"{where}: image_url must be a data: URL or http(s) URL", param=where,
+                       code="invalid_value")
+    try:
+        return ImageInput(*image_bytes_to_rgb(data, where))
+    except InvalidInputError as exc:
+        raise APIError(400, str(exc), param=where, code="invalid_value") from exc
+
+
+def _download_image(url: str, where: str) -> bytes:
+    import httpx
+
+    try:
+        with httpx.stream("GET", url, timeout=10.0, follow_redirects=True) as response:
+            response.raise_for_status()
+            chunks, size = [], 0
+            for chunk in response.iter_bytes():
+                size += len(chunk)
+                if size > MAX_IMAGE_BYTES:
+                    raise APIError(400, f"{where}: the image is larger than {MAX_IMAGE_BYTES} bytes", param=where,
+                                   code="invalid_value")
+                chunks.append(chunk)
+    except httpx.HTTPError as exc:
+        raise APIError(400, f"{where}: could not fetch the image ({exc})", param=where, code="invalid_value") from exc
+    return b"".join(chunks)
 
 
 def _arguments_obj(arguments: str | dict[str, Any]) -> Any:
@@ -265,8 +329,9 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     source = _template_source(template)
     tool_aware = "tools" in source and "tool_calls" in source
     messages: list[dict[str, Any]] = []
+    images: list[ImageInput] = []
     for i, m in enumerate(body.messages):
-        text = _message_text(m, i)
+        text = _message_text(state, m, i, images)
         msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": text or ""}
         if m.name:
             msg["name"] = m.name
@@ -322,16 +387,18 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
         grammar=grammar,
         use_prompt_cache=body.cache_prompt,
     )
+    if len(images) > 1:
+        raise APIError(400, "only one image per request is supported", param="messages", code="invalid_value")
+    if images:
+        try:
+            state.engine.with_image(request, prompt, images[0])
+        except RunlmError as exc:
+            raise APIError(400, str(exc), param="messages", code="invalid_value") from exc
     return ChatPlan(request, tools_active, names)
 
 
 def encode_prompt(state: ServerState, text: str) -> list[int]:
-    tok = state.tokenizer
-    ids = tok.encode(text)
-    bos = getattr(tok, "bos_id", None)
-    if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
-        ids = ids[1:]  # the template wrote BOS and the tokenizer added one too
-    return ids
+    return state.tokenizer.encode_prompt(text)
 
 
 @dataclass
@@ -382,6 +449,7 @@ def create_app(
     model_name: str | None = None,
     default_max_tokens: int | None = None,
     max_batch: int = 8,
+    allow_remote_images: bool = False,
 ) -> FastAPI:
     """A FastAPI app serving one loaded model.
 
@@ -398,7 +466,8 @@ def create_app(
     scheduler = Scheduler(engine, max_queue=max_queue, max_batch=max_batch)
     metrics = Metrics()
     aliases = {name, loaded.path.name, loaded.path.stem} | ({catalog_name} if catalog_name else set())
-    state = ServerState(loaded, engine, scheduler, metrics, name, aliases, default_max_tokens)
+    state = ServerState(loaded, engine, scheduler, metrics, name, aliases, default_max_tokens,
+                        allow_remote_images=allow_remote_images)
 
     from contextlib import asynccontextmanager
 
@@ -477,7 +546,7 @@ def create_app(
         return {"family": loaded.family.name, "runner_family": loaded.runner.family(),
                 "context_length": loaded.context_length, "quantization": loaded.quantization,
                 "format": getattr(loaded, "format", None), "vocab_size": engine.vocab_size,
-                "file": loaded.path.name}
+                "file": loaded.path.name, "multimodal": bool(loaded.runner.supports_multimodal())}
 
     @app.get("/v1/models")
     async def list_models():

@@ -46,9 +46,15 @@ class Strict(BaseModel):
         return _valid_unicode(value)
 
 
+class ImageURL(Strict):
+    url: str
+    detail: str | None = None
+
+
 class ContentPart(Strict):
     type: str
     text: str | None = None
+    image_url: ImageURL | None = None
 
 
 class FunctionCall(Strict):

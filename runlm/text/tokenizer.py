@@ -444,6 +444,14 @@ class Tokenizer:
             ids.append(self.eos_id)
         return ids
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """Ids of a prompt: the model's BOS convention, but never a second BOS when the text
+        (a rendered chat template, say) already starts with one."""
+        ids = self.encode(text)
+        if self.bos_id is not None and len(ids) >= 2 and ids[0] == ids[1] == self.bos_id:
+            ids = ids[1:]
+        return ids
+
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         """The text of `ids`; special tokens are written out unless `skip_special`."""
         checked = self._check_ids(ids)

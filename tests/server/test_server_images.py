@@ -1,0 +1,96 @@
+"""Images through the OpenAI chat API: data: URLs on a tiny Gemma 3 vision model, and every refusal."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import numpy as np
+import pytest
+from reference.tiny_vision import build_gemma3_vision
+from server_harness import LiveServer
+
+from runlm import load
+from runlm.server import create_app
+
+
+def png_data_url(width: int = 40, height: int = 30, seed: int = 0) -> tuple[str, bytes]:
+    from PIL import Image
+
+    pixels = np.random.RandomState(seed).randint(0, 256, (height, width, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode(), pixels.tobytes()
+
+
+@pytest.fixture(scope="module")
+def vision_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("gemma3_vision_server")
+    build_gemma3_vision(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def server(vision_dir):
+    live = LiveServer(create_app(load(vision_dir / "hf", dtype="f32"), model_name="tiny-vl", api_key=""))
+    yield live
+    live.stop()
+
+
+def chat(server, content, **extra):
+    body = {"model": "tiny-vl", "messages": [{"role": "user", "content": content}], "max_tokens": 6,
+            "temperature": 0, **extra}
+    return httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=120)
+
+
+def test_image_answer_equals_generate_multimodal(server, vision_dir):
+    url, rgb = png_data_url()
+    response = chat(server, [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "hello"}])
+    assert response.status_code == 200, response.text
+    body = response.json()
+    loaded = load(vision_dir / "hf", dtype="f32")
+    prompt = loaded.chat_template.render([{"role": "user", "content": "<start_of_image>\nhello"}])
+    want = loaded.runner.generate_multimodal(prompt, rgb, 40, 30, None, 6)
+    stop = next((i for i, t in enumerate(want) if t in loaded.tokenizer.stop_ids), len(want))
+    assert body["choices"][0]["message"]["content"] == loaded.tokenizer.decode(want[:stop])
+    assert body["usage"]["prompt_tokens"] > 16  # the image's soft tokens are counted
+
+
+def test_props_say_multimodal(server):
+    assert httpx.get(server.base_url + "/props").json()["multimodal"] is True
+
+
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("https://example.com/cat.png", "remote image URLs are disabled"),
+        ("data:image/png;base64,!!!notbase64", "invalid base64"),
+        ("data:image/png;base64," + base64.b64encode(b"not an image at all").decode(), "cannot read the image"),
+        ("ftp://example.com/cat.png", "data: URL or http(s) URL"),
+    ],
+)
+def test_bad_images_are_400(server, url, message):
+    response = chat(server, [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "hi"}])
+    assert response.status_code == 400
+    assert message in response.json()["error"]["message"]
+    assert chat(server, "still alive?").status_code == 200
+
+
+def test_two_images_are_refused(server):
+    url, _ = png_data_url()
+    part = {"type": "image_url", "image_url": {"url": url}}
+    response = chat(server, [part, part])
+    assert response.status_code == 400 and "one image" in response.json()["error"]["message"]
+
+
+def test_text_only_model_refuses_images(smollm2_loaded):
+    live = LiveServer(create_app(smollm2_loaded, model_name="smol", api_key=""))
+    try:
+        url, _ = png_data_url()
+        body = {"model": "smol", "max_tokens": 2,
+                "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]}
+        response = httpx.post(live.base_url + "/v1/chat/completions", json=body, timeout=60)
+        assert response.status_code == 400 and "no vision tower" in response.json()["error"]["message"]
+    finally:
+        live.stop()
