@@ -90,14 +90,19 @@ class LlamaCppPeer:
         )
         self.path, self.threads, self.n_ctx = path, threads, n_ctx
 
+    def _last_logits(self):
+        import numpy as np
+
+        return np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),))
+
     def prefill(self, ids: list[int]) -> int:
         self.llm.reset()
         self.llm.eval(ids)
-        return int(self.llm.scores[self.llm.n_tokens - 1].argmax())
+        return int(self._last_logits().argmax())
 
     def decode(self, token: int) -> int:
         self.llm.eval([token])
-        return int(self.llm.scores[self.llm.n_tokens - 1].argmax())
+        return int(self._last_logits().argmax())
 
     def nll(self, ids: list[int]) -> float:
         from llama_cpp import Llama
@@ -302,6 +307,8 @@ def print_table(path: Path, threads: int, args, results: list[dict], skipped: li
     for row in results:
         print(f"| {row['peer']:<14} | " + " | ".join(f"{row[key]:>13.2f}" for key, _, _ in COLUMNS) + " |")
     ours = next((r for r in results if r["peer"] == "runlm"), None)
+    if ours and len(results) > 1:
+        print("ratios are runlm / peer: above 1 is better for tok/s, below 1 is better for load, RSS and perplexity")
     if ours:
         for row in results:
             if row is ours:

@@ -74,7 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(bench)
     bench.add_argument("--prompt-tokens", type=int, default=512)
     bench.add_argument("--gen-tokens", type=int, default=128)
-    bench.add_argument("--vs", action="append", default=[], choices=["llama.cpp", "transformers"])
+    bench.add_argument(
+        "--vs", action="append", default=[], choices=["llama.cpp", "transformers", "runlm-f32"],
+        help="peers to measure in the same run (runlm-f32: our float32 reference path)",
+    )
     bench.add_argument("--ppl-tokens", type=int, default=1024)
     bench.add_argument("--json", default=None, help="also write the results to this JSON file")
     bench.add_argument("--streams", default=None, help="e.g. 1,4,8: aggregate decode tok/s with continuous batching")
