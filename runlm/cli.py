@@ -170,11 +170,30 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def _chat_web(args: argparse.Namespace) -> int:
+    """Serve the chat page on loopback and open it in a browser once the server answers (after the load)."""
+    import socket
     import threading
+    import time
     import webbrowser
 
     url = f"http://127.0.0.1:{args.port}/"
-    threading.Timer(2.0, lambda: webbrowser.open(url)).start()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # fail now, not after loading the model
+        try:
+            probe.bind(("127.0.0.1", args.port))
+        except OSError as exc:
+            raise RunlmError(f"port {args.port} is not free ({exc.strerror}); choose another with --port") from None
+
+    def open_when_listening() -> None:
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", args.port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        print(f"runlm: chat page at {url}", file=sys.stderr)
+        webbrowser.open(url)
+
+    threading.Thread(target=open_when_listening, name="runlm-open-browser", daemon=True).start()
     serve_args = argparse.Namespace(
         **vars(args), host="127.0.0.1", api_key=None, prompt_cache_mb=256, max_queue=16, parallel=8,
         mmproj=None, allow_remote_images=False,

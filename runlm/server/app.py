@@ -39,6 +39,7 @@ from runlm.server.schemas import (
     TokenizeRequest,
     ToolChoiceFunction,
 )
+from runlm.server.web import WebPage
 
 if TYPE_CHECKING:
     from runlm import LoadedModel
@@ -481,6 +482,8 @@ def create_app(
     app.state.runlm = state
     install_error_handlers(app)
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes, metrics=metrics)
+    # The chat page at / (outside the key guard: it holds no secrets and asks for the key on a 401).
+    app.add_middleware(WebPage, metrics=metrics)
 
     def observe(handle: RequestHandle) -> None:
         metrics.observe_generation(handle.seq.usage, handle.seq.finish_reason or "error")

@@ -1,0 +1,51 @@
+"""`runlm chat --web`: serve on loopback and open the page only once the server listens."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from runlm import cli
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_chat_web_opens_the_page_once_the_server_listens(monkeypatch):
+    port = _free_port()
+    opened: list[str] = []
+    monkeypatch.setattr("webbrowser.open", lambda url: opened.append(url) or True)
+    seen = {}
+
+    def fake_serve(args):  # stands in for loading the model and running uvicorn
+        seen.update(host=args.host, port=args.port, api_key=args.api_key, model=args.model)
+        time.sleep(0.5)  # "loading the model"
+        assert not opened, "the browser was opened before the server listened"
+        with socket.socket() as server:
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            server.bind(("127.0.0.1", port))
+            server.listen()  # the kernel completes the probe's handshake from the backlog
+            deadline = time.monotonic() + 5
+            while not opened and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return 0
+
+    monkeypatch.setattr(cli, "cmd_serve", fake_serve)
+    assert cli.main(["chat", "--web", "--port", str(port), "-m", "some-model"]) == 0
+    assert opened == [f"http://127.0.0.1:{port}/"]
+    assert seen == {"host": "127.0.0.1", "port": port, "api_key": None, "model": "some-model"}
+
+
+def test_chat_web_fails_fast_when_the_port_is_taken(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "cmd_serve", lambda args: pytest.fail("loaded the model anyway"))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert cli.main(["chat", "--web", "--port", str(port)]) == 1
+    assert f"port {port} is not free" in capsys.readouterr().err

@@ -1,0 +1,130 @@
+"""Helpers for the chat page's browser tests: finding Chromium, watching a page for errors, and a scripted
+runner that says exactly what a test needs (HTML in the answer, a slow answer to stop, one reply per request).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+
+from server_harness import LiveServer  # noqa: E402
+
+from runlm.runner import LmRunner  # noqa: E402
+from runlm.server import create_app  # noqa: E402
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def find_chromium() -> str | None:
+    for candidate in (os.environ.get("RUNLM_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
+                      shutil.which("chromium-browser")):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def wait_until(page, js: str, arg=None, timeout: float = 20.0):
+    """Poll a JavaScript expression or function until it is truthy; return its value.
+
+    Playwright's wait_for_function compiles its predicate with `new Function` inside the page, which the
+    page's Content-Security-Policy (no 'unsafe-eval') forbids; evaluate() goes through the debugger instead.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = page.evaluate(js, arg)
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout} s waiting for: {js}")
+        time.sleep(0.025)
+
+
+class PageProblems:
+    """JavaScript errors and console errors seen by a page; a test ends with none it did not expect."""
+
+    def __init__(self, page, allow: Sequence[str] = ()):
+        self.errors: list[str] = []
+        self.allow = list(allow)
+        page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
+        page.on("console", lambda msg: self.errors.append(f"console: {msg.text}") if msg.type == "error" else None)
+
+    def unexpected(self) -> list[str]:
+        return [e for e in self.errors if not any(a in e for a in self.allow)]
+
+
+def last_user_text(prompt: str) -> str:
+    turns = re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", prompt, flags=re.S)
+    return turns[-1] if turns else ""
+
+
+class ScriptedRunner(LmRunner):
+    """Greedy-certain logits that spell `reply(prompt_text, n)` for the n-th request, then end the turn."""
+
+    def __init__(self, tokenizer, reply: Callable[[str, int], str], *, delay_s: float = 0.0,
+                 multimodal: bool = False, max_context: int = 4096):
+        self.tok = tokenizer
+        self.vocab = tokenizer.vocab_size
+        self.end = tokenizer.eos_id
+        self.reply = reply
+        self.delay_s = delay_s
+        self.multimodal = multimodal
+        self.max_context = max_context
+        self.calls = 0
+        self.script: list[int] = [self.end]
+        self.pos = 0
+
+    def family(self) -> str:
+        return "scripted"
+
+    def vocab_size(self) -> int:
+        return self.vocab
+
+    def supports_multimodal(self) -> bool:
+        return self.multimodal
+
+    def predict_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+        return self.prefill_logits(prompt_ids)
+
+    def prefill_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+        self.check_prompt(prompt_ids)
+        self.calls += 1
+        text = self.reply(self.tok.decode(list(prompt_ids)), self.calls)
+        self.script = self.tok.encode(text, add_bos=False) + [self.end]
+        self.pos = 0
+        return self._logits()
+
+    def decode_logits(self, token: int) -> torch.Tensor:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        self.pos += 1
+        return self._logits()
+
+    def _logits(self) -> torch.Tensor:
+        logits = torch.zeros(self.vocab)
+        logits[self.script[min(self.pos, len(self.script) - 1)]] = 60.0
+        return logits
+
+
+def scripted_server(real, reply: Callable[[str, int], str], *, name: str = "scripted-model", **kw) -> LiveServer:
+    runner_kw = {k: kw.pop(k) for k in ("delay_s", "multimodal") if k in kw}
+    runner = ScriptedRunner(real.tokenizer, reply, **runner_kw)
+    loaded = SimpleNamespace(runner=runner, tokenizer=real.tokenizer, chat_template=real.chat_template,
+                             path=real.path, family=real.family, quantization=real.quantization, format="gguf",
+                             context_length=4096)
+    server = LiveServer(create_app(loaded, model_name=name, **kw))
+    server.runner = runner
+    return server
+
+
