@@ -168,10 +168,15 @@ class Embedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.table is not None:
             return self.table[ids]
-        from runlm.quant import dequantize
+        from runlm.quant import kernels
 
         rows = self.raw.data[ids.cpu().numpy()]
-        return dequantize(self.raw.type_name, rows, (ids.numel(), self.raw.shape[1])).to(self.dtype)
+        shape = (ids.numel(), self.raw.shape[1])
+        if kernels.available() and self.raw.type_name in kernels.KERNEL_TYPES:
+            return kernels.gguf_dequantize(torch.from_numpy(rows), self.raw.type_name, shape).to(self.dtype)
+        from runlm.quant import dequantize
+
+        return dequantize(self.raw.type_name, rows, shape).to(self.dtype)
 
 
 class WeightLoader:
@@ -195,7 +200,12 @@ class WeightLoader:
         return self._dense[name]
 
     def linear(self, names: Sequence[str]) -> nn.Module:
-        """One linear module for weights stacked along the output dimension (fused QKV, gate/up)."""
+        """One linear module for weights stacked along the output dimension (fused QKV, gate/up).
+
+        Packed mode prefers runlm's C++ kernels on the GGUF blocks themselves, then torch's
+        int4 kernel, then a dequantized dense weight.
+        """
+        from runlm.quant.kernels import gguf_linear_module
         from runlm.quant.packed import DenseLinear, concat_linears, pack_linear
 
         parts = []
@@ -203,7 +213,9 @@ class WeightLoader:
             module = None
             raw = self.source.raw(name) if self.packed else None
             if raw is not None:
-                module = pack_linear(raw.type_name, raw.data, raw.shape, torch.bfloat16)
+                module = gguf_linear_module(raw.type_name, raw.data, raw.shape)
+                if module is None:
+                    module = pack_linear(raw.type_name, raw.data, raw.shape, torch.bfloat16)
             if module is None:
                 module = DenseLinear(self._dense_weight(name))
             parts.append(module)

@@ -180,6 +180,11 @@ def concat_linears(modules: Sequence[nn.Module]) -> nn.Module:
         raise InvalidInputError(f"cannot concatenate linears with different in_features {sorted(in_features)}")
     if len(modules) == 1:
         return modules[0]
+    from runlm.quant.kernels import concat_gguf_linears
+
+    merged = concat_gguf_linears(modules)
+    if merged is not None:
+        return merged
     if all(isinstance(m, DenseLinear) for m in modules) and len({m.weight.dtype for m in modules}) == 1:
         return DenseLinear(torch.cat([m.weight for m in modules], dim=0))
     if (

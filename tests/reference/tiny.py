@@ -176,7 +176,13 @@ def _finish(
         state.pop("lm_head.weight", None)
     config._gguf_extra = gguf_extra
     _write_gguf(directory / "model.gguf", arch, state, config, tok, extra_names, permute_qk, norm_plus_one)
+    for quant in QUANTIZED_COPIES:  # the same model with its linear weights quantized, for the fast paths
+        path = directory / f"model-{quant.lower()}.gguf"
+        _write_gguf(path, arch, state, config, tok, extra_names, permute_qk, norm_plus_one, quant=quant)
     return model
+
+
+QUANTIZED_COPIES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0")
 
 
 def build_llama(directory: Path, seed: int = 0):

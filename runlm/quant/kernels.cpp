@@ -1,0 +1,1079 @@
+// Matrix x GGUF-block-matrix kernels for CPU: y[M, N] = x[M, K] @ W[N, K].T with W kept as raw GGML blocks.
+//
+// Same scheme as llama.cpp's CPU backend (written from the idea, not the code): every activation row is quantized
+// once per call to 8-bit blocks (32 values + f32 scale + f32 scale*sum for the 32-wide types; 256 values + f32
+// scale + int16 sums of 16 for the K-quants), then each weight block meets each activation block in an integer
+// dot product (AVX2: vpmaddubsw unsigned weight x signed activation, vpmaddwd to int32) that is scaled into a f32
+// FMA accumulator. Offsets/mins of the weight format (-8, -16, -32, -4, or the per-block min) are applied through
+// the activation block sums instead of per element.
+//
+// Work split: output rows N in parallel (at::parallel_for, torch's intra-op threads); inside a thread, tiles of
+// weight rows (~32 KiB) x up to 64 activation rows; each weight block is unpacked once for up to 4 activation
+// rows, and with 1-2 activation rows (decode) 4-2 weight rows run together so 4 accumulator chains are in flight
+// (32-wide types, 1 row: the 4 rows' integer dots are reduced into one vector, so the f16 scales, the int->float
+// conversion and the FMA run once per block for all 4).
+//
+// Ops (registered under TORCH_LIBRARY(runlm)): gguf_linear (above), gguf_dequantize (weight rows to float32, for
+// the large-M path where a float32 GEMM beats int8 dot products without AVX-VNNI), gguf_simd (1 if AVX2 path).
+//
+// Built with -march=native: the AVX2/FMA/F16C path when the compiler targets it, the scalar path otherwise
+// (or with -DRUNLM_SCALAR). Both quantize activations identically, so they agree to float rounding.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(RUNLM_SCALAR)
+#define RUNLM_AVX2 1
+#include <immintrin.h>
+#else
+#define RUNLM_AVX2 0
+#endif
+
+namespace {
+
+// GGML type ids (gguf.GGMLQuantizationType values).
+enum : int64_t {
+  T_Q4_0 = 2,
+  T_Q4_1 = 3,
+  T_Q5_0 = 6,
+  T_Q5_1 = 7,
+  T_Q8_0 = 8,
+  T_Q2_K = 10,
+  T_Q3_K = 11,
+  T_Q4_K = 12,
+  T_Q5_K = 13,
+  T_Q6_K = 14,
+};
+
+constexpr int QK_K = 256;
+
+// Quantized activation blocks.
+struct A32 {
+  float d;  // scale: x ~= d * qs
+  float s;  // d * sum(qs)
+  int8_t qs[32];
+};
+
+struct AK {
+  float d;
+  int16_t bsums[16];  // sum of each 16 consecutive qs
+  int8_t qs[QK_K];
+};
+
+inline float f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+#if RUNLM_AVX2
+  return _cvtsh_ss(h);
+#else
+  return c10::detail::fp16_ieee_to_fp32_value(h);
+#endif
+}
+
+inline uint32_t u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// 6-bit scales and mins of Q4_K / Q5_K (12 bytes -> 8 + 8).
+inline void k4_scale_min(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = s[j] & 63;
+    mn[j] = s[j + 4] & 63;
+  }
+  for (int j = 4; j < 8; ++j) {
+    sc[j] = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+    mn[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// 16 signed 6-bit scales of Q3_K (12 bytes), already minus 32.
+inline void k3_scales(const uint8_t* s, int8_t* sc) {
+  for (int k = 0; k < 16; ++k) {
+    const int low = (s[k % 8] >> (4 * (k / 8))) & 0x0F;
+    const int high = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
+    sc[k] = static_cast<int8_t>((low | (high << 4)) - 32);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Activation quantization
+
+inline void quantize_a32_scalar(const float* x, A32* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, x += 32) {
+    float amax = 0.f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.f;
+    const float id = amax > 0.f ? 127.f / amax : 0.f;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      const int q = static_cast<int>(std::nearbyint(x[j] * id));
+      y[b].qs[j] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    y[b].d = d;
+    y[b].s = d * static_cast<float>(sum);
+  }
+}
+
+inline void quantize_ak_scalar(const float* x, AK* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, x += QK_K) {
+    float amax = 0.f;
+    for (int j = 0; j < QK_K; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float id = amax > 0.f ? 127.f / amax : 0.f;
+    for (int g = 0; g < 16; ++g) {
+      int sum = 0;
+      for (int j = 16 * g; j < 16 * g + 16; ++j) {
+        const int q = static_cast<int>(std::nearbyint(x[j] * id));
+        y[b].qs[j] = static_cast<int8_t>(q);
+        sum += q;
+      }
+      y[b].bsums[g] = static_cast<int16_t>(sum);
+    }
+    y[b].d = amax / 127.f;
+  }
+}
+
+#if RUNLM_AVX2
+
+inline float hsum_ps(__m256 v) {
+  __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
+}
+
+inline int hsum_i32(__m256i v) {
+  __m128i r = _mm_add_epi32(_mm256_extracti128_si256(v, 1), _mm256_castsi256_si128(v));
+  r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4E));
+  r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xB1));
+  return _mm_cvtsi128_si32(r);
+}
+
+inline float hmax_ps(__m256 v) {
+  __m128 r = _mm_max_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+  r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_max_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
+}
+
+inline __m256 abs_max32(const float* x, __m256 m) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int j = 0; j < 32; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+  return m;
+}
+
+// 8 floats * mul rounded half to even to int32
+inline __m256i round8(const float* x, __m256 mul) {
+  const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x), mul);
+  return _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+inline void quant32(const float* x, __m256 mul, int8_t* out, int* sum_lo, int* sum_hi) {
+  const __m256i i0 = round8(x, mul), i1 = round8(x + 8, mul), i2 = round8(x + 16, mul), i3 = round8(x + 24, mul);
+  *sum_lo = hsum_i32(_mm256_add_epi32(i0, i1));
+  *sum_hi = hsum_i32(_mm256_add_epi32(i2, i3));
+  // packs work per 128-bit lane: dwords come out as i0a i1a i2a i3a i0b i1b i2b i3b; permute back to order.
+  __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+  p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), p);
+}
+
+inline void quantize_a32(const float* x, A32* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, x += 32) {
+    const float amax = hmax_ps(abs_max32(x, _mm256_setzero_ps()));
+    const float id = amax > 0.f ? 127.f / amax : 0.f;
+    int lo, hi;
+    quant32(x, _mm256_set1_ps(id), y[b].qs, &lo, &hi);
+    y[b].d = amax / 127.f;
+    y[b].s = y[b].d * static_cast<float>(lo + hi);
+  }
+}
+
+inline void quantize_ak(const float* x, AK* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, x += QK_K) {
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < QK_K; j += 32) m = abs_max32(x + j, m);
+    const float amax = hmax_ps(m);
+    const __m256 mul = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    for (int c = 0; c < 8; ++c) {
+      int lo, hi;
+      quant32(x + 32 * c, mul, y[b].qs + 32 * c, &lo, &hi);
+      y[b].bsums[2 * c] = static_cast<int16_t>(lo);
+      y[b].bsums[2 * c + 1] = static_cast<int16_t>(hi);
+    }
+    y[b].d = amax / 127.f;
+  }
+}
+
+#else
+
+inline void quantize_a32(const float* x, A32* y, int64_t nb) { quantize_a32_scalar(x, y, nb); }
+inline void quantize_ak(const float* x, AK* y, int64_t nb) { quantize_ak_scalar(x, y, nb); }
+
+#endif
+
+inline void quantize_row(const float* x, A32* y, int64_t nb) { quantize_a32(x, y, nb); }
+inline void quantize_row(const float* x, AK* y, int64_t nb) { quantize_ak(x, y, nb); }
+
+// ------------------------------------------------------------------------------------------------------------
+// Kernels: dot<RW, R>(w[RW], a[R], nb, out) computes out[i * R + r] = <weight row w[i], activation row a[r]> over
+// nb weight blocks. RW weight rows x R activation rows run as independent accumulator chains (FMA latency, not
+// throughput, bounds a single chain); each weight block is unpacked once for the R activation rows.
+//
+// Scalar path: each weight block decodes to int8 codes q[QK] and integer group scales / mins with
+// weight = d * isc[g] * q + dm * imn[g] over groups of G values; the integer parts are summed exactly per block
+// (like the AVX2 path), then scaled in float.
+
+template <class T, int RW, int R>
+void scalar_dot(const uint8_t* const* w, const typename T::Act* const* a, int64_t nb, float* out) {
+  constexpr int QK = T::QK, G = T::G, NG = QK / G;
+  int8_t q[QK];
+  int isc[NG], imn[NG];
+  float d, dm;
+  float acc[RW * R] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 0; i < RW; ++i) {
+      T::decode(w[i] + b * T::SIZE, q, isc, imn, &d, &dm);
+      for (int r = 0; r < R; ++r) {
+        const auto& ab = a[r][b];
+        int isum = 0;  // sum over groups of scale * (codes . activation codes), exact
+        for (int g = 0; g < NG; ++g) {
+          int s = 0;
+          for (int j = g * G; j < g * G + G; ++j) s += static_cast<int>(q[j]) * static_cast<int>(ab.qs[j]);
+          isum += isc[g] * s;
+        }
+        if constexpr (QK == 32) {
+          acc[i * R + r] += d * ab.d * static_cast<float>(isum) + dm * ab.s;  // ab.s = d_a * sum(codes)
+        } else {
+          int msum = 0;  // sum over groups of min * activation group sum
+          for (int g = 0; g < NG; ++g)
+            for (int k = g * (G / 16); k < (g + 1) * (G / 16); ++k) msum += imn[g] * ab.bsums[k];
+          acc[i * R + r] += ab.d * (d * static_cast<float>(isum) + dm * static_cast<float>(msum));
+        }
+      }
+    }
+  }
+  for (int k = 0; k < RW * R; ++k) out[k] = acc[k];
+}
+
+#if RUNLM_AVX2
+
+inline __m256i ones16() { return _mm256_set1_epi16(1); }
+
+// unsigned x signed bytes -> 8 int32 sums of 4 products
+inline __m256i dot_u8s8(__m256i u, __m256i s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones16()); }
+
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// 16 bytes of nibbles -> 32 bytes 0..15: low nibbles (elements 0..15) then high nibbles (16..31)
+inline __m256i nibbles32(const uint8_t* p) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
+}
+
+// 32 bits (little-endian) -> byte j is 0xFF where bit j is set
+inline __m256i bits32(const uint8_t* p) {
+  const __m256i shuf = _mm256_setr_epi64x(0x0000000000000000LL, 0x0101010101010101LL, 0x0202020202020202LL,
+                                          0x0303030303030303LL);
+  const __m256i mask = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  const __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(u32(p))), shuf);
+  return _mm256_cmpeq_epi8(_mm256_and_si256(b, mask), mask);
+}
+
+inline __m256i unpack_q5_0(const uint8_t* blk) {
+  return _mm256_or_si256(nibbles32(blk + 6), _mm256_and_si256(bits32(blk + 2), _mm256_set1_epi8(0x10)));
+}
+
+inline __m256i unpack_q5_1(const uint8_t* blk) {
+  return _mm256_or_si256(nibbles32(blk + 8), _mm256_and_si256(bits32(blk + 4), _mm256_set1_epi8(0x10)));
+}
+
+// Byte shuffles picking scale 2c eight times then 2c+1 eight times, for c = 0..7.
+alignas(16) const uint8_t kScalePairShuffle[8][16] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1},
+    {2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5},
+    {6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
+    {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9},
+    {10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
+    {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13},
+    {14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15},
+};
+
+// 16 signed scale bytes -> int16 x 16: [s(2c)] * 8, [s(2c+1)] * 8
+inline __m256i scale_pair(__m128i sc8, int c) {
+  const __m128i shuf = _mm_load_si128(reinterpret_cast<const __m128i*>(kScalePairShuffle[c]));
+  return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, shuf));
+}
+
+// int32 += (unsigned q . signed a per 16-bit pair) * int16 scales
+inline __m256i scaled_dot(__m256i sum, __m256i q, const int8_t* a, __m256i scales) {
+  return _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(q, load256(a)), scales));
+}
+
+inline __m256i prod_u8s8(__m256i q, __m256i a) { return dot_u8s8(q, a); }
+
+// signed x signed: |w| (unsigned) times a carrying w's sign (activation codes stay within -127..127)
+inline __m256i prod_s8s8(__m256i q, __m256i a) { return dot_u8s8(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q)); }
+
+// [sum p0, sum p1, sum p2, sum p3] in each 128-bit half (the two halves still to be added)
+inline __m256i reduce4(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+  const __m256i t01 = _mm256_add_epi32(_mm256_unpacklo_epi32(p0, p1), _mm256_unpackhi_epi32(p0, p1));
+  const __m256i t23 = _mm256_add_epi32(_mm256_unpacklo_epi32(p2, p3), _mm256_unpackhi_epi32(p2, p3));
+  return _mm256_add_epi32(_mm256_unpacklo_epi64(t01, t23), _mm256_unpackhi_epi64(t01, t23));
+}
+
+// 32-wide formats: result = sum_b dw * da * prod(q, a) + corr_mult * sum_b cw * (da * sum a), where q = unpack(blk)
+// are the weight codes and cw is d (codes with an offset: corr_mult = -8 for Q4_0, -16 for Q5_0) or the block min
+// m (corr_mult = 1 for Q4_1, Q5_1); Q8_0 has no correction.
+template <int RW, int R, class Unpack, class Prod>
+inline void dot32_avx(const uint8_t* const* w, const A32* const* a, int64_t nb, float* out, int size, Unpack unpack,
+                      Prod prod, bool has_corr, bool has_min, float corr_mult) {
+  if constexpr (RW == 4 && R == 1) {
+    // Decode (one activation row): the 4 rows' block dots are reduced into one vector and their f16 scales
+    // converted together, so the int->float conversion and scaling run once per block for all 4 rows.
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accc = _mm_setzero_ps();
+    const A32* ar = a[0];
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* b0 = w[0] + b * size;
+      const uint8_t* b1 = w[1] + b * size;
+      const uint8_t* b2 = w[2] + b * size;
+      const uint8_t* b3 = w[3] + b * size;
+      const __m256i av = load256(ar[b].qs);
+      const __m256i s = reduce4(prod(unpack(b0), av), prod(unpack(b1), av), prod(unpack(b2), av), prod(unpack(b3), av));
+      // f16 fields (d, and m right after it) of the 4 blocks: [d0 m0 d1 m1 | d2 m2 d3 m3]
+      const __m128i h = _mm_setr_epi32(static_cast<int>(u32(b0)), static_cast<int>(u32(b1)), static_cast<int>(u32(b2)),
+                                       static_cast<int>(u32(b3)));
+      const __m128 lo = _mm_cvtph_ps(h), hi = _mm_cvtph_ps(_mm_unpackhi_epi64(h, h));
+      const __m128 d4 = _mm_shuffle_ps(lo, hi, 0x88);  // d0 d1 d2 d3
+      const __m128 sd = _mm_mul_ps(d4, _mm_set1_ps(ar[b].d));
+      acc = _mm256_fmadd_ps(_mm256_set_m128(sd, sd), _mm256_cvtepi32_ps(s), acc);
+      if (has_corr) {
+        const __m128 c4 = has_min ? _mm_shuffle_ps(lo, hi, 0xDD) : d4;  // m0 m1 m2 m3
+        accc = _mm_fmadd_ps(c4, _mm_set1_ps(ar[b].s), accc);
+      }
+    }
+    const __m128 t = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    _mm_storeu_ps(out, _mm_fmadd_ps(_mm_set1_ps(corr_mult), accc, t));
+    return;
+  }
+  __m256 acc[RW * R];
+  float corr[RW * R];
+  for (int k = 0; k < RW * R; ++k) {
+    acc[k] = _mm256_setzero_ps();
+    corr[k] = 0.f;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 0; i < RW; ++i) {
+      const uint8_t* blk = w[i] + b * size;
+      const float dw = f16(blk);
+      const float cw = has_min ? f16(blk + 2) : dw;
+      const __m256i q = unpack(blk);
+      for (int r = 0; r < R; ++r) {
+        const A32& ab = a[r][b];
+        const __m256 p = _mm256_cvtepi32_ps(prod(q, load256(ab.qs)));
+        acc[i * R + r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab.d), p, acc[i * R + r]);
+        if (has_corr) corr[i * R + r] += cw * ab.s;
+      }
+    }
+  }
+  for (int k = 0; k < RW * R; ++k) out[k] = hsum_ps(acc[k]) + corr_mult * corr[k];
+}
+
+#endif
+
+// ------------------------------------------------------------------------------------------------------------
+// Per-type traits: QK (values per block), SIZE (bytes per block), G (group size of the scalar decode),
+// Act (activation block type), decode (scalar), dot<RW, R> (AVX2 or scalar).
+
+struct Q4_0 {
+  static constexpr int QK = 32, SIZE = 18, G = 32;
+  using Act = A32;
+  static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    for (int j = 0; j < 16; ++j) {
+      q[j] = static_cast<int8_t>((b[2 + j] & 0x0F) - 8);
+      q[j + 16] = static_cast<int8_t>((b[2 + j] >> 4) - 8);
+    }
+    isc[0] = 1, imn[0] = 0, *d = f16(b), *dm = 0.f;
+  }
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+#if RUNLM_AVX2
+    dot32_avx<RW, R>(w, a, nb, out, SIZE, [](const uint8_t* blk) { return nibbles32(blk + 2); }, prod_u8s8, true, false,
+                     -8.f);
+#else
+    scalar_dot<Q4_0, RW, R>(w, a, nb, out);
+#endif
+  }
+};
+
+struct Q4_1 {
+  static constexpr int QK = 32, SIZE = 20, G = 32;
+  using Act = A32;
+  static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    for (int j = 0; j < 16; ++j) {
+      q[j] = static_cast<int8_t>(b[4 + j] & 0x0F);
+      q[j + 16] = static_cast<int8_t>(b[4 + j] >> 4);
+    }
+    isc[0] = 1, imn[0] = 1, *d = f16(b), *dm = f16(b + 2);
+  }
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+#if RUNLM_AVX2
+    dot32_avx<RW, R>(w, a, nb, out, SIZE, [](const uint8_t* blk) { return nibbles32(blk + 4); }, prod_u8s8, true, true,
+                     1.f);
+#else
+    scalar_dot<Q4_1, RW, R>(w, a, nb, out);
+#endif
+  }
+};
+
+struct Q5_0 {
+  static constexpr int QK = 32, SIZE = 22, G = 32;
+  using Act = A32;
+  static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    const uint32_t qh = u32(b + 2);
+    for (int j = 0; j < 16; ++j) {
+      q[j] = static_cast<int8_t>(((b[6 + j] & 0x0F) | (((qh >> j) & 1) << 4)) - 16);
+      q[j + 16] = static_cast<int8_t>(((b[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+    }
+    isc[0] = 1, imn[0] = 0, *d = f16(b), *dm = 0.f;
+  }
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+#if RUNLM_AVX2
+    dot32_avx<RW, R>(w, a, nb, out, SIZE, unpack_q5_0, prod_u8s8, true, false, -16.f);
+#else
+    scalar_dot<Q5_0, RW, R>(w, a, nb, out);
+#endif
+  }
+};
+
+struct Q5_1 {
+  static constexpr int QK = 32, SIZE = 24, G = 32;
+  using Act = A32;
+  static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    const uint32_t qh = u32(b + 4);
+    for (int j = 0; j < 16; ++j) {
+      q[j] = static_cast<int8_t>((b[8 + j] & 0x0F) | (((qh >> j) & 1) << 4));
+      q[j + 16] = static_cast<int8_t>((b[8 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+    }
+    isc[0] = 1, imn[0] = 1, *d = f16(b), *dm = f16(b + 2);
+  }
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+#if RUNLM_AVX2
+    dot32_avx<RW, R>(w, a, nb, out, SIZE, unpack_q5_1, prod_u8s8, true, true, 1.f);
+#else
+    scalar_dot<Q5_1, RW, R>(w, a, nb, out);
+#endif
+  }
+};
+
+struct Q8_0 {
+  static constexpr int QK = 32, SIZE = 34, G = 32;
+  using Act = A32;
+  static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    std::memcpy(q, b + 2, 32);
+    isc[0] = 1, imn[0] = 0, *d = f16(b), *dm = 0.f;
+  }
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+#if RUNLM_AVX2
+    dot32_avx<RW, R>(w, a, nb, out, SIZE, [](const uint8_t* blk) { return load256(blk + 2); }, prod_s8s8, false, false,
+                     0.f);
+#else
+    scalar_dot<Q8_0, RW, R>(w, a, nb, out);
+#endif
+  }
+};
+
+struct Q2_K {
+  static constexpr int QK = QK_K, SIZE = 84, G = 16;
+  using Act = AK;
+  static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    for (int h = 0; h < 2; ++h)
+      for (int s = 0; s < 4; ++s)
+        for (int l = 0; l < 32; ++l) q[128 * h + 32 * s + l] = static_cast<int8_t>((b[16 + 32 * h + l] >> (2 * s)) & 3);
+    for (int g = 0; g < 16; ++g) {
+      isc[g] = b[g] & 0x0F;
+      imn[g] = b[g] >> 4;
+    }
+    *d = f16(b + 80), *dm = -f16(b + 82);
+  }
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+#if RUNLM_AVX2
+    const __m256i m3 = _mm256_set1_epi8(3);
+    __m256 acc[RW * R], accm[RW * R];
+    for (int k = 0; k < RW * R; ++k) acc[k] = accm[k] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int i = 0; i < RW; ++i) {
+        const uint8_t* blk = w[i] + b * SIZE;
+        const float d = f16(blk + 80), dmin = f16(blk + 82);
+        const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
+        const __m128i sc8 = _mm_and_si128(sm, _mm_set1_epi8(0x0F));
+        const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0x0F)));
+        __m256i sumi[R];
+        for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; ++h) {
+          __m256i bits = load256(blk + 16 + 32 * h);
+          for (int s = 0; s < 4; ++s) {
+            const int c = 4 * h + s;
+            const __m256i q = _mm256_and_si256(bits, m3);
+            bits = _mm256_srli_epi16(bits, 2);
+            const __m256i scv = scale_pair(sc8, c);
+            for (int r = 0; r < R; ++r) sumi[r] = scaled_dot(sumi[r], q, a[r][b].qs + 32 * c, scv);
+          }
+        }
+        for (int r = 0; r < R; ++r) {
+          const AK& ab = a[r][b];
+          const int k = i * R + r;
+          acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab.d), _mm256_cvtepi32_ps(sumi[r]), acc[k]);
+          const __m256i mb = _mm256_madd_epi16(mins16, load256(ab.bsums));
+          accm[k] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * ab.d), _mm256_cvtepi32_ps(mb), accm[k]);
+        }
+      }
+    }
+    for (int k = 0; k < RW * R; ++k) out[k] = hsum_ps(_mm256_sub_ps(acc[k], accm[k]));
+#else
+    scalar_dot<Q2_K, RW, R>(w, a, nb, out);
+#endif
+  }
+};
+
+struct Q3_K {
+  static constexpr int QK = QK_K, SIZE = 110, G = 16;
+  using Act = AK;
+  static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    int8_t sc[16];
+    k3_scales(b + 96, sc);
+    for (int h = 0; h < 2; ++h)
+      for (int s = 0; s < 4; ++s)
+        for (int l = 0; l < 32; ++l) {
+          const int low = (b[32 + 32 * h + l] >> (2 * s)) & 3;
+          const int hb = (b[l] >> (4 * h + s)) & 1;
+          q[128 * h + 32 * s + l] = static_cast<int8_t>(low + 4 * hb - 4);
+        }
+    for (int g = 0; g < 16; ++g) {
+      isc[g] = sc[g];
+      imn[g] = 0;
+    }
+    *d = f16(b + 108), *dm = 0.f;
+  }
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+#if RUNLM_AVX2
+    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
+    __m256 acc[RW * R];
+    for (int k = 0; k < RW * R; ++k) acc[k] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int i = 0; i < RW; ++i) {
+        const uint8_t* blk = w[i] + b * SIZE;
+        const float d = f16(blk + 108);
+        alignas(16) int8_t sc[16];
+        k3_scales(blk + 96, sc);
+        const __m128i sc8 = _mm_load_si128(reinterpret_cast<const __m128i*>(sc));
+        __m256i hm = load256(blk);
+        __m256i sumi[R];
+        for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; ++h) {
+          __m256i bits = load256(blk + 32 + 32 * h);
+          for (int s = 0; s < 4; ++s) {
+            const int c = 4 * h + s;
+            // q' = low2 | high << 2 in 0..7; the weight code is q' - 4
+            const __m256i q =
+                _mm256_or_si256(_mm256_and_si256(bits, m3), _mm256_and_si256(_mm256_slli_epi16(hm, 2), m4));
+            bits = _mm256_srli_epi16(bits, 2);
+            hm = _mm256_srli_epi16(hm, 1);
+            const __m256i scv = scale_pair(sc8, c);
+            for (int r = 0; r < R; ++r) sumi[r] = scaled_dot(sumi[r], q, a[r][b].qs + 32 * c, scv);
+          }
+        }
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        for (int r = 0; r < R; ++r) {
+          const AK& ab = a[r][b];
+          const int k = i * R + r;
+          const __m256i corr = _mm256_madd_epi16(sc16, load256(ab.bsums));
+          const __m256i tot = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32(corr, 2));
+          acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab.d), _mm256_cvtepi32_ps(tot), acc[k]);
+        }
+      }
+    }
+    for (int k = 0; k < RW * R; ++k) out[k] = hsum_ps(acc[k]);
+#else
+    scalar_dot<Q3_K, RW, R>(w, a, nb, out);
+#endif
+  }
+};
+
+// Q4_K / Q5_K share everything but the fifth bit.
+template <bool FIVE>
+struct QK45 {
+  static constexpr int QK = QK_K, SIZE = FIVE ? 176 : 144, G = 32;
+  static constexpr int QS = FIVE ? 48 : 16;  // offset of the nibbles
+  using Act = AK;
+  static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    uint8_t sc[8], mn[8];
+    k4_scale_min(b + 4, sc, mn);
+    const uint8_t* qs = b + QS;
+    for (int j = 0; j < 4; ++j)
+      for (int l = 0; l < 32; ++l) {
+        int lo = qs[32 * j + l] & 0x0F, hi = qs[32 * j + l] >> 4;
+        if (FIVE) {
+          lo |= ((b[16 + l] >> (2 * j)) & 1) << 4;
+          hi |= ((b[16 + l] >> (2 * j + 1)) & 1) << 4;
+        }
+        q[64 * j + l] = static_cast<int8_t>(lo);
+        q[64 * j + 32 + l] = static_cast<int8_t>(hi);
+      }
+    for (int g = 0; g < 8; ++g) {
+      isc[g] = sc[g];
+      imn[g] = mn[g];
+    }
+    *d = f16(b), *dm = -f16(b + 2);
+  }
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+#if RUNLM_AVX2
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m16 = _mm256_set1_epi8(0x10);
+    __m256 acc[RW * R], accm[RW * R];
+    for (int k = 0; k < RW * R; ++k) acc[k] = accm[k] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int i = 0; i < RW; ++i) {
+        const uint8_t* blk = w[i] + b * SIZE;
+        const float d = f16(blk), dmin = f16(blk + 2);
+        alignas(16) uint8_t sc[8], mn[8];
+        k4_scale_min(blk + 4, sc, mn);
+        const __m128i mn8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn));
+        const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));  // m0 m0 m1 m1 ... per 16
+        __m256i hb = FIVE ? load256(blk + 16) : _mm256_setzero_si256();
+        __m256i sumi[R];
+        for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; ++j) {
+          const __m256i bits = load256(blk + QS + 32 * j);
+          __m256i ql = _mm256_and_si256(bits, m4);
+          __m256i qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+          if (FIVE) {
+            ql = _mm256_or_si256(ql, _mm256_and_si256(_mm256_slli_epi16(hb, 4), m16));
+            qh = _mm256_or_si256(qh, _mm256_and_si256(_mm256_slli_epi16(hb, 3), m16));
+            hb = _mm256_srli_epi16(hb, 2);
+          }
+          const __m256i scl = _mm256_set1_epi16(sc[2 * j]), sch = _mm256_set1_epi16(sc[2 * j + 1]);
+          for (int r = 0; r < R; ++r) {
+            const int8_t* aq = a[r][b].qs + 64 * j;
+            sumi[r] = scaled_dot(scaled_dot(sumi[r], ql, aq, scl), qh, aq + 32, sch);
+          }
+        }
+        for (int r = 0; r < R; ++r) {
+          const AK& ab = a[r][b];
+          const int k = i * R + r;
+          acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab.d), _mm256_cvtepi32_ps(sumi[r]), acc[k]);
+          const __m256i mb = _mm256_madd_epi16(mins16, load256(ab.bsums));
+          accm[k] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * ab.d), _mm256_cvtepi32_ps(mb), accm[k]);
+        }
+      }
+    }
+    for (int k = 0; k < RW * R; ++k) out[k] = hsum_ps(_mm256_sub_ps(acc[k], accm[k]));
+#else
+    scalar_dot<QK45<FIVE>, RW, R>(w, a, nb, out);
+#endif
+  }
+};
+using Q4_K = QK45<false>;
+using Q5_K = QK45<true>;
+
+struct Q6_K {
+  static constexpr int QK = QK_K, SIZE = 210, G = 16;
+  using Act = AK;
+  static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    for (int h = 0; h < 2; ++h)
+      for (int k = 0; k < 4; ++k)
+        for (int l = 0; l < 32; ++l) {
+          const int low = (b[64 * h + (k % 2) * 32 + l] >> (4 * (k / 2))) & 0x0F;
+          const int high = (b[128 + 32 * h + l] >> (2 * k)) & 3;
+          q[128 * h + 32 * k + l] = static_cast<int8_t>((low | (high << 4)) - 32);
+        }
+    for (int g = 0; g < 16; ++g) {
+      isc[g] = static_cast<int8_t>(b[192 + g]);
+      imn[g] = 0;
+    }
+    *d = f16(b + 208), *dm = 0.f;
+  }
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+#if RUNLM_AVX2
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc[RW * R];
+    for (int k = 0; k < RW * R; ++k) acc[k] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int i = 0; i < RW; ++i) {
+        const uint8_t* blk = w[i] + b * SIZE;
+        const float d = f16(blk + 208);
+        const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+        __m256i sumi[R];
+        for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; ++h) {
+          const __m256i l0 = load256(blk + 64 * h), l1 = load256(blk + 64 * h + 32);
+          const __m256i hb = load256(blk + 128 + 32 * h);
+          // element 128h + 32k + l: low nibble k/2 of ql[64h + 32(k%2) + l], bits 2k..2k+1 of qh[32h + l]
+          const __m256i q[4] = {
+              _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
+              _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                              _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30)),
+          };
+          for (int k = 0; k < 4; ++k) {
+            const int c = 4 * h + k;
+            const __m256i scv = scale_pair(sc8, c);
+            for (int r = 0; r < R; ++r) sumi[r] = scaled_dot(sumi[r], q[k], a[r][b].qs + 32 * c, scv);
+          }
+        }
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        for (int r = 0; r < R; ++r) {
+          const AK& ab = a[r][b];
+          const int k = i * R + r;
+          const __m256i corr = _mm256_madd_epi16(sc16, load256(ab.bsums));  // codes are q - 32
+          const __m256i tot = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32(corr, 5));
+          acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab.d), _mm256_cvtepi32_ps(tot), acc[k]);
+        }
+      }
+    }
+    for (int k = 0; k < RW * R; ++k) out[k] = hsum_ps(acc[k]);
+#else
+    scalar_dot<Q6_K, RW, R>(w, a, nb, out);
+#endif
+  }
+};
+
+// ------------------------------------------------------------------------------------------------------------
+// Driver
+
+constexpr int64_t kMTile = 64;              // activation rows per tile (their quantized blocks stay in L2)
+constexpr int64_t kNTileBytes = 32 * 1024;  // weight bytes per tile of output rows
+
+template <class T>
+struct Ctx {
+  const uint8_t* w;
+  int64_t row_bytes, nbw;     // weight: bytes and blocks per row
+  const typename T::Act* act;  // quantized activation rows
+  int64_t nba;                 // activation blocks per row
+  int64_t N;
+  float* y;
+};
+
+template <class T, int RW, int R>
+inline void tile(const Ctx<T>& c, int64_t n, int64_t m) {
+  float o[RW * R];
+  const uint8_t* wp[RW];
+  const typename T::Act* ap[R];
+  for (int i = 0; i < RW; ++i) wp[i] = c.w + (n + i) * c.row_bytes;
+  for (int r = 0; r < R; ++r) ap[r] = c.act + (m + r) * c.nba;
+  T::template dot<RW, R>(wp, ap, c.nbw, o);
+  for (int i = 0; i < RW; ++i)
+    for (int r = 0; r < R; ++r) c.y[(m + r) * c.N + n + i] = o[i * R + r];
+}
+
+// Output rows [n0, n1) x activation rows [m0, m1).
+template <class T>
+void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1) {
+  const int64_t rows = m1 - m0;
+  if (rows == 1 || rows == 2) {
+    // few activation rows: several weight rows at a time keep 4 accumulator chains busy
+    int64_t n = n0;
+    if (rows == 1) {
+      for (; n + 4 <= n1; n += 4) tile<T, 4, 1>(c, n, m0);
+      for (; n < n1; ++n) tile<T, 1, 1>(c, n, m0);
+    } else {
+      for (; n + 2 <= n1; n += 2) tile<T, 2, 2>(c, n, m0);
+      for (; n < n1; ++n) tile<T, 1, 2>(c, n, m0);
+    }
+    return;
+  }
+  for (int64_t n = n0; n < n1; ++n) {
+    int64_t m = m0;
+    for (; m + 4 <= m1; m += 4) tile<T, 1, 4>(c, n, m);
+    switch (m1 - m) {
+      case 3: tile<T, 1, 3>(c, n, m); break;
+      case 2: tile<T, 1, 2>(c, n, m); break;
+      case 1: tile<T, 1, 1>(c, n, m); break;
+      default: break;
+    }
+  }
+}
+
+template <class T>
+void gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y) {
+  using A = typename T::Act;
+  constexpr int64_t AQK = std::is_same_v<A, A32> ? 32 : QK_K;
+  const int64_t nba = K / AQK, nbw = K / T::QK, row_bytes = nbw * T::SIZE;
+  std::vector<A> act(static_cast<size_t>(M * nba));
+  A* act_p = act.data();
+  at::parallel_for(0, M, std::max<int64_t>(1, (1 << 16) / K), [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) quantize_row(x + m * K, act_p + m * nba, nba);
+  });
+  const Ctx<T> c{w, row_bytes, nbw, act_p, nba, N, y};
+  const int64_t n_tile = std::max<int64_t>(4, kNTileBytes / row_bytes);
+  // at least ~64K multiply-adds per thread
+  const int64_t grain = std::max<int64_t>(4, (1 << 16) / (K * M));
+  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+    for (int64_t nt = n0; nt < n1; nt += n_tile) {
+      const int64_t ne = std::min(n1, nt + n_tile);
+      for (int64_t mt = 0; mt < M; mt += kMTile) block_rows<T>(c, nt, ne, mt, std::min(M, mt + kMTile));
+    }
+  });
+}
+
+// Dequantization (the large-M path: float32 GEMM on dequantized weights). Values equal ggml's (and
+// runlm.quant.dequantize's): every product below is exact in float32, so fma and mul+add round alike.
+
+template <class T>
+struct FastDequant {
+  static constexpr bool kOn = false;
+  static void run(const uint8_t*, float*) {}
+};
+
+#if RUNLM_AVX2
+
+// out[0..15] = s0 * code + c0, out[16..31] = s1 * code + c1 for 32 int8 codes
+inline void store32(float* out, __m256i q, __m256 s0, __m256 c0, __m256 s1, __m256 c1) {
+  const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+  _mm256_storeu_ps(out, _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), c0));
+  _mm256_storeu_ps(out + 8, _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), c0));
+  _mm256_storeu_ps(out + 16, _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), c1));
+  _mm256_storeu_ps(out + 24, _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), c1));
+}
+
+inline void store32(float* out, __m256i q, float s, float c) {
+  const __m256 sv = _mm256_set1_ps(s), cv = _mm256_set1_ps(c);
+  store32(out, q, sv, cv, sv, cv);
+}
+
+template <>
+struct FastDequant<Q4_0> {
+  static constexpr bool kOn = true;
+  static void run(const uint8_t* b, float* out) { store32(out, nibbles32(b + 2), f16(b), -8.f * f16(b)); }
+};
+
+template <>
+struct FastDequant<Q4_1> {
+  static constexpr bool kOn = true;
+  static void run(const uint8_t* b, float* out) { store32(out, nibbles32(b + 4), f16(b), f16(b + 2)); }
+};
+
+template <>
+struct FastDequant<Q5_0> {
+  static constexpr bool kOn = true;
+  static void run(const uint8_t* b, float* out) { store32(out, unpack_q5_0(b), f16(b), -16.f * f16(b)); }
+};
+
+template <>
+struct FastDequant<Q5_1> {
+  static constexpr bool kOn = true;
+  static void run(const uint8_t* b, float* out) { store32(out, unpack_q5_1(b), f16(b), f16(b + 2)); }
+};
+
+template <>
+struct FastDequant<Q8_0> {
+  static constexpr bool kOn = true;
+  static void run(const uint8_t* b, float* out) { store32(out, load256(b + 2), f16(b), 0.f); }
+};
+
+template <bool FIVE>
+struct FastDequant<QK45<FIVE>> {
+  static constexpr bool kOn = true;
+  static void run(const uint8_t* b, float* out) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m16 = _mm256_set1_epi8(0x10);
+    const float d = f16(b), dmin = f16(b + 2);
+    uint8_t sc[8], mn[8];
+    k4_scale_min(b + 4, sc, mn);
+    __m256i hb = FIVE ? load256(b + 16) : _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      const __m256i bits = load256(b + QK45<FIVE>::QS + 32 * j);
+      __m256i ql = _mm256_and_si256(bits, m4);
+      __m256i qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+      if (FIVE) {
+        ql = _mm256_or_si256(ql, _mm256_and_si256(_mm256_slli_epi16(hb, 4), m16));
+        qh = _mm256_or_si256(qh, _mm256_and_si256(_mm256_slli_epi16(hb, 3), m16));
+        hb = _mm256_srli_epi16(hb, 2);
+      }
+      store32(out + 64 * j, ql, d * static_cast<float>(sc[2 * j]), -(dmin * static_cast<float>(mn[2 * j])));
+      store32(out + 64 * j + 32, qh, d * static_cast<float>(sc[2 * j + 1]),
+              -(dmin * static_cast<float>(mn[2 * j + 1])));
+    }
+  }
+};
+
+template <>
+struct FastDequant<Q6_K> {
+  static constexpr bool kOn = true;
+  static void run(const uint8_t* b, float* out) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const float d = f16(b + 208);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = load256(b + 64 * h), l1 = load256(b + 64 * h + 32), hb = load256(b + 128 + 32 * h);
+      const __m256i q[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
+          _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                          _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30)),
+      };
+      for (int k = 0; k < 4; ++k) {
+        const int c = 4 * h + k;
+        const float s0 = d * static_cast<float>(sc[2 * c]), s1 = d * static_cast<float>(sc[2 * c + 1]);
+        store32(out + 32 * c, q[k], _mm256_set1_ps(s0), _mm256_set1_ps(-32.f * s0), _mm256_set1_ps(s1),
+                _mm256_set1_ps(-32.f * s1));
+      }
+    }
+  }
+};
+
+#endif
+
+// Weight rows [n0, n1) to float32 out[(n - n0) * K + k].
+template <class T>
+void dequant_rows(const uint8_t* w, int64_t nbw, int64_t n0, int64_t n1, float* out) {
+  constexpr int QK = T::QK, G = T::G, NG = QK / G;
+  alignas(32) int8_t q[QK];
+  int isc[NG], imn[NG];
+  float d, dm;
+  const int64_t row_bytes = nbw * T::SIZE;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* wr = w + n * row_bytes;
+    float* o = out + (n - n0) * nbw * QK;
+    for (int64_t b = 0; b < nbw; ++b, o += QK) {
+      if constexpr (FastDequant<T>::kOn) {
+        FastDequant<T>::run(wr + b * T::SIZE, o);
+      } else {
+        T::decode(wr + b * T::SIZE, q, isc, imn, &d, &dm);
+        for (int g = 0; g < NG; ++g) {
+          const float gs = d * static_cast<float>(isc[g]), gm = dm * static_cast<float>(imn[g]);
+          for (int j = 0; j < G; ++j) o[g * G + j] = gs * static_cast<float>(q[g * G + j]) + gm;
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+void dequant(const uint8_t* w, int64_t N, int64_t K, float* out) {
+  const int64_t nbw = K / T::QK;
+  at::parallel_for(0, N, std::max<int64_t>(1, (1 << 15) / K), [&](int64_t n0, int64_t n1) {
+    dequant_rows<T>(w, nbw, n0, n1, out + n0 * K);
+  });
+}
+
+struct TypeInfo {
+  int qk;
+  int size;
+};
+
+bool type_info(int64_t type, TypeInfo* info) {
+  switch (type) {
+    case T_Q4_0: *info = {Q4_0::QK, Q4_0::SIZE}; return true;
+    case T_Q4_1: *info = {Q4_1::QK, Q4_1::SIZE}; return true;
+    case T_Q5_0: *info = {Q5_0::QK, Q5_0::SIZE}; return true;
+    case T_Q5_1: *info = {Q5_1::QK, Q5_1::SIZE}; return true;
+    case T_Q8_0: *info = {Q8_0::QK, Q8_0::SIZE}; return true;
+    case T_Q2_K: *info = {Q2_K::QK, Q2_K::SIZE}; return true;
+    case T_Q3_K: *info = {Q3_K::QK, Q3_K::SIZE}; return true;
+    case T_Q4_K: *info = {Q4_K::QK, Q4_K::SIZE}; return true;
+    case T_Q5_K: *info = {Q5_K::QK, Q5_K::SIZE}; return true;
+    case T_Q6_K: *info = {Q6_K::QK, Q6_K::SIZE}; return true;
+    default: return false;
+  }
+}
+
+int64_t check_weight(const char* op, const at::Tensor& w, int64_t type, int64_t out_features, int64_t in_features) {
+  TypeInfo info{};
+  TORCH_CHECK(type_info(type, &info), op, ": unsupported GGML type id ", type);
+  TORCH_CHECK(w.device().is_cpu(), op, ": CPU tensors only");
+  TORCH_CHECK(w.scalar_type() == at::kByte, op, ": w must be uint8 block bytes, got ", w.scalar_type());
+  TORCH_CHECK(in_features > 0 && in_features % info.qk == 0, op, ": in_features ", in_features,
+              " is not a positive multiple of the block size ", info.qk);
+  TORCH_CHECK(out_features >= 0, op, ": negative out_features");
+  const int64_t row_bytes = in_features / info.qk * info.size;
+  TORCH_CHECK(w.numel() == out_features * row_bytes, op, ": w has ", w.numel(), " bytes, expected ", out_features,
+              " rows x ", row_bytes);
+  return row_bytes;
+}
+
+#define RUNLM_DISPATCH(type, FN, ...)                   \
+  switch (type) {                                       \
+    case T_Q4_0: FN<Q4_0>(__VA_ARGS__); break;          \
+    case T_Q4_1: FN<Q4_1>(__VA_ARGS__); break;          \
+    case T_Q5_0: FN<Q5_0>(__VA_ARGS__); break;          \
+    case T_Q5_1: FN<Q5_1>(__VA_ARGS__); break;          \
+    case T_Q8_0: FN<Q8_0>(__VA_ARGS__); break;          \
+    case T_Q2_K: FN<Q2_K>(__VA_ARGS__); break;          \
+    case T_Q3_K: FN<Q3_K>(__VA_ARGS__); break;          \
+    case T_Q4_K: FN<Q4_K>(__VA_ARGS__); break;          \
+    case T_Q5_K: FN<Q5_K>(__VA_ARGS__); break;          \
+    case T_Q6_K: FN<Q6_K>(__VA_ARGS__); break;          \
+    default: break;                                     \
+  }
+
+// y[..., N] = x[..., K] @ W.T, W given as GGUF blocks uint8 [N, row_bytes], through the 8-bit activation kernels.
+at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_t out_features,
+                       int64_t in_features) {
+  check_weight("runlm::gguf_linear", w, type, out_features, in_features);
+  TORCH_CHECK(x.device().is_cpu(), "runlm::gguf_linear: CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "runlm::gguf_linear: x must be float32, got ", x.scalar_type());
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == in_features, "runlm::gguf_linear: x must be [..., ", in_features,
+              "], got ", x.sizes());
+  std::vector<int64_t> out_sizes = x.sizes().vec();
+  out_sizes.back() = out_features;
+  const at::Tensor xc = x.reshape({-1, in_features}).contiguous();
+  const at::Tensor wc = w.contiguous();
+  const int64_t M = xc.size(0), K = in_features, N = out_features;
+  at::Tensor y = at::empty(out_sizes, xc.options());
+  if (M == 0 || N == 0) return y;
+  const float* xp = xc.data_ptr<float>();
+  const uint8_t* wp = wc.data_ptr<uint8_t>();
+  float* yp = y.data_ptr<float>();
+  RUNLM_DISPATCH(type, gemm, xp, M, K, wp, N, yp)
+  return y;
+}
+
+// W as float32 [N, K], bit-identical to ggml's / runlm.quant.dequantize's dequantization.
+at::Tensor gguf_dequantize(const at::Tensor& w, int64_t type, int64_t out_features, int64_t in_features) {
+  check_weight("runlm::gguf_dequantize", w, type, out_features, in_features);
+  const at::Tensor wc = w.contiguous();
+  at::Tensor out = at::empty({out_features, in_features}, wc.options().dtype(at::kFloat));
+  if (out_features == 0) return out;
+  const uint8_t* wp = wc.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  RUNLM_DISPATCH(type, dequant, wp, out_features, in_features, op)
+  return out;
+}
+
+int64_t gguf_simd() { return RUNLM_AVX2 ? 1 : 0; }
+
+}  // namespace
+
+TORCH_LIBRARY(runlm, m) {
+  m.def("gguf_linear(Tensor x, Tensor w, int type, int out_features, int in_features) -> Tensor");
+  m.def("gguf_dequantize(Tensor w, int type, int out_features, int in_features) -> Tensor");
+  m.def("gguf_simd() -> int", &gguf_simd);
+}
+
+TORCH_LIBRARY_IMPL(runlm, CPU, m) {
+  m.impl("gguf_linear", &gguf_linear);
+  m.impl("gguf_dequantize", &gguf_dequantize);
+}

@@ -1,0 +1,334 @@
+"""Linear layers that run directly on GGUF quantized blocks through runlm's own C++ kernels (kernels.cpp).
+
+The kernels work like llama.cpp's CPU backend: each activation row is quantized once per call to 8-bit blocks
+(per 32 values for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, per 256 values with sums of 16 for the K-quants), and every weight
+block meets it in an integer dot product (AVX2 `maddubs`/`madd`, FMA accumulation; a scalar path when the compiler
+does not target AVX2/FMA/F16C). So the result differs from `x @ dequantize(W).T` by the 8-bit rounding of the
+activation: ~0.3-0.5% of the output norm (see tests/quant/test_kernels.py), the same error llama.cpp has.
+
+The extension is compiled on first use (~30 s, then cached) with `torch.utils.cpp_extension.load` (-O3
+-march=native -fopenmp; threads: torch's intra-op pool via at::parallel_for) into torch's extensions cache and
+registers the custom ops
+
+    torch.ops.runlm.gguf_linear(Tensor x, Tensor w, int type, int out_features, int in_features) -> Tensor
+
+x float32 [..., in_features] (made contiguous if it is not), w the raw GGUF bytes uint8 [out_features, row_bytes],
+`type` the GGML type id (`KERNEL_TYPES`), result float32 [..., out_features]; and
+
+    torch.ops.runlm.gguf_dequantize(Tensor w, int type, int out_features, int in_features) -> Tensor
+
+(float32 [out_features, in_features], same values as `runlm.quant.dequantize`). Both have fake (meta) kernels, so
+`torch.compile` treats them as opaque ops. A failed build never raises at import: `available()` is False,
+`unavailable_reason()` says why, and callers fall back to `runlm.quant.packed`.
+
+With many activation rows (prefill) GGUFLinear switches to dequantize + float32 GEMM, see DENSE_MIN_ROWS.
+
+Environment: RUNLM_GGUF_KERNELS=0 disables the kernels; RUNLM_GGUF_KERNELS=scalar builds the portable scalar
+path instead of the AVX2 one (for testing it; one variant per process, since both register `runlm::`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runlm.errors import InvalidInputError, ModelLoadError
+from runlm.quant.dequant import BLOCK_LAYOUTS, dequantize, normalize_type_name
+
+# GGML type name -> type id (gguf.GGMLQuantizationType values), for every type the kernels implement.
+KERNEL_TYPES: dict[str, int] = {
+    "Q4_0": 2,
+    "Q4_1": 3,
+    "Q5_0": 6,
+    "Q5_1": 7,
+    "Q8_0": 8,
+    "Q2_K": 10,
+    "Q3_K": 11,
+    "Q4_K": 12,
+    "Q5_K": 13,
+    "Q6_K": 14,
+}
+
+# From this many activation rows on, forward dequantizes W in C++ (runlm::gguf_dequantize) and runs a float32
+# GEMM instead of the 8-bit kernels. Without AVX-VNNI the int8 multiplies (vpmaddubsw + vpmaddwd) cap the kernels
+# at about float32 GEMM speed, so once the dequantization is amortized over enough rows the GEMM wins; measured
+# crossovers (1 thread, 2-core AVX2 EPYC): 32-wide types ~40-48 rows, Q4_K ~48-64, Q6_K ~128-192.
+DENSE_MIN_ROWS: dict[str, int] = {
+    "Q4_0": 48,
+    "Q4_1": 48,
+    "Q5_0": 48,
+    "Q5_1": 48,
+    "Q8_0": 48,
+    "Q4_K": 64,
+    "Q5_K": 64,
+    "Q2_K": 128,
+    "Q3_K": 128,
+    "Q6_K": 192,
+}
+# float32 weight elements dequantized at a time on the dense path (64 MiB), so a 262144-row head stays bounded.
+_DENSE_CHUNK_ELEMENTS = 1 << 24
+
+ENV_VAR = "RUNLM_GGUF_KERNELS"
+_SOURCE = Path(__file__).with_name("kernels.cpp")
+_CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+
+_lock = threading.Lock()
+_state: dict[str, object] = {"ok": None, "reason": None, "build_s": None, "simd": None, "name": None}
+
+
+def _variant() -> str:
+    value = os.environ.get(ENV_VAR, "").strip().lower()
+    if value in ("0", "off", "false", "no"):
+        return "off"
+    return "scalar" if value == "scalar" else "native"
+
+
+def _cpu_fingerprint() -> str:
+    """A short hash of the CPU features: a -march=native build is only reused on the same kind of CPU."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith(("flags", "Features")):
+                    flags = line.split(":", 1)[-1].strip()
+                    break
+    except OSError:
+        pass
+    return hashlib.sha1(f"{platform.machine()}|{platform.processor()}|{flags}".encode()).hexdigest()[:10]
+
+
+def _op_registered() -> bool:
+    try:
+        torch.ops.runlm.gguf_linear  # noqa: B018 - attribute lookup raises when the op is not registered
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+def _load() -> None:
+    variant = _variant()
+    if variant == "off":
+        raise RuntimeError(f"disabled by {ENV_VAR}={os.environ.get(ENV_VAR)}")
+    start = time.perf_counter()
+    if not _op_registered():
+        from torch.utils import cpp_extension
+
+        if not _SOURCE.is_file():
+            raise FileNotFoundError(f"kernel source {_SOURCE} is missing")
+        cflags = list(_CFLAGS) + (["-DRUNLM_SCALAR"] if variant == "scalar" else [])
+        name = f"runlm_gguf_{variant}_{_cpu_fingerprint()}"
+        cpp_extension.load(
+            name=name,
+            sources=[str(_SOURCE)],
+            extra_cflags=cflags,
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=False,
+        )
+        _state["name"] = name
+    for op_name, fake in (("runlm::gguf_linear", _fake_gguf_linear), ("runlm::gguf_dequantize", _fake_gguf_dequantize)):
+        try:
+            torch.library.register_fake(op_name)(fake)
+        except RuntimeError as exc:  # registered already (e.g. this module was reloaded)
+            if "already" not in str(exc):
+                raise
+    _state["simd"] = bool(torch.ops.runlm.gguf_simd())
+    _state["build_s"] = time.perf_counter() - start
+
+
+def _fake_gguf_linear(x: torch.Tensor, w: torch.Tensor, type: int, out_features: int, in_features: int):
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+def _fake_gguf_dequantize(w: torch.Tensor, type: int, out_features: int, in_features: int):
+    return w.new_empty((out_features, in_features), dtype=torch.float32)
+
+
+def available() -> bool:
+    """Whether the kernels are usable; builds (or loads the cached build of) the extension on the first call."""
+    if _state["ok"] is None:
+        with _lock:
+            if _state["ok"] is None:
+                try:
+                    _load()
+                    _state["ok"] = True
+                except Exception as exc:  # compiler missing, build error, ...: callers fall back
+                    message = " ".join(str(exc).split())
+                    if len(message) > 2000:
+                        message = message[:2000] + " ..."
+                    _state["reason"] = f"runlm GGUF kernels unavailable: {type(exc).__name__}: {message}"
+                    _state["ok"] = False
+    return bool(_state["ok"])
+
+
+def unavailable_reason() -> str | None:
+    """Why `available()` is False (None when available or not yet tried)."""
+    return _state["reason"]  # type: ignore[return-value]
+
+
+def build_info() -> dict[str, object]:
+    """ok, reason, build_s (seconds the first load took: compile or cache hit), simd (AVX2 path), name."""
+    return dict(_state)
+
+
+def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, out_features: int) -> torch.Tensor:
+    """float32 x [M, K] @ W.T for W given as GGUF blocks uint8 [out_features, row_bytes]; needs `available()`."""
+    name = normalize_type_name(type_name)
+    return torch.ops.runlm.gguf_linear(x, blocks, KERNEL_TYPES[name], int(out_features), int(x.shape[-1]))
+
+
+def gguf_dequantize(blocks: torch.Tensor, type_name: str, shape: Sequence[int]) -> torch.Tensor:
+    """float32 [rows, cols] from GGUF blocks uint8 [rows, row_bytes] with the C++ decoder; needs `available()`.
+
+    Same values as `runlm.quant.dequantize` (bit for bit in the tests). Rows may be any subset of a weight's rows,
+    e.g. `blocks[token_ids]` for an embedding lookup that keeps the table quantized.
+    """
+    name = normalize_type_name(type_name)
+    return torch.ops.runlm.gguf_dequantize(blocks, KERNEL_TYPES[name], int(shape[0]), int(shape[1]))
+
+
+def _row_bytes(type_name: str, in_features: int) -> int:
+    block_size, type_size = BLOCK_LAYOUTS[type_name]
+    return in_features // block_size * type_size
+
+
+def _copy_bytes(data: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """The bytes of `data` as a new flat uint8 tensor (never a view into a memory map)."""
+    if isinstance(data, torch.Tensor):
+        t = data.detach().cpu().contiguous().reshape(-1)
+        return (t.view(torch.uint8) if t.dtype != torch.bool else t.to(torch.uint8)).clone()
+    arr = np.ascontiguousarray(data)
+    return torch.from_numpy(arr.reshape(-1).view(np.uint8).copy())
+
+
+class GGUFLinear(nn.Module):
+    """x @ W.T with W kept as raw GGUF blocks (buffer `blocks`, uint8 [out_features, row_bytes]).
+
+    forward accepts any float dtype and leading dims; the kernel computes in float32 and the result is cast back
+    to x's dtype. Without the compiled kernels it still works by dequantizing W on every call (slow).
+    """
+
+    def __init__(self, type_name: str, blocks: torch.Tensor, in_features: int, out_features: int):
+        super().__init__()
+        name = normalize_type_name(type_name)
+        if name not in KERNEL_TYPES:
+            raise InvalidInputError(f"no GGUF kernel for type {name} (supported: {', '.join(KERNEL_TYPES)})")
+        block_size, _ = BLOCK_LAYOUTS[name]
+        in_features, out_features = int(in_features), int(out_features)
+        if in_features <= 0 or in_features % block_size or out_features < 0:
+            raise InvalidInputError(f"{name} linear needs in_features a positive multiple of {block_size}")
+        row_bytes = _row_bytes(name, in_features)
+        if blocks.dtype != torch.uint8 or blocks.numel() != out_features * row_bytes:
+            raise InvalidInputError(
+                f"{name} [{out_features}, {in_features}] needs uint8 blocks of {out_features * row_bytes} bytes, "
+                f"got {blocks.dtype} with {blocks.numel()}"
+            )
+        self.register_buffer("blocks", blocks.reshape(out_features, row_bytes).contiguous())
+        self.type_name = name
+        self.type_id = KERNEL_TYPES[name]
+        self.in_features = in_features
+        self.out_features = out_features
+        # activation rows from which forward takes the dequantize + float32 GEMM path (see DENSE_MIN_ROWS)
+        self.dense_min_rows = DENSE_MIN_ROWS[name]
+        self._kernel = available()
+
+    @classmethod
+    def from_raw(cls, type_name: str, data: np.ndarray | torch.Tensor, shape: Sequence[int]) -> GGUFLinear:
+        """Copy raw GGUF bytes (rows x row_bytes, or flat) of a row-major (out_features, in_features) weight."""
+        name = normalize_type_name(type_name)
+        if len(shape) != 2:
+            raise InvalidInputError(f"linear weight must be 2-D, got shape {tuple(shape)}")
+        rows, cols = int(shape[0]), int(shape[1])
+        raw = _copy_bytes(data)
+        if name in BLOCK_LAYOUTS and cols % BLOCK_LAYOUTS[name][0] == 0:
+            expected = rows * _row_bytes(name, cols)
+            if raw.numel() != expected:
+                raise ModelLoadError(f"{name} tensor of shape {(rows, cols)} needs {expected} bytes, has {raw.numel()}")
+        return cls(name, raw, cols, rows)
+
+    @classmethod
+    def cat(cls, modules: Sequence[GGUFLinear]) -> GGUFLinear:
+        """Stack several GGUFLinear of one type and in_features along the output dim (fused QKV / gate-up)."""
+        modules = list(modules)
+        if not modules:
+            raise InvalidInputError("GGUFLinear.cat needs at least one module")
+        kinds = {(m.type_name, m.in_features) for m in modules}
+        if len(kinds) != 1:
+            raise InvalidInputError(f"cannot concatenate GGUF linears of different type / in_features: {sorted(kinds)}")
+        first = modules[0]
+        blocks = torch.cat([m.blocks for m in modules], dim=0)
+        return cls(first.type_name, blocks, first.in_features, sum(m.out_features for m in modules))
+
+    def dequantized(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """The float32 weight rows [start:stop] (default all: [out_features, in_features])."""
+        stop = self.out_features if stop is None else stop
+        blocks = self.blocks[start:stop]
+        shape = (blocks.shape[0], self.in_features)
+        if self._kernel:
+            return torch.ops.runlm.gguf_dequantize(blocks, self.type_id, shape[0], shape[1])
+        return dequantize(self.type_name, blocks, shape)
+
+    def _dense(self, x2: torch.Tensor) -> torch.Tensor:
+        rows = max(1, _DENSE_CHUNK_ELEMENTS // self.in_features)
+        if self.out_features <= rows:
+            return F.linear(x2, self.dequantized())
+        parts = [F.linear(x2, self.dequantized(i, i + rows)) for i in range(0, self.out_features, rows)]
+        return torch.cat(parts, dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # fast path (decode): float32 input, few rows; the op takes any leading dims
+        if self._kernel and x.dtype == torch.float32 and x.numel() < self.dense_min_rows * self.in_features:
+            return torch.ops.runlm.gguf_linear.default(
+                x, self.blocks, self.type_id, self.out_features, self.in_features
+            )
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if x2.dtype != torch.float32:
+            x2 = x2.to(torch.float32)
+        x2 = x2.contiguous()
+        if self._kernel and x2.shape[0] < self.dense_min_rows:
+            y = torch.ops.runlm.gguf_linear(x2, self.blocks, self.type_id, self.out_features, self.in_features)
+        else:
+            y = self._dense(x2)
+        return y.reshape(*lead, self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, type={self.type_name}"
+
+
+def gguf_linear_module(type_name: str, data: np.ndarray | torch.Tensor, shape: Sequence[int]) -> nn.Module | None:
+    """A GGUFLinear for a GGUF weight of row-major `shape` (out_features, in_features), or None.
+
+    None when the kernels are unavailable (build failed / disabled) or there is no kernel for this type / shape:
+    the caller should use `runlm.quant.packed.make_linear` instead. The bytes are copied, so the file may close.
+    """
+    name = normalize_type_name(type_name)
+    if name not in KERNEL_TYPES or len(shape) != 2:
+        return None
+    rows, cols = int(shape[0]), int(shape[1])
+    if rows <= 0 or cols <= 0 or cols % BLOCK_LAYOUTS[name][0]:
+        return None
+    if not available():
+        return None
+    return GGUFLinear.from_raw(name, data, (rows, cols))
+
+
+def concat_gguf_linears(modules: Sequence[nn.Module]) -> GGUFLinear | None:
+    """One GGUFLinear for `modules` stacked along the output dim, or None if they are not all GGUFLinear of one
+    type and in_features (then use `runlm.quant.packed.concat_linears`)."""
+    modules = list(modules)
+    if not modules or not all(isinstance(m, GGUFLinear) for m in modules):
+        return None
+    if len({(m.type_name, m.in_features) for m in modules}) != 1:
+        return None
+    return GGUFLinear.cat(modules)  # type: ignore[arg-type]

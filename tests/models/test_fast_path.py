@@ -1,0 +1,80 @@
+"""The fast (packed) path keeps the runner contract, and stays close to the f32 reference.
+
+Tiny models: their linear weights quantized to Q8_0 / Q4_0 / Q4_1 / Q5_0 by the gguf package, run
+through runlm's C++ block kernels (or torch's int4 kernel). Real models: perplexity of the packed
+path within 1% of the f32 path on the same weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from reference.tiny import QUANTIZED_COPIES, build_gemma3, build_llama, build_qwen3
+
+from runlm import load
+from runlm.bench import english_text, nll_of
+from runlm.quant import kernels
+from runlm.runner import LmRunner
+
+BUILDERS = {"llama32": build_llama, "qwen3": build_qwen3, "gemma": build_gemma3}
+
+
+@pytest.fixture(scope="module", params=sorted(BUILDERS))
+def tiny_dir(request, tmp_path_factory):
+    directory = tmp_path_factory.mktemp(f"fast-{request.param}")
+    BUILDERS[request.param](directory)
+    return directory
+
+
+def ids(n: int, seed: int = 0) -> list[int]:
+    return torch.randint(3, 384, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_kernels_are_built():
+    assert kernels.available(), kernels.unavailable_reason()
+
+
+@pytest.mark.parametrize("quant", QUANTIZED_COPIES)
+def test_packed_path_keeps_the_contract(tiny_dir, quant):
+    path = tiny_dir / f"model-{quant.lower()}.gguf"
+    runner = load(path, dtype="auto").runner
+    assert any(type(m).__name__ == "GGUFLinear" for m in runner.model.modules())
+    prompt = ids(9, seed=1)
+    cached = runner.generate(prompt, 14)
+    assert cached == LmRunner.generate(runner, prompt, 14)  # the contract's re-prefill default
+    runner.prefill_logits(prompt)
+    snap = runner.export_session()
+    first = [runner.decode_logits(t) for t in (5, 6, 7)]
+    runner.prefill_logits(ids(4, seed=2))
+    assert runner.restore_session(snap)
+    assert all(torch.equal(a, runner.decode_logits(t)) for a, t in zip(first, (5, 6, 7)))
+
+
+@pytest.mark.parametrize("quant", QUANTIZED_COPIES)
+def test_packed_logits_close_to_f32_on_the_same_weights(tiny_dir, quant):
+    path = tiny_dir / f"model-{quant.lower()}.gguf"
+    prompt = ids(20, seed=3)
+    fast = load(path, dtype="auto").runner.predict_logits(prompt)
+    reference = load(path, dtype="f32").runner.predict_logits(prompt)
+    # The kernels round activations to 8 bits per 32 values, as llama.cpp does: ~1% of the logits' spread.
+    assert (fast - reference).abs().max().item() <= 0.05 * reference.abs().max().item()
+    assert int(fast.argmax()) == int(reference.argmax())
+
+
+def perplexity(runner, token_ids: list[int]) -> float:
+    runner.reset()
+    logits = runner.extend_all(token_ids)
+    return math.exp(nll_of(logits[:-1], token_ids[1:]) / (len(token_ids) - 1))
+
+
+@pytest.mark.parametrize("fixture", ["smollm2_gguf", "gemma3_gguf"])
+def test_real_model_perplexity_within_one_percent_of_f32(fixture, request):
+    path = request.getfixturevalue(fixture)
+    fast = load(path, dtype="auto")
+    token_ids = fast.tokenizer.encode(english_text())[:384]
+    ppl_fast = perplexity(fast.runner, token_ids)
+    del fast
+    ppl_f32 = perplexity(load(path, dtype="f32").runner, token_ids)
+    assert abs(ppl_fast / ppl_f32 - 1) <= 0.01, (ppl_fast, ppl_f32)

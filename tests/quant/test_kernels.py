@@ -1,0 +1,443 @@
+"""runlm's GGUF block kernels (runlm/quant/kernels.cpp via runlm.quant.kernels) against float references.
+
+Tolerances (relative Frobenius error of the output [M, N]):
+* EXACT_TOL = 2e-6 against x_q @ dequantize(W).T in float64, where x_q is the activation quantized to 8 bits the
+  way the kernel does it (emulated below with the same float32 operations). Measured <= 6e-7 on random and real
+  weights, all types, M = 1, 3, 17 (float32 rounding of the block scale products and the accumulation only):
+  proves the unpacking of every format, the integer dot products and the scale / min / offset algebra.
+* Against the plain float reference x @ dequantize(W).T (llama.cpp has the same error; it comes from rounding
+  the activation to 8 bits): TOL_32 = 1.5e-2 for the 32-wide types (one activation scale per 32 values;
+  measured 4e-3..8.5e-3) and TOL_K = 3e-2 for the K-quants (one activation scale per 256 values; measured
+  4e-3..1.3e-2, the top from random-byte weights with random mins; real Q4_K / Q6_K tensors measure <= 8e-3).
+* runlm::gguf_dequantize equals runlm.quant.dequantize bit for bit.
+
+Run with -s to see the measured errors and the micro-benchmark.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from gguf import quants as ref_quants
+
+from runlm.errors import InvalidInputError, ModelLoadError
+from runlm.formats.gguf import GGUFFile
+from runlm.quant import BLOCK_LAYOUTS, dequantize, kernels, pack_linear
+
+EXACT_TOL = 2e-6
+TOL_32 = 1.5e-2
+TOL_K = 3e-2
+TYPES = list(kernels.KERNEL_TYPES)
+GGUF_QUANTIZABLE = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
+# byte offsets of the f16 scale fields of each block (set to sane values in random-byte blocks)
+F16_FIELDS = {
+    "Q4_0": [0],
+    "Q4_1": [0, 2],
+    "Q5_0": [0],
+    "Q5_1": [0, 2],
+    "Q8_0": [0],
+    "Q2_K": [80, 82],
+    "Q3_K": [108],
+    "Q4_K": [0, 2],
+    "Q5_K": [0, 2],
+    "Q6_K": [208],
+}
+ROWS_M = (1, 3, 17)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels_ready():
+    if not kernels.available():
+        pytest.skip(kernels.unavailable_reason() or "kernels unavailable")
+
+
+def tol_for(type_name: str) -> float:
+    return TOL_K if type_name.endswith("_K") else TOL_32
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def random_blocks(type_name: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    block_size, type_size = BLOCK_LAYOUTS[type_name]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows * cols // block_size, type_size), dtype=np.uint8)
+    for offset in F16_FIELDS[type_name]:
+        scales = (rng.uniform(0.2, 1.0, blocks.shape[0]) * 0.02).astype(np.float16)
+        blocks[:, offset : offset + 2] = scales.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
+
+
+def weight_data(type_name: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    """gguf-quantized gaussian weights where the gguf package can quantize the type, random blocks otherwise."""
+    if type_name in GGUF_QUANTIZABLE:
+        values = (np.random.default_rng(seed).standard_normal((rows, cols)) * 0.05).astype(np.float32)
+        return ref_quants.quantize(values, GGMLQuantizationType[type_name])
+    return random_blocks(type_name, rows, cols, seed)
+
+
+def quantized_activation(x: torch.Tensor, type_name: str) -> torch.Tensor:
+    """x (float32 [M, K]) rounded to 8 bits per block exactly like the kernel (float64 result)."""
+    block = 256 if type_name.endswith("_K") else 32
+    rows, cols = x.shape
+    xb = x.float().reshape(rows, cols // block, block)
+    amax = xb.abs().amax(dim=-1, keepdim=True)
+    scale = amax / 127.0
+    # (not `127.0 / amax`: torch computes scalar / tensor as reciprocal(tensor) * scalar, rounding twice)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
+    codes = torch.round(xb * inv)  # round half to even, like nearbyint / _MM_FROUND_TO_NEAREST_INT
+    return (codes.double() * scale.double()).reshape(rows, cols)
+
+
+def check_against_references(module, type_name: str, weight: torch.Tensor, x: torch.Tensor) -> tuple[float, float]:
+    """(error vs the quantized-activation reference, error vs the float reference); asserts both bounds."""
+    out = module(x)
+    assert out.dtype == torch.float32 and out.shape == (x.shape[0], weight.shape[0])
+    exact = rel_err(out, quantized_activation(x, type_name) @ weight.double().T)
+    approx = rel_err(out, x.double() @ weight.double().T)
+    label = f"{type_name} {tuple(weight.shape)} M={x.shape[0]}"
+    assert exact < EXACT_TOL, f"{label}: error {exact:.2e} vs the quantized-activation reference"
+    assert approx < tol_for(type_name), f"{label}: error {approx:.2e} vs the float reference"
+    return exact, approx
+
+
+def kernel_module(type_name: str, data: np.ndarray, shape: tuple[int, int]) -> kernels.GGUFLinear:
+    module = kernels.gguf_linear_module(type_name, data, shape)
+    assert isinstance(module, kernels.GGUFLinear)
+    module.dense_min_rows = 1 << 30  # always the 8-bit kernels here; the dense path has its own test
+    return module
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Correctness
+
+
+def test_build_info():
+    info = kernels.build_info()
+    assert info["ok"] is True and info["reason"] is None
+    print(f"\nkernels: simd={info['simd']} first load {info['build_s']:.1f}s name={info['name']}")
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_random_weights(type_name: str):
+    shape = (72, 512)  # 72 rows: groups of 4 weight rows plus a remainder
+    data = weight_data(type_name, *shape, seed=1)
+    module = kernel_module(type_name, data, shape)
+    assert (module.in_features, module.out_features) == (512, 72)
+    weight = dequantize(type_name, data, shape)
+    gen = torch.Generator().manual_seed(0)
+    errors = []
+    for rows in ROWS_M:
+        x = torch.randn(rows, shape[1], generator=gen)
+        errors.append(check_against_references(module, type_name, weight, x))
+    print(f"\n{type_name}: " + ", ".join(f"M={m} exact {e:.1e} float {a:.1e}" for m, (e, a) in zip(ROWS_M, errors)))
+
+
+@pytest.mark.parametrize("fixture", ["smollm2_gguf", "gemma3_gguf"])
+def test_real_tensors(fixture: str, request: pytest.FixtureRequest):
+    gguf = GGUFFile(request.getfixturevalue(fixture))
+    picked: dict[tuple[str, tuple[int, ...]], str] = {}  # one tensor of each distinct (type, shape)
+    for name in gguf.tensor_names():
+        raw = gguf.raw(name)
+        if raw.type_name in kernels.KERNEL_TYPES and len(raw.shape) == 2:
+            picked.setdefault((raw.type_name, raw.shape), name)
+    types = {type_name for type_name, _ in picked}
+    expected = {"smollm2_gguf": {"Q4_1", "Q8_0"}, "gemma3_gguf": {"Q5_0", "Q8_0", "Q4_K", "Q6_K"}}[fixture]
+    assert expected <= types
+    gen = torch.Generator().manual_seed(0)
+    lines = []
+    for (type_name, shape), name in sorted(picked.items()):
+        raw = gguf.raw(name)
+        rows = min(shape[0], 4096)  # the tied heads (49152 / 262144 rows): a slice of rows
+        data = np.asarray(raw.data)[:rows]
+        module = kernel_module(type_name, data, (rows, shape[1]))
+        weight = dequantize(type_name, data, (rows, shape[1]))
+        for m in ROWS_M:
+            x = torch.randn(m, shape[1], generator=gen)
+            exact, approx = check_against_references(module, type_name, weight, x)
+            lines.append(f"{name} {type_name} {shape} M={m}: exact {exact:.1e} float {approx:.1e}")
+    print("\n" + "\n".join(lines))
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_dequantize_op_matches_reference(type_name: str):
+    shape = (24, 512)
+    data = weight_data(type_name, *shape, seed=2)
+    module = kernels.GGUFLinear.from_raw(type_name, data, shape)
+    ref = dequantize(type_name, data, shape)
+    assert torch.equal(module.dequantized(), ref)
+    assert torch.equal(module.dequantized(5, 9), ref[5:9])
+    assert torch.equal(kernels.gguf_dequantize(module.blocks[[3, 0, 3]], type_name, (3, 512)), ref[[3, 0, 3]])
+
+
+def test_dense_path_for_many_rows():
+    shape = (96, 256)
+    data = weight_data("Q4_K", *shape, seed=3)
+    module = kernels.GGUFLinear.from_raw("Q4_K", data, shape)
+    weight = dequantize("Q4_K", data, shape)
+    x = torch.randn(module.dense_min_rows, 256)
+    assert rel_err(module(x), F.linear(x, weight)) < 1e-6  # dequantize + float32 GEMM
+    small = x[: module.dense_min_rows - 1]
+    assert rel_err(module(small), F.linear(small, weight)) < TOL_K  # 8-bit kernels
+
+
+def test_dense_path_chunks_large_weights(monkeypatch: pytest.MonkeyPatch):
+    shape = (100, 64)
+    data = weight_data("Q8_0", *shape, seed=4)
+    module = kernels.GGUFLinear.from_raw("Q8_0", data, shape)
+    monkeypatch.setattr(kernels, "_DENSE_CHUNK_ELEMENTS", 64 * 30)  # 30 rows at a time: 4 chunks
+    module.dense_min_rows = 1
+    x = torch.randn(2, 64)
+    assert rel_err(module(x), F.linear(x, dequantize("Q8_0", data, shape))) < 1e-6
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Module interface
+
+
+def test_module_interface_and_dtypes():
+    shape = (40, 64)
+    data = weight_data("Q5_0", *shape, seed=5)
+    module = kernel_module("Q5_0", data, shape)
+    weight = dequantize("Q5_0", data, shape)
+    assert "type=Q5_0" in repr(module) and module.blocks.dtype == torch.uint8 and module.blocks.shape == (40, 44)
+    x = torch.randn(2, 3, 64)
+    out = module(x)
+    assert out.shape == (2, 3, 40) and out.dtype == torch.float32
+    assert rel_err(out, x @ weight.T) < TOL_32
+    out16 = module(x.to(torch.bfloat16))
+    assert out16.dtype == torch.bfloat16 and rel_err(out16, x @ weight.T) < TOL_32
+    assert module(torch.randn(0, 64)).shape == (0, 40)
+    xt = torch.randn(3, 2, 64).transpose(0, 1)  # non-contiguous
+    assert torch.allclose(module(xt), module(xt.contiguous()))
+    # rows do not depend on the batch they come in (up to float summation order: decode groups 4 weight rows)
+    torch.testing.assert_close(module(x.reshape(6, 64))[4], module(x.reshape(6, 64)[4:5])[0], rtol=1e-5, atol=1e-6)
+
+
+def test_bytes_are_copied_out_of_the_source(smollm2_gguf):
+    raw = GGUFFile(smollm2_gguf).raw("blk.0.attn_k.weight")
+    module = kernels.gguf_linear_module(raw.type_name, raw.data, raw.shape)
+    assert module is not None and module.blocks.is_contiguous()
+    assert module.blocks.data_ptr() != raw.data.ctypes.data
+    assert np.array_equal(module.blocks.numpy(), np.asarray(raw.data))
+    source = torch.from_numpy(np.array(raw.data))
+    module2 = kernels.gguf_linear_module(raw.type_name, source, raw.shape)
+    source.zero_()
+    assert torch.equal(module2.blocks, module.blocks)
+
+
+def test_no_module_for_unsupported_inputs():
+    assert kernels.gguf_linear_module("F32", np.zeros((4, 32), np.float32), (4, 32)) is None
+    assert kernels.gguf_linear_module("BF16", np.zeros((4, 64), np.uint8), (4, 32)) is None
+    assert kernels.gguf_linear_module("Q8_0", np.zeros(34, np.uint8), (32,)) is None
+    assert kernels.gguf_linear_module("Q4_K", np.zeros((4, 144), np.uint8), (4, 128)) is None  # 128 % 256
+    with pytest.raises(ModelLoadError):
+        kernels.gguf_linear_module("Q8_0", np.zeros((4, 30), np.uint8), (4, 32))
+    with pytest.raises(InvalidInputError):
+        kernels.GGUFLinear("Q8_0", torch.zeros(4 * 34, dtype=torch.uint8), 32, 5)
+    with pytest.raises(InvalidInputError):
+        kernels.GGUFLinear("F16", torch.zeros(64, dtype=torch.uint8), 32, 1)
+
+
+def test_op_rejects_bad_arguments():
+    w = torch.zeros(2, 34, dtype=torch.uint8)
+    op = torch.ops.runlm.gguf_linear
+    with pytest.raises(RuntimeError, match="float32"):
+        op(torch.zeros(1, 32, dtype=torch.float64), w, 8, 2, 32)
+    with pytest.raises(RuntimeError, match="expected"):
+        op(torch.zeros(1, 32), w, 8, 3, 32)
+    with pytest.raises(RuntimeError, match="unsupported GGML type"):
+        op(torch.zeros(1, 32), w, 1, 2, 32)
+    with pytest.raises(RuntimeError, match="block size"):
+        op(torch.zeros(1, 16), w, 8, 2, 16)
+
+
+def test_concat_along_output_dim():
+    shapes = [(64, 256), (32, 256), (32, 256)]  # e.g. fused q/k/v
+    datas = [weight_data("Q6_K", *s, seed=10 + i) for i, s in enumerate(shapes)]
+    parts = [kernel_module("Q6_K", d, s) for d, s in zip(datas, shapes, strict=True)]
+    fused = kernels.concat_gguf_linears(parts)
+    assert isinstance(fused, kernels.GGUFLinear) and (fused.in_features, fused.out_features) == (256, 128)
+    fused.dense_min_rows = 1 << 30
+    for rows in (1, 5):
+        x = torch.randn(rows, 256)
+        torch.testing.assert_close(fused(x), torch.cat([p(x) for p in parts], dim=-1), rtol=1e-5, atol=1e-6)
+    other = kernel_module("Q8_0", weight_data("Q8_0", 32, 256, seed=1), (32, 256))
+    assert kernels.concat_gguf_linears([parts[0], other]) is None
+    assert kernels.concat_gguf_linears([parts[0], torch.nn.Linear(256, 4)]) is None
+    with pytest.raises(InvalidInputError):
+        kernels.GGUFLinear.cat([parts[0], other])
+
+
+def test_torch_compile_treats_op_as_opaque():
+    shape = (48, 64)
+    module = kernel_module("Q4_1", weight_data("Q4_1", *shape, seed=6), shape)
+    x = torch.randn(3, 64)
+    torch.library.opcheck(
+        torch.ops.runlm.gguf_linear.default,
+        (x, module.blocks, module.type_id, 48, 64),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+    compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x), module(x))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Build variants and fallback (each in a fresh process: one kernel build per process)
+
+_SCALAR_SCRIPT = """
+import torch
+from runlm.quant import kernels
+from runlm.quant import dequantize
+import test_kernels as t
+assert kernels.available(), kernels.unavailable_reason()
+assert kernels.build_info()["simd"] is False
+gen = torch.Generator().manual_seed(0)
+for type_name in kernels.KERNEL_TYPES:
+    shape = (12, 512)
+    data = t.weight_data(type_name, *shape, seed=7)
+    module = t.kernel_module(type_name, data, shape)
+    weight = dequantize(type_name, data, shape)
+    for rows in t.ROWS_M:
+        x = torch.randn(rows, 512, generator=gen)
+        assert torch.equal(module.dequantized(), weight)
+        t.check_against_references(module, type_name, weight, x)
+print("scalar ok")
+"""
+
+
+def _run(code: str, env_value: str, **extra_env: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **{kernels.ENV_VAR: env_value}, **extra_env)
+    tests_dir = os.path.dirname(__file__)
+    env["PYTHONPATH"] = os.pathsep.join([tests_dir, env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_scalar_build_matches():
+    """The portable path (-DRUNLM_SCALAR, what a compiler without AVX2 builds) gives the same results."""
+    result = _run(_SCALAR_SCRIPT, "scalar")
+    assert result.returncode == 0 and "scalar ok" in result.stdout, result.stderr[-3000:]
+
+
+def test_disabled_kernels_fall_back():
+    code = """
+import numpy as np, torch
+from runlm.quant import kernels, dequantize
+assert not kernels.available()
+assert "disabled" in kernels.unavailable_reason()
+data = np.random.default_rng(0).integers(0, 256, (8, 34), dtype=np.uint8)
+data[:, :2] = np.full((8, 1), 0.01, np.float16).view(np.uint8)
+assert kernels.gguf_linear_module("Q8_0", data, (8, 32)) is None
+module = kernels.GGUFLinear.from_raw("Q8_0", data, (8, 32))
+x = torch.randn(2, 32)
+assert torch.allclose(module(x), x @ dequantize("Q8_0", data, (8, 32)).T)
+print("fallback ok")
+"""
+    result = _run(code, "0")
+    assert result.returncode == 0 and "fallback ok" in result.stdout, result.stderr[-3000:]
+
+
+def test_failed_build_is_reported_not_raised(tmp_path):
+    code = """
+from runlm.quant import kernels
+assert not kernels.available()
+assert "Error building extension" in kernels.unavailable_reason(), kernels.unavailable_reason()
+assert kernels.gguf_linear_module("Q8_0", bytes(34), (1, 32)) is None
+print("reported ok")
+"""
+    result = _run(code, "", TORCH_EXTENSIONS_DIR=str(tmp_path), CXX="/nonexistent/c++")
+    assert result.returncode == 0 and "reported ok" in result.stdout, result.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Micro-benchmark (printed, not asserted)
+
+
+def _best_ms(fn, budget_s: float = 0.25) -> float:
+    fn()
+    times = []
+    stop = time.perf_counter() + budget_s
+    while len(times) < 3 or (time.perf_counter() < stop and len(times) < 200):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e3
+
+
+def _benchmark_rows(path, name: str) -> list[str]:
+    raw = GGUFFile(path).raw(name)
+    module = kernels.GGUFLinear.from_raw(raw.type_name, raw.data, raw.shape)
+    weight = module.dequantized()
+    int4 = pack_linear(raw.type_name, raw.data, raw.shape, torch.bfloat16)
+    x = torch.randn(1, raw.shape[1])
+    shape = "x".join(map(str, raw.shape))
+    rows = []
+    for n_threads in (1, 2):
+        torch.set_num_threads(n_threads)
+        t_kernel = _best_ms(lambda: module(x))
+        t_dense = _best_ms(lambda: F.linear(x, weight))
+        t_int4 = f"{_best_ms(lambda: int4(x)):9.3f}" if int4 is not None else f"{'-':>9}"
+        rows.append(f"{raw.type_name:5} {shape:>14} {n_threads:>3} {t_kernel:8.3f} {t_dense:8.3f} {t_int4}")
+    return rows
+
+
+def _prefill_rows(path, name: str, rows: int) -> str:
+    raw = GGUFFile(path).raw(name)
+    module = kernels.GGUFLinear.from_raw(raw.type_name, raw.data, raw.shape)
+    weight = module.dequantized()
+    x = torch.randn(rows, raw.shape[1])
+    t_auto = _best_ms(lambda: module(x))
+    t_deq = _best_ms(lambda: F.linear(x, module.dequantized()))
+    t_torch_deq = _best_ms(lambda: F.linear(x, dequantize(raw.type_name, raw.data, raw.shape)))
+    t_f32 = _best_ms(lambda: F.linear(x, weight))
+    saved, module.dense_min_rows = module.dense_min_rows, 1 << 30
+    t_kernel = _best_ms(lambda: module(x))
+    module.dense_min_rows = saved
+    path_name = "dense" if rows >= saved else "kernel"
+    shape = "x".join(map(str, raw.shape))
+    return (
+        f"{raw.type_name:5} {shape:>14} {rows:>4} {t_kernel:8.3f} {t_deq:8.3f} {t_torch_deq:10.3f} {t_f32:8.3f}"
+        f" {t_auto:8.3f} ({path_name})"
+    )
+
+
+def test_benchmark(smollm2_gguf, gemma3_gguf):
+    cases = [
+        (smollm2_gguf, "blk.0.ffn_gate.weight"),  # Q4_1 1536x576
+        (smollm2_gguf, "blk.0.ffn_down.weight"),  # Q4_1 576x1536
+        (smollm2_gguf, "token_embd.weight"),  # Q8_0 49152x576 (tied head)
+        (gemma3_gguf, "blk.0.ffn_gate.weight"),  # Q5_0 2048x640
+        (gemma3_gguf, "blk.0.attn_output.weight"),  # Q4_K 640x1024
+        (gemma3_gguf, "blk.2.ffn_down.weight"),  # Q4_K 640x2048
+        (gemma3_gguf, "blk.0.ffn_down.weight"),  # Q6_K 640x2048
+    ]
+    threads = torch.get_num_threads()
+    lines = [
+        "",
+        "M=1 matmul, best of repeated runs, ms (OMP_WAIT_POLICY=PASSIVE recommended on a shared machine)",
+        f"{'type':5} {'shape':>14} {'thr':>3} {'kernel':>8} {'f32':>8} {'int4bf16':>9}",
+    ]
+    try:
+        for path, name in cases:
+            lines.extend(_benchmark_rows(path, name))
+        lines += [
+            "",
+            f"prefill, {threads} thread(s), ms: 8-bit kernel | C++ dequantize + f32 GEMM | runlm.quant.dequantize +"
+            " f32 GEMM | f32 GEMM of a stored f32 weight | GGUFLinear (path it takes)",
+            f"{'type':5} {'shape':>14} {'M':>4} {'kernel':>8} {'deq+f32':>8} {'tdeq+f32':>10} {'f32':>8} {'module':>8}",
+        ]
+        for path, name in cases[:1] + cases[3:4] + cases[5:]:
+            for rows in (17, 128):
+                lines.append(_prefill_rows(path, name, rows))
+    finally:
+        torch.set_num_threads(threads)
+    print("\n".join(lines))
