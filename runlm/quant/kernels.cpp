@@ -14,7 +14,8 @@
 // conversion and the FMA run once per block for all 4).
 //
 // Ops (registered under TORCH_LIBRARY(runlm)): gguf_linear (above), gguf_dequantize (weight rows to float32, for
-// the large-M path where a float32 GEMM beats int8 dot products without AVX-VNNI), gguf_simd (1 if AVX2 path).
+// the large-M path where a float32 GEMM beats int8 dot products without AVX-VNNI), gguf_simd (1 if AVX2 path),
+// rms_norm (a one-pass float32 RMSNorm for the decode step).
 //
 // Built with -march=native: the AVX2/FMA/F16C path when the compiler targets it, the scalar path otherwise
 // (or with -DRUNLM_SCALAR). Both quantize activations identically, so they agree to float rounding.
@@ -1065,15 +1066,48 @@ at::Tensor gguf_dequantize(const at::Tensor& w, int64_t type, int64_t out_featur
 
 int64_t gguf_simd() { return RUNLM_AVX2 ? 1 : 0; }
 
+// RMSNorm over the last dim in one pass: float32 x [..., n] * rsqrt(mean(x^2) + eps) * w [n]. One call instead of
+// the half-dozen small ops (and their dispatch cost) that the decode step would otherwise spend on every norm.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "runlm::rms_norm: float32 only");
+  const int64_t n = w.numel();
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == n, "runlm::rms_norm: last dim ", x.size(-1), " != weight size ", n);
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor wc = w.contiguous();
+  at::Tensor out = at::empty(xc.sizes(), xc.options());
+  const int64_t rows = n == 0 ? 0 : xc.numel() / n;
+  const float* xp = xc.data_ptr<float>();
+  const float* wp = wc.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  auto body = [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = xp + r * n;
+      float* orow = op + r * n;
+      double sum = 0.0;
+      for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(xr[i]) * xr[i];
+      const float scale = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(n) + eps));
+      for (int64_t i = 0; i < n; ++i) orow[i] = (xr[i] * scale) * wp[i];
+    }
+  };
+  if (rows >= 64) {
+    at::parallel_for(0, rows, 16, body);
+  } else {
+    body(0, rows);
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(runlm, m) {
   m.def("gguf_linear(Tensor x, Tensor w, int type, int out_features, int in_features) -> Tensor");
   m.def("gguf_dequantize(Tensor w, int type, int out_features, int in_features) -> Tensor");
   m.def("gguf_simd() -> int", &gguf_simd);
+  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(runlm, CPU, m) {
   m.impl("gguf_linear", &gguf_linear);
   m.impl("gguf_dequantize", &gguf_dequantize);
+  m.impl("rms_norm", &rms_norm);
 }

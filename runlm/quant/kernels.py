@@ -136,7 +136,12 @@ def _load() -> None:
             verbose=False,
         )
         _state["name"] = name
-    for op_name, fake in (("runlm::gguf_linear", _fake_gguf_linear), ("runlm::gguf_dequantize", _fake_gguf_dequantize)):
+    fakes = (
+        ("runlm::gguf_linear", _fake_gguf_linear),
+        ("runlm::gguf_dequantize", _fake_gguf_dequantize),
+        ("runlm::rms_norm", _fake_rms_norm),
+    )
+    for op_name, fake in fakes:
         try:
             torch.library.register_fake(op_name)(fake)
         except RuntimeError as exc:  # registered already (e.g. this module was reloaded)
@@ -152,6 +157,10 @@ def _fake_gguf_linear(x: torch.Tensor, w: torch.Tensor, type: int, out_features:
 
 def _fake_gguf_dequantize(w: torch.Tensor, type: int, out_features: int, in_features: int):
     return w.new_empty((out_features, in_features), dtype=torch.float32)
+
+
+def _fake_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def available() -> bool:
