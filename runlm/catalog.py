@@ -53,11 +53,15 @@ CATALOG: dict[str, CatalogModel] = {
 }
 
 
-def cache_dir() -> Path:
-    """Where pulled models live: $RUNLM_HOME/models, default ~/.cache/runlm/models."""
+def runlm_home() -> Path:
+    """runlm's cache root: $RUNLM_HOME, default ~/.cache/runlm."""
     home = os.environ.get("RUNLM_HOME")
-    base = Path(home) if home else Path.home() / ".cache" / "runlm"
-    return base / "models"
+    return Path(home) if home else Path.home() / ".cache" / "runlm"
+
+
+def cache_dir() -> Path:
+    """Where pulled models live: $RUNLM_HOME/models."""
+    return runlm_home() / "models"
 
 
 def model_path(name: str) -> Path:

@@ -8,6 +8,7 @@ builds, so ids match the reference tokenizer of the model family.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
@@ -144,17 +145,43 @@ def _byte_alphabet() -> tuple[dict[int, str], dict[str, int]]:
 def _generate_merges(vocab: Mapping[str, int], ranking: Mapping[str, float]) -> list[tuple[str, str]]:
     """The merges a merge-less vocabulary implies: every split of a token into two known tokens,
     best-ranked result first (transformers' `generate_merges`, so ties break the same way)."""
-    merges: list[tuple[str, str, float]] = []
+    merges: list[tuple[float, int, int, str, str]] = []
     for piece, score in ranking.items():
-        local = []
-        for i in range(1, len(piece)):
-            left, right = piece[:i], piece[i:]
-            if left in vocab and right in vocab:
-                local.append((left, right, score))
-        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
-        merges.extend(local)
-    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
-    return [(a, b) for a, b, _ in merges]
+        if len(piece) < 2:
+            continue
+        local = [(piece[:i], piece[i:]) for i in range(1, len(piece)) if piece[:i] in vocab and piece[i:] in vocab]
+        if len(local) > 1:
+            local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        merges.extend((score, len(a), len(b), a, b) for a, b in local)
+    # A stable sort on the key alone (not the strings), so equal keys keep the order built above.
+    merges.sort(key=lambda m: m[:3], reverse=True)
+    return [(m[3], m[4]) for m in merges]
+
+
+def _cached_merges(vocab: Mapping[str, int], ranking: Mapping[str, float]) -> list[tuple[str, str]]:
+    """_generate_merges, kept on disk: it takes seconds on a 262k-token vocabulary, loading it a fraction."""
+    import hashlib
+    import json
+
+    from runlm.catalog import runlm_home
+
+    digest = hashlib.sha256()
+    for piece, score in ranking.items():
+        digest.update(piece.encode("utf-8", "surrogatepass") + b"\x00" + repr(score).encode() + b"\x00")
+    path = runlm_home() / "tokenizers" / f"merges-{digest.hexdigest()[:32]}.json"
+    try:
+        return [tuple(pair) for pair in json.loads(path.read_text())]
+    except (OSError, ValueError):
+        pass
+    merges = _generate_merges(vocab, ranking)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(merges, ensure_ascii=False))
+        tmp.replace(path)
+    except OSError:  # a read-only cache only costs the time
+        pass
+    return merges
 
 
 def _token_text(value: Any) -> str | None:
@@ -334,7 +361,7 @@ class Tokenizer:
                 ranking = {token: -float(index) for index, token in enumerate(tokens)}
             else:
                 ranking = dict(zip(tokens, (float(s) for s in scores), strict=True))
-            merges = _generate_merges(vocab, ranking)
+            merges = _cached_merges(vocab, ranking)
         unk_id = metadata.get("tokenizer.ggml.unknown_token_id")
         unk = tokens[unk_id] if isinstance(unk_id, int) and 0 <= unk_id < len(tokens) else None
         try:
