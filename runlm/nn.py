@@ -133,6 +133,13 @@ class FullKVCache:
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end], None
 
+    def decode_attention(self, qkv, cos, sin, start: int, n_heads: int, n_kv_heads: int, scale: float):
+        """One new token: RoPE, cache write and attention in one C++ call; returns [n_heads * head_dim]."""
+        self._reserve(start + 1)
+        out = torch.ops.runlm.decode_attention(qkv, cos, sin, self.k, self.v, start, n_heads, n_kv_heads, scale)
+        self.length = start + 1
+        return out
+
     def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[:, :, : self.length].clone(), self.v[:, :, : self.length].clone()
 
@@ -281,6 +288,10 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             qk = torch.cat([self.q_norm(qk[:, :, :hq]), self.k_norm(qk[:, :, hq:])], dim=2)
         cos, sin = rope_tables[id(self.rope)]
+        if t == 1 and b == 1 and isinstance(cache, FullKVCache) and self._fused_decode(x, image_group):
+            if self.q_norm is not None:
+                qkv = torch.cat([qk, v], dim=2)
+            return self.o_proj(cache.decode_attention(qkv, cos, sin, start, hq, hkv, self.scale).view(1, 1, -1))
         qk = apply_rope(qk, cos, sin)  # queries and keys rotated in one go
         q, k, v = qk[:, :, :hq].transpose(1, 2), qk[:, :, hq:].transpose(1, 2), v.transpose(1, 2)
         if not isinstance(cache, list):
@@ -295,6 +306,17 @@ class Attention(nn.Module):
                 )
             out = torch.cat(outs)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def _fused_decode(self, x: torch.Tensor, image_group) -> bool:
+        """Whether the one-call C++ decode step applies: float32 on CPU, plain causal attention."""
+        return (
+            x.dtype == torch.float32
+            and x.device.type == "cpu"
+            and self.window is None
+            and self.softcap is None
+            and image_group is None
+            and _native_kernels()
+        )
 
 
 class GatedMLP(nn.Module):

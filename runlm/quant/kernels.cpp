@@ -15,7 +15,8 @@
 //
 // Ops (registered under TORCH_LIBRARY(runlm)): gguf_linear (above), gguf_dequantize (weight rows to float32, for
 // the large-M path where a float32 GEMM beats int8 dot products without AVX-VNNI), gguf_simd (1 if AVX2 path),
-// rms_norm (a one-pass float32 RMSNorm for the decode step).
+// rms_norm (a one-pass float32 RMSNorm for the decode step), decode_attention (RoPE + cache write + attention for one
+// new token of one sequence).
 //
 // Built with -march=native: the AVX2/FMA/F16C path when the compiler targets it, the scalar path otherwise
 // (or with -DRUNLM_SCALAR). Both quantize activations identically, so they agree to float rounding.
@@ -1066,6 +1067,77 @@ at::Tensor gguf_dequantize(const at::Tensor& w, int64_t type, int64_t out_featur
 
 int64_t gguf_simd() { return RUNLM_AVX2 ? 1 : 0; }
 
+// One decode step of attention for one sequence: RoPE on the new query and key, the new key / value written into
+// the pre-allocated cache at `pos`, then softmax(q K^T * scale) V over positions 0..pos for every query head (GQA:
+// query head h reads kv head h / (n_heads / n_kv_heads)). qkv: float32 [n_heads + 2 * n_kv_heads, D] (queries, keys,
+// values); cos / sin: [D] rotate-half tables with the sign folded into sin (x * cos + roll(x, D/2) * sin);
+// k_cache / v_cache: float32 [1, n_kv_heads, capacity, D], contiguous. Returns [n_heads * D].
+at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
+                            at::Tensor& v_cache, int64_t pos, int64_t n_heads, int64_t n_kv_heads, double scale) {
+  TORCH_CHECK(qkv.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
+                  v_cache.scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat &&
+                  sin.scalar_type() == at::kFloat,
+              "runlm::decode_attention: float32 only");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "runlm::decode_attention: caches must be contiguous");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(1) == n_kv_heads && k_cache.sizes() == v_cache.sizes(),
+              "runlm::decode_attention: cache shape mismatch");
+  const int64_t D = k_cache.size(3), cap = k_cache.size(2);
+  TORCH_CHECK(D % 2 == 0 && cos.numel() == D && sin.numel() == D, "runlm::decode_attention: bad head dim / tables");
+  TORCH_CHECK(qkv.numel() == (n_heads + 2 * n_kv_heads) * D, "runlm::decode_attention: qkv has the wrong size");
+  TORCH_CHECK(0 <= pos && pos < cap, "runlm::decode_attention: position ", pos, " outside the cache of ", cap);
+  TORCH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "runlm::decode_attention: heads must group evenly");
+  const at::Tensor x = qkv.contiguous(), c = cos.contiguous(), sn = sin.contiguous();
+  const float* xp = x.data_ptr<float>();
+  const float* cp = c.data_ptr<float>();
+  const float* sp = sn.data_ptr<float>();
+  float* kc = k_cache.data_ptr<float>();
+  float* vc = v_cache.data_ptr<float>();
+  const int64_t half = D / 2, rep = n_heads / n_kv_heads, len = pos + 1;
+  auto rope = [&](const float* in, float* out) {
+    for (int64_t i = 0; i < D; ++i) out[i] = in[i] * cp[i] + in[(i + half) % D] * sp[i];
+  };
+  for (int64_t h = 0; h < n_kv_heads; ++h) {
+    rope(xp + (n_heads + h) * D, kc + (h * cap + pos) * D);
+    std::memcpy(vc + (h * cap + pos) * D, xp + (n_heads + n_kv_heads + h) * D, sizeof(float) * D);
+  }
+  at::Tensor out = at::empty({n_heads * D}, x.options());
+  float* op = out.data_ptr<float>();
+  auto heads = [&](int64_t begin, int64_t end) {
+    std::vector<float> q(D), scores(len);
+    for (int64_t h = begin; h < end; ++h) {
+      rope(xp + h * D, q.data());
+      const float* keys = kc + (h / rep) * cap * D;
+      const float* values = vc + (h / rep) * cap * D;
+      float best = -INFINITY;
+      for (int64_t t = 0; t < len; ++t) {
+        const float* kt = keys + t * D;
+        float dot = 0.f;
+        for (int64_t i = 0; i < D; ++i) dot += q[i] * kt[i];
+        scores[t] = dot * static_cast<float>(scale);
+        best = std::max(best, scores[t]);
+      }
+      float total = 0.f;
+      for (int64_t t = 0; t < len; ++t) {
+        scores[t] = std::exp(scores[t] - best);
+        total += scores[t];
+      }
+      float* o = op + h * D;
+      std::fill(o, o + D, 0.f);
+      for (int64_t t = 0; t < len; ++t) {
+        const float w = scores[t] / total;
+        const float* vt = values + t * D;
+        for (int64_t i = 0; i < D; ++i) o[i] += w * vt[i];
+      }
+    }
+  };
+  if (len * n_heads * D >= (1 << 16)) {
+    at::parallel_for(0, n_heads, 1, heads);
+  } else {
+    heads(0, n_heads);
+  }
+  return out;
+}
+
 // RMSNorm over the last dim in one pass: float32 x [..., n] * rsqrt(mean(x^2) + eps) * w [n]. One call instead of
 // the half-dozen small ops (and their dispatch cost) that the decode step would otherwise spend on every norm.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
@@ -1104,10 +1176,14 @@ TORCH_LIBRARY(runlm, m) {
   m.def("gguf_dequantize(Tensor w, int type, int out_features, int in_features) -> Tensor");
   m.def("gguf_simd() -> int", &gguf_simd);
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
+  m.def(
+      "decode_attention(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, int pos, "
+      "int n_heads, int n_kv_heads, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(runlm, CPU, m) {
   m.impl("gguf_linear", &gguf_linear);
   m.impl("gguf_dequantize", &gguf_dequantize);
   m.impl("rms_norm", &rms_norm);
+  m.impl("decode_attention", &decode_attention);
 }

@@ -140,6 +140,7 @@ def _load() -> None:
         ("runlm::gguf_linear", _fake_gguf_linear),
         ("runlm::gguf_dequantize", _fake_gguf_dequantize),
         ("runlm::rms_norm", _fake_rms_norm),
+        ("runlm::decode_attention", _fake_decode_attention),
     )
     for op_name, fake in fakes:
         try:
@@ -161,6 +162,10 @@ def _fake_gguf_dequantize(w: torch.Tensor, type: int, out_features: int, in_feat
 
 def _fake_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _fake_decode_attention(qkv, cos, sin, k_cache, v_cache, pos: int, n_heads: int, n_kv_heads: int, scale: float):
+    return qkv.new_empty((n_heads * k_cache.shape[-1],))
 
 
 def available() -> bool:
