@@ -25,9 +25,15 @@ class RMSNorm(nn.Module):
 
 
 def _native_kernels() -> bool:
-    from runlm.quant import kernels
+    global _NATIVE
+    if _NATIVE is None:
+        from runlm.quant import kernels
 
-    return kernels.available()
+        _NATIVE = kernels.available()
+    return _NATIVE
+
+
+_NATIVE: bool | None = None  # whether runlm's C++ ops are built; asked once (the build happens on first use)
 
 
 # -- rotary position embeddings --------------------------------------------------
@@ -288,10 +294,18 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             qk = torch.cat([self.q_norm(qk[:, :, :hq]), self.k_norm(qk[:, :, hq:])], dim=2)
         cos, sin = rope_tables[id(self.rope)]
-        if t == 1 and b == 1 and isinstance(cache, FullKVCache) and self._fused_decode(x, image_group):
+        first_cache = cache[0] if isinstance(cache, list) else cache
+        if t == 1 and isinstance(first_cache, FullKVCache) and self._fused_decode(x, image_group):
             if self.q_norm is not None:
                 qkv = torch.cat([qk, v], dim=2)
-            return self.o_proj(cache.decode_attention(qkv, cos, sin, start, hq, hkv, self.scale).view(1, 1, -1))
+            if not isinstance(cache, list):
+                out = cache.decode_attention(qkv, cos, sin, start, hq, hkv, self.scale)
+                return self.o_proj(out.view(1, 1, -1))
+            outs = [  # continuous batching: each sequence at its own position over its own cache
+                seq_cache.decode_attention(qkv[i], cos[i], sin[i], seq_start, hq, hkv, self.scale)
+                for i, (seq_cache, seq_start) in enumerate(zip(cache, start))
+            ]
+            return self.o_proj(torch.stack(outs).view(b, 1, -1))
         qk = apply_rope(qk, cos, sin)  # queries and keys rotated in one go
         q, k, v = qk[:, :, :hq].transpose(1, 2), qk[:, :, hq:].transpose(1, 2), v.transpose(1, 2)
         if not isinstance(cache, list):

@@ -364,6 +364,9 @@ class CachedRunner(LmRunner):
                 raise InvalidInputError("decode_batch needs prefilled sessions")
             check_token(token, vocab)
             self._check_fits(len(session.tokens) + 1)
+        if len(sessions) == 1:  # the single-sequence decode path
+            self.use_session(sessions[0])
+            return self._extend([int(tokens[0])])[None]
         starts = [len(session.tokens) for session in sessions]
         ids = torch.tensor([int(t) for t in tokens], dtype=torch.long)
         logits = self.model.forward_batch(ids, [session.cache for session in sessions], starts)

@@ -1082,44 +1082,6 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-// scores[t] = exp(scores[t] - best) for t < n, returning their sum. AVX2 path: Cephes' expf (range reduction by
-// powers of two, then a degree-6 polynomial; ~1 ulp), eight at a time: std::exp per score dominated decode attention.
-inline float exp_shifted_sum(float* scores, int64_t n, float best) {
-  int64_t t = 0;
-  float total = 0.f;
-#if RUNLM_AVX2
-  const __m256 shift = _mm256_set1_ps(best);
-  __m256 acc = _mm256_setzero_ps();
-  for (; t + 8 <= n; t += 8) {
-    __m256 x = _mm256_sub_ps(_mm256_loadu_ps(scores + t), shift);
-    x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
-    __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
-    fx = _mm256_floor_ps(fx);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
-    const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    y = _mm256_mul_ps(y, _mm256_castsi256_ps(exponent));
-    _mm256_storeu_ps(scores + t, y);
-    acc = _mm256_add_ps(acc, y);
-  }
-  float lanes[8];
-  _mm256_storeu_ps(lanes, acc);
-  for (float lane : lanes) total += lane;
-#endif
-  for (; t < n; ++t) {
-    scores[t] = std::exp(scores[t] - best);
-    total += scores[t];
-  }
-  return total;
-}
-
 // One decode step of attention for one sequence: RoPE on the new query and key, the new key / value written into
 // the pre-allocated cache at `pos`, then softmax(q K^T * scale) V over positions 0..pos for every query head (GQA:
 // query head h reads kv head h / (n_heads / n_kv_heads)). qkv: float32 [n_heads + 2 * n_kv_heads, D] (queries, keys,
@@ -1166,7 +1128,11 @@ at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const 
         scores[t] = dot_f32(q.data(), keys + t * D, D) * static_cast<float>(scale);
         best = std::max(best, scores[t]);
       }
-      const float total = exp_shifted_sum(scores.data(), len, best);
+      float total = 0.f;
+      for (int64_t t = 0; t < len; ++t) {
+        scores[t] = std::exp(scores[t] - best);
+        total += scores[t];
+      }
       float* o = op + h * D;
       std::fill(o, o + D, 0.f);
       for (int64_t t = 0; t < len; ++t) {
