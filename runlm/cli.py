@@ -19,6 +19,7 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     parser.add_argument("--ctx", type=int, default=None, help="context length (default: the model's)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when PyTorch sees a GPU)")
 
 
 def _add_sampling(parser: argparse.ArgumentParser) -> None:
@@ -95,7 +96,9 @@ def _load(args: argparse.Namespace, model: str | None = None):
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     name = model if model is not None else args.model
-    return load(name, dtype=args.dtype, max_context=args.ctx, mmproj=getattr(args, "mmproj", None))
+    return load(
+        name, dtype=args.dtype, max_context=args.ctx, mmproj=getattr(args, "mmproj", None), device=args.device
+    )
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

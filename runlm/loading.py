@@ -133,8 +133,12 @@ def load(
     dtype: str = "auto",
     max_context: int | None = None,
     mmproj: str | Path | None = None,
+    device: str | None = None,
 ) -> LoadedModel:
     """Load a GGUF file, a Hugging Face directory or a catalog model into a ready runner.
+
+    `device` None picks "cuda" when PyTorch sees a GPU, else "cpu". runlm's packed kernels are
+    CPU-only, so elsewhere weights are dequantized once (bf16 for "auto").
 
     dtype "f32" is the float32 reference; "auto" keeps 4-bit GGUF weights packed. A vision
     tower is found by itself (an HF directory's vision_config, an mmproj*.gguf next to a GGUF)
@@ -144,13 +148,24 @@ def load(
 
     if dtype not in DTYPES:
         raise InvalidInputError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    try:
+        target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as exc:
+        raise InvalidInputError(f"unknown device {device!r} (use cpu or cuda)") from exc
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidInputError("device 'cuda' asked for, but PyTorch sees no CUDA GPU")
+    dtype_name = dtype
     dtype, packed = DTYPES[dtype]
+    if target.type != "cpu":
+        dtype, packed = (torch.bfloat16 if dtype_name == "auto" else dtype), False
     catalog_name = name_or_path if isinstance(name_or_path, str) and name_or_path in catalog.CATALOG else None
     path = resolve_model(name_or_path)
     if path.is_dir():
         loaded = _load_hf(path, dtype, packed, max_context)
     else:
         loaded = _load_gguf(path, dtype, packed, max_context)
+    if target.type != "cpu":
+        loaded.runner.to_device(target)
     if loaded.chat_template is None:
         fmt = catalog.CATALOG[catalog_name].chat_format if catalog_name else loaded.family.builtin_chat_format
         if fmt is not None:

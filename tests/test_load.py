@@ -132,3 +132,14 @@ def test_loaded_model_carries_tokenizer_and_template(tiny_llama):
     assert text.endswith("<|im_start|>assistant\n")
     ids = loaded.tokenizer.encode(text, add_bos=False)
     assert loaded.tokenizer.decode(ids) == text
+
+
+def test_device_option(tiny_llama):
+    on_cpu = load(tiny_llama / "hf", device="cpu").runner
+    assert on_cpu.device.type == "cpu"
+    assert torch.equal(on_cpu.predict_logits([1, 2, 3]), load(tiny_llama / "hf").runner.predict_logits([1, 2, 3]))
+    with pytest.raises(InvalidInputError, match="unknown device"):
+        load(tiny_llama / "hf", device="abacus")
+    if not torch.cuda.is_available():
+        with pytest.raises(InvalidInputError, match="no CUDA GPU"):
+            load(tiny_llama / "hf", device="cuda")

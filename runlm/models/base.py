@@ -163,7 +163,8 @@ class Embedding(nn.Module):
 
     def __init__(self, table: torch.Tensor | None = None, raw=None, dtype: torch.dtype = torch.float32):
         super().__init__()
-        self.table, self.raw, self.dtype = table, raw, dtype
+        self.register_buffer("table", table, persistent=False)
+        self.raw, self.dtype = raw, dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.table is not None:
@@ -258,7 +259,7 @@ class DecoderLM(nn.Module):
 
     def new_cache(self) -> list:
         cfg = self.config
-        device = torch.device("cpu")
+        device = self.norm.scale.device
         return [
             SlidingKVCache(cfg.num_kv_heads, cfg.head_dim, cfg.sliding_window, self.dtype, device)
             if cfg.is_sliding(i)
@@ -343,6 +344,17 @@ class CachedRunner(LmRunner):
         return self.session.cache
 
     @property
+    def device(self) -> torch.device:
+        return self.model.norm.scale.device
+
+    def to_device(self, device: torch.device) -> None:
+        """Move the weights (and any vision tower) to `device`; sessions start over there."""
+        self.model.to(device)
+        if getattr(self, "vision", None) is not None:
+            self.vision.to(device)
+        self.session = self.new_session()
+
+    @property
     def tokens(self) -> list[int]:
         return self.session.tokens
 
@@ -368,8 +380,8 @@ class CachedRunner(LmRunner):
             self.use_session(sessions[0])
             return self._extend([int(tokens[0])])[None]
         starts = [len(session.tokens) for session in sessions]
-        ids = torch.tensor([int(t) for t in tokens], dtype=torch.long)
-        logits = self.model.forward_batch(ids, [session.cache for session in sessions], starts)
+        ids = torch.tensor([int(t) for t in tokens], dtype=torch.long, device=self.device)
+        logits = self.model.forward_batch(ids, [session.cache for session in sessions], starts).cpu()
         for session, token in zip(sessions, tokens):
             session.tokens.append(int(token))
         return logits
@@ -390,7 +402,8 @@ class CachedRunner(LmRunner):
         """Append tokens to the current session; logits of the last position (or of every one)."""
         start = len(self.tokens)
         self._check_fits(start + len(ids))
-        logits = self.model(torch.tensor(list(ids), dtype=torch.long), self.cache, start, last_only=not all_positions)
+        ids_tensor = torch.tensor(list(ids), dtype=torch.long, device=self.device)
+        logits = self.model(ids_tensor, self.cache, start, last_only=not all_positions).cpu()
         self.session.tokens.extend(int(t) for t in ids)
         return logits if all_positions else logits[-1]
 

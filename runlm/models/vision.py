@@ -534,16 +534,17 @@ def prefill_multimodal(
     runner._check_fits(len(ids) + n_new)
     if on_phase is not None:
         on_phase("vision")
-    features = vision(pixels)[0]
+    features = vision(pixels.to(runner.device))[0]
     if on_phase is not None:
         on_phase("prefill")
     runner.reset()
     model = runner.model
-    h = model.embed_tokens(torch.tensor(ids, dtype=torch.long))[None]
+    h = model.embed_tokens(torch.tensor(ids, dtype=torch.long, device=runner.device))[None]
+    group = group.to(h.device)
     h[0, group >= 0] = features.to(h.dtype)
     logits = model.forward_embeds(h, runner.cache, 0, last_only=not all_positions, image_group=group)
     runner.session.tokens = list(ids)  # decode_logits continues this session
-    return logits if all_positions else logits[-1]
+    return (logits if all_positions else logits[-1]).cpu()
 
 
 def generate_multimodal(
