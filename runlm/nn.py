@@ -120,7 +120,7 @@ class FullKVCache:
         self.v = torch.zeros_like(self.k)
         self.length = 0
 
-    def _reserve(self, needed: int) -> None:
+    def reserve(self, needed: int) -> None:
         capacity = self.k.shape[2]
         if needed <= capacity:
             return
@@ -133,7 +133,7 @@ class FullKVCache:
     def update(self, k: torch.Tensor, v: torch.Tensor, start: int):
         """Store k/v [1, H, T, D] at positions start..start+T-1; return all keys, values, key positions."""
         end = start + k.shape[2]
-        self._reserve(end)
+        self.reserve(end)
         self.k[:, :, start:end] = k
         self.v[:, :, start:end] = v
         self.length = end
@@ -141,7 +141,7 @@ class FullKVCache:
 
     def decode_attention(self, qkv, cos, sin, start: int, n_heads: int, n_kv_heads: int, scale: float):
         """One new token: RoPE, cache write and attention in one C++ call; returns [n_heads * head_dim]."""
-        self._reserve(start + 1)
+        self.reserve(start + 1)
         out = torch.ops.runlm.decode_attention(qkv, cos, sin, self.k, self.v, start, n_heads, n_kv_heads, scale)
         self.length = start + 1
         return out
@@ -153,7 +153,7 @@ class FullKVCache:
         k, v = state
         if length > k.shape[2]:
             return False
-        self._reserve(length)
+        self.reserve(length)
         self.k[:, :, :length] = k[:, :, :length]
         self.v[:, :, :length] = v[:, :, :length]
         self.length = length
@@ -338,7 +338,7 @@ class GatedMLP(nn.Module):
 
     def __init__(self, gate_up: nn.Module, down: nn.Module, activation: str = "silu"):
         super().__init__()
-        self.gate_up, self.down = gate_up, down
+        self.gate_up, self.down, self.activation = gate_up, down, activation
         self.act = F.silu if activation == "silu" else lambda x: F.gelu(x, approximate="tanh")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

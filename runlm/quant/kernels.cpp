@@ -1181,6 +1181,41 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   return out;
 }
 
+// h + x for two float32 rows of n values, in place into h (the residual stream).
+void add_into(float* h, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) h[i] += x[i];
+}
+
+// A whole llama-style pre-norm block for one new token of one sequence, in one call:
+//   h += o_proj(attention(rope(qkv(rms_norm(h)))));  h += down(silu(gate) * up) with gate|up = gate_up(rms_norm(h)).
+// Weights are GGUF blocks (see gguf_linear); gate_up holds the gate rows, then the up rows. The decode step would
+// otherwise make ~25 small calls per layer, whose dispatch costs more than the attention itself on a small model.
+at::Tensor prenorm_decode_block(const at::Tensor& h, const at::Tensor& attn_norm, const at::Tensor& ffn_norm,
+                                double eps, const at::Tensor& qkv_w, int64_t qkv_type, const at::Tensor& o_w,
+                                int64_t o_type, const at::Tensor& gate_up_w, int64_t gate_up_type,
+                                const at::Tensor& down_w, int64_t down_type, const at::Tensor& cos,
+                                const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache, int64_t pos,
+                                int64_t n_heads, int64_t n_kv_heads, double scale) {
+  const int64_t hidden = attn_norm.numel(), head_dim = k_cache.size(3);
+  TORCH_CHECK(h.scalar_type() == at::kFloat && h.numel() == hidden, "runlm::prenorm_decode_block: h must be [hidden]");
+  const int64_t q_width = n_heads * head_dim, ffn = gate_up_w.size(0) / 2;
+  at::Tensor out = h.reshape({1, hidden}).clone();
+  float* hp = out.data_ptr<float>();
+  const at::Tensor qkv = gguf_linear(rms_norm(out, attn_norm, eps), qkv_w, qkv_type,
+                                     q_width + 2 * n_kv_heads * head_dim, hidden);
+  const at::Tensor attended = decode_attention(qkv, cos, sin, k_cache, v_cache, pos, n_heads, n_kv_heads, scale);
+  const at::Tensor projected = gguf_linear(attended.reshape({1, q_width}), o_w, o_type, hidden, q_width);
+  add_into(hp, projected.data_ptr<float>(), hidden);
+  const at::Tensor gate_up = gguf_linear(rms_norm(out, ffn_norm, eps), gate_up_w, gate_up_type, 2 * ffn, hidden);
+  at::Tensor act = at::empty({1, ffn}, out.options());
+  const float* gu = gate_up.data_ptr<float>();
+  float* ap = act.data_ptr<float>();
+  for (int64_t i = 0; i < ffn; ++i) ap[i] = gu[i] / (1.f + std::exp(-gu[i])) * gu[ffn + i];
+  const at::Tensor down = gguf_linear(act, down_w, down_type, hidden, ffn);
+  add_into(hp, down.data_ptr<float>(), hidden);
+  return out.view(h.sizes());
+}
+
 }  // namespace
 
 TORCH_LIBRARY(runlm, m) {
@@ -1191,6 +1226,11 @@ TORCH_LIBRARY(runlm, m) {
   m.def(
       "decode_attention(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, int pos, "
       "int n_heads, int n_kv_heads, float scale) -> Tensor");
+  m.def(
+      "prenorm_decode_block(Tensor h, Tensor attn_norm, Tensor ffn_norm, float eps, Tensor qkv_w, int qkv_type, "
+      "Tensor o_w, int o_type, Tensor gate_up_w, int gate_up_type, Tensor down_w, int down_type, Tensor cos, "
+      "Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, int pos, int n_heads, int n_kv_heads, float scale) "
+      "-> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(runlm, CPU, m) {
@@ -1198,4 +1238,5 @@ TORCH_LIBRARY_IMPL(runlm, CPU, m) {
   m.impl("gguf_dequantize", &gguf_dequantize);
   m.impl("rms_norm", &rms_norm);
   m.impl("decode_attention", &decode_attention);
+  m.impl("prenorm_decode_block", &prenorm_decode_block);
 }

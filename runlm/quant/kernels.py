@@ -141,6 +141,7 @@ def _load() -> None:
         ("runlm::gguf_dequantize", _fake_gguf_dequantize),
         ("runlm::rms_norm", _fake_rms_norm),
         ("runlm::decode_attention", _fake_decode_attention),
+        ("runlm::prenorm_decode_block", _fake_prenorm_decode_block),
     )
     for op_name, fake in fakes:
         try:
@@ -162,6 +163,10 @@ def _fake_gguf_dequantize(w: torch.Tensor, type: int, out_features: int, in_feat
 
 def _fake_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _fake_prenorm_decode_block(h, *args):
+    return torch.empty_like(h, memory_format=torch.contiguous_format)
 
 
 def _fake_decode_attention(qkv, cos, sin, k_cache, v_cache, pos: int, n_heads: int, n_kv_heads: int, scale: float):
