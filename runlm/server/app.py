@@ -361,8 +361,13 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
         else:
             messages.insert(0, {"role": "system", "content": note})
     try:
+        extra = body.chat_template_kwargs or {}
+        reserved = sorted(set(extra) & {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+        if reserved:
+            raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)}",
+                           param="chat_template_kwargs", code="invalid_value")
         prompt = template.render(messages, add_generation_prompt=True, tools=tools if tools_active and tool_aware
-                                 else None)
+                                 else None, **extra)
     except APIError:
         raise
     except Exception as exc:  # the template's own checks (role order...) are about the client's input

@@ -149,6 +149,8 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
+    # Extra variables for the chat template, as vLLM and llama-server take them (Qwen3's enable_thinking...).
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields):
