@@ -157,8 +157,10 @@ class Scheduler:
             # Cancelled requests do not hold slots.
             if any(h.cancelled for h in self._waiting):
                 self._waiting = deque(h for h in self._waiting if not h.cancelled or self._drop(h))
-            full = len(self.active) >= self.max_batch if self.batching else self.running is not None
-            if (full or self._waiting) and len(self._waiting) >= self.max_queue:
+            # Waiting requests first fill the free batch slots (the worker admits one per step), then the queue.
+            busy = len(self.active) if self.batching else int(self.running is not None)
+            free = max(0, self.max_batch - busy)
+            if len(self._waiting) >= self.max_queue + free:
                 raise QueueFullError(
                     f"the server is busy: {len(self._waiting)} requests are already waiting (max_queue "
                     f"{self.max_queue}); retry later"

@@ -35,10 +35,11 @@ class APIError(Exception):
     """An HTTP error with OpenAI fields, raised by route code."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type_: str | None = None):
+                 type_: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type = type_ or _TYPES.get(status, "invalid_request_error")
+        self.headers = headers
 
 
 def _clean(text: str | None) -> str | None:
@@ -64,7 +65,7 @@ def api_error_from(exc: BaseException) -> APIError:
     if isinstance(exc, ContextOverflowError):
         return APIError(400, str(exc), code="context_length_exceeded")
     if isinstance(exc, QueueFullError):
-        return APIError(429, str(exc), code="server_busy")
+        return APIError(429, str(exc), code="server_busy", headers={"Retry-After": "1"})
     if isinstance(exc, SchedulerClosedError):
         return APIError(503, str(exc), code="shutting_down")
     if isinstance(exc, GrammarUnavailableError):
@@ -125,15 +126,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api(request: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param, exc.code, exc.type)
+        return error_response(exc.status, exc.message, exc.param, exc.code, exc.type, headers=exc.headers)
 
     @app.exception_handler(RunlmError)
     async def _runlm(request: Request, exc: RunlmError) -> JSONResponse:
         err = api_error_from(exc)
-        return error_response(err.status, err.message, err.param, err.code, err.type)
+        return error_response(err.status, err.message, err.param, err.code, err.type, headers=err.headers)
 
     @app.exception_handler(Exception)
     async def _any(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         err = api_error_from(exc)
-        return error_response(err.status, err.message, err.param, err.code, err.type)
+        return error_response(err.status, err.message, err.param, err.code, err.type, headers=err.headers)

@@ -177,8 +177,9 @@ def test_json_schema_output_validates(client):
         assert r2.choices[0].message.content.startswith("{")
 
 
-def test_four_concurrent_streams_match_their_solo_runs(client, live):
-    prompts = ["Count to three.", "Name a fruit.", "What is 2+2?", "Say goodbye."]
+def test_eight_concurrent_streams_match_their_solo_runs(client, live):
+    prompts = ["Count to three.", "Name a fruit.", "What is 2+2?", "Say goodbye.", "Name an animal.",
+               "What is the sky's color?", "Say hello.", "Name a country."]
     alone = [chat(client, p, max_tokens=4).choices[0].message.content for p in prompts]
     results: dict[int, str] = {}
     errors: list[BaseException] = []
@@ -191,13 +192,13 @@ def test_four_concurrent_streams_match_their_solo_runs(client, live):
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
     assert not errors
-    assert [results[i] for i in range(4)] == alone
+    assert [results[i] for i in range(len(prompts))] == alone
 
 
 def test_queue_full_gives_429_and_disconnect_frees_the_worker(smollm2):
@@ -235,6 +236,7 @@ def _queue_full_then_disconnect(live, http):
                 time.sleep(0.05)
             over = http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 1})
             assert over.status_code == 429
+            assert over.headers["retry-after"] == "1"
             err = over.json()["error"]
             assert err["type"] == "rate_limit_error" and "busy" in err["message"]
         # Leaving the `with` closed the stream mid-generation: the worker must drop it and serve the rest.
