@@ -445,19 +445,21 @@ class CachedRunner(LmRunner):
         check_n_new(n_new)
         self.check_prompt(prompt_ids)
         self._check_fits(len(prompt_ids) + n_new)
-        produced: list[int] = []
         if n_new == 0:
-            return produced
-        logits = self.prefill_logits(prompt_ids)
+            return []
+        return self.greedy_continue(self.prefill_logits(prompt_ids), n_new, on_token)
+
+    def greedy_continue(self, logits: torch.Tensor, n_new: int, on_token: OnToken | None) -> list[int]:
+        """Greedy tokens from the prefilled session's `logits` on, on the cached decode path."""
+        produced: list[int] = []
         while True:
             token = int(torch.argmax(logits))
             produced.append(token)
             if on_token is not None and not on_token(token):
-                break
+                return produced
             if len(produced) >= n_new:
-                break
+                return produced
             logits = self.decode_logits(token)
-        return produced
 
     @torch.inference_mode()
     def export_session(self) -> SessionSnapshot | None:

@@ -561,20 +561,11 @@ def generate_multimodal(
     """Greedy generation after a multimodal prefill, continuing on the cached decode path."""
     check_n_new(n_new)
     require_vision(runner)
-    produced: list[int] = []
     if n_new == 0:
         check_image(rgb, img_w, img_h)
-        return produced
+        return []
     logits = prefill_multimodal(runner, prompt, rgb, img_w, img_h, tokenizer, on_phase, n_new=n_new)
-    while True:
-        token = int(torch.argmax(logits))
-        produced.append(token)
-        if on_token is not None and not on_token(token):
-            break
-        if len(produced) >= n_new:
-            break
-        logits = runner.decode_logits(token)
-    return produced
+    return runner.greedy_continue(logits, n_new, on_token)
 
 
 def image_to_rgb(path: str | Path) -> tuple[bytes, int, int]:

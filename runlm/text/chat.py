@@ -21,6 +21,7 @@ from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from runlm.errors import TokenizerError
+from runlm.text.tokenizer import token_text
 
 
 class _StrictSandbox(ImmutableSandboxedEnvironment):
@@ -173,7 +174,7 @@ class ChatTemplate:
         `chat_template` (a string, or a list of {name, template}), or chat_template.json; None if none."""
         root = Path(path)
         config = _read_json(root / "tokenizer_config.json")
-        bos, eos = _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
+        bos, eos = token_text(config.get("bos_token")), token_text(config.get("eos_token"))
         candidates: list[Any] = []
         if name is not None:
             named = root / "additional_chat_templates" / f"{name}.jinja"
@@ -211,14 +212,6 @@ def _pick(candidate: Any, name: str | None) -> str | None:
         for entry in candidate:
             if isinstance(entry, Mapping) and entry.get("name") == wanted and isinstance(entry.get("template"), str):
                 return entry["template"]
-    return None
-
-
-def _token_text(value: Any) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
-        return value["content"]
     return None
 
 

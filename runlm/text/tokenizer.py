@@ -184,7 +184,7 @@ def _cached_merges(vocab: Mapping[str, int], ranking: Mapping[str, float]) -> li
     return merges
 
 
-def _token_text(value: Any) -> str | None:
+def token_text(value: Any) -> str | None:
     """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
     if isinstance(value, str):
         return value
@@ -409,7 +409,7 @@ class Tokenizer:
         # Added tokens the config declares but tokenizer.json lacks (old checkpoints).
         known = backend.get_added_tokens_decoder()
         for raw_id, spec in (config.get("added_tokens_decoder") or {}).items():
-            content = _token_text(spec)
+            content = token_text(spec)
             if content is None or not str(raw_id).isdigit() or int(raw_id) in known:
                 continue
             token_id = int(raw_id)
@@ -419,7 +419,7 @@ class Tokenizer:
                 (backend.add_special_tokens if special else backend.add_tokens)([token])
 
         def lookup(key: str) -> int | None:
-            text = _token_text(config.get(key))
+            text = token_text(config.get(key))
             return backend.token_to_id(text) if text is not None else None
 
         bos_id, eos_id = lookup("bos_token"), lookup("eos_token")
