@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import nn
 
 from runlm.errors import ModelLoadError
@@ -19,7 +20,7 @@ from runlm.models.base import (
     hf_common_config,
     hf_rope,
 )
-from runlm.nn import Attention, GatedMLP, RMSNorm, Rope, RopeSpec, rope_inv_freq
+from runlm.nn import Attention, FullKVCache, GatedMLP, RMSNorm, Rope, RopeSpec, SlidingKVCache, rope_inv_freq
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -32,9 +33,55 @@ class SandwichBlock(nn.Module):
         self.pre_attn, self.post_attn, self.pre_mlp, self.post_mlp = norms
         self.attn, self.mlp = attn, mlp
 
+        self._native: dict | None = None  # the packed weights for the one-call C++ decode block, if it applies
+
     def forward(self, h, positions, rope_tables, cache, start, image_group=None):
+        if h.shape[0] == h.shape[1] == 1 and image_group is None and isinstance(cache, FullKVCache | SlidingKVCache):
+            native = self._native_parts()
+            if native and h.dtype == torch.float32 and h.device.type == "cpu":
+                return self._decode_native(native, h, rope_tables, cache, start)
         h = h + self.post_attn(self.attn(self.pre_attn(h), positions, rope_tables, cache, start, image_group))
         return h + self.post_mlp(self.mlp(self.pre_mlp(h)))
+
+    def _native_parts(self) -> dict:
+        """Block and type ids of every projection, when all are runlm GGUF kernels (else empty)."""
+        if self._native is None:
+            from runlm.quant.kernels import GGUFLinear, available
+            from runlm.quant.packed import ConcatLinear
+
+            def parts(module) -> list | None:
+                pieces = list(module.parts) if isinstance(module, ConcatLinear) else [module]
+                return pieces if all(isinstance(p, GGUFLinear) for p in pieces) else None
+
+            attn, mlp = self.attn, self.mlp
+            qkv, gate_up = parts(attn.qkv), parts(mlp.gate_up)
+            single = [parts(attn.o_proj), parts(mlp.down)]
+            ok = available() and qkv and gate_up and all(p and len(p) == 1 for p in single) and attn.softcap is None
+            self._native = {"qkv": qkv, "gate_up": gate_up, "o": single[0][0], "down": single[1][0]} if ok else {}
+        return self._native
+
+    def _decode_native(self, native: dict, h, rope_tables, cache, start: int) -> torch.Tensor:
+        """The whole block for one token in one C++ call, on the full cache or the sliding-window ring."""
+        attn = self.attn
+        if isinstance(cache, SlidingKVCache):
+            slot, length = start % cache.window, min(start + 1, cache.window)
+            cache.pos[slot] = start
+        else:
+            cache.reserve(start + 1)
+            slot, length = start, start + 1
+        cos, sin = rope_tables[id(attn.rope)]
+        qkv, gate_up, o, down = native["qkv"], native["gate_up"], native["o"], native["down"]
+        out = torch.ops.runlm.sandwich_decode_block(
+            h, [self.pre_attn.scale, self.post_attn.scale, self.pre_mlp.scale, self.post_mlp.scale],
+            self.pre_attn.eps, attn.q_norm.scale, attn.k_norm.scale,
+            [p.blocks for p in qkv], [p.type_id for p in qkv], [p.out_features for p in qkv],
+            o.blocks, o.type_id,
+            [p.blocks for p in gate_up], [p.type_id for p in gate_up], [p.out_features for p in gate_up],
+            down.blocks, down.type_id, cos, sin, cache.k, cache.v, slot, length,
+            attn.n_heads, attn.n_kv_heads, attn.scale,
+        )  # fmt: skip
+        cache.length = start + 1
+        return out
 
 
 def build(config: ModelConfig, weights: WeightLoader) -> DecoderLM:

@@ -23,6 +23,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
@@ -1087,8 +1088,11 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {
 // query head h reads kv head h / (n_heads / n_kv_heads)). qkv: float32 [n_heads + 2 * n_kv_heads, D] (queries, keys,
 // values); cos / sin: [D] rotate-half tables with the sign folded into sin (x * cos + roll(x, D/2) * sin);
 // k_cache / v_cache: float32 [1, n_kv_heads, capacity, D], contiguous. Returns [n_heads * D].
-at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
-                            at::Tensor& v_cache, int64_t pos, int64_t n_heads, int64_t n_kv_heads, double scale) {
+// Shared by decode_attention (full cache: slot = pos, len = pos + 1) and the sliding-window ring of the Gemma block
+// (slot = pos % window, len = min(pos + 1, window): every live slot is inside the window and softmax ignores order).
+at::Tensor attend_one(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
+                      at::Tensor& v_cache, int64_t pos, int64_t len, int64_t n_heads, int64_t n_kv_heads,
+                      double scale) {
   TORCH_CHECK(qkv.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
                   v_cache.scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat &&
                   sin.scalar_type() == at::kFloat,
@@ -1099,7 +1103,8 @@ at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const 
   const int64_t D = k_cache.size(3), cap = k_cache.size(2);
   TORCH_CHECK(D % 2 == 0 && cos.numel() == D && sin.numel() == D, "runlm::decode_attention: bad head dim / tables");
   TORCH_CHECK(qkv.numel() == (n_heads + 2 * n_kv_heads) * D, "runlm::decode_attention: qkv has the wrong size");
-  TORCH_CHECK(0 <= pos && pos < cap, "runlm::decode_attention: position ", pos, " outside the cache of ", cap);
+  TORCH_CHECK(0 <= pos && pos < cap && 0 < len && len <= cap,
+              "runlm::decode_attention: position ", pos, " outside the cache of ", cap);
   TORCH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "runlm::decode_attention: heads must group evenly");
   const at::Tensor x = qkv.contiguous(), c = cos.contiguous(), sn = sin.contiguous();
   const float* xp = x.data_ptr<float>();
@@ -1107,7 +1112,7 @@ at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const 
   const float* sp = sn.data_ptr<float>();
   float* kc = k_cache.data_ptr<float>();
   float* vc = v_cache.data_ptr<float>();
-  const int64_t half = D / 2, rep = n_heads / n_kv_heads, len = pos + 1;
+  const int64_t half = D / 2, rep = n_heads / n_kv_heads;
   auto rope = [&](const float* in, float* out) {
     for (int64_t i = 0; i < D; ++i) out[i] = in[i] * cp[i] + in[(i + half) % D] * sp[i];
   };
@@ -1148,6 +1153,11 @@ at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const 
     heads(0, n_heads);
   }
   return out;
+}
+
+at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
+                            at::Tensor& v_cache, int64_t pos, int64_t n_heads, int64_t n_kv_heads, double scale) {
+  return attend_one(qkv, cos, sin, k_cache, v_cache, pos, pos + 1, n_heads, n_kv_heads, scale);
 }
 
 // RMSNorm over the last dim in one pass: float32 x [..., n] * rsqrt(mean(x^2) + eps) * w [n]. One call instead of
@@ -1216,6 +1226,58 @@ at::Tensor prenorm_decode_block(const at::Tensor& h, const at::Tensor& attn_norm
   return out.view(h.sizes());
 }
 
+// x @ [W_0; W_1; ...].T for weights kept as separate GGUF tensors (Gemma mixes Q5_0 and Q8_0 inside its QKV).
+at::Tensor linear_parts(const at::Tensor& x, at::TensorList ws, at::IntArrayRef types, at::IntArrayRef rows,
+                        int64_t in_features) {
+  if (ws.size() == 1) return gguf_linear(x, ws[0], types[0], rows[0], in_features);
+  std::vector<at::Tensor> outs;
+  for (size_t i = 0; i < ws.size(); ++i) outs.push_back(gguf_linear(x, ws[i], types[i], rows[i], in_features));
+  return at::cat(outs, -1);
+}
+
+// A whole Gemma 3 block for one new token, in one call (see prenorm_decode_block):
+//   h += post_attn(o_proj(attention(rope(qk_norm(qkv(pre_attn(h)))))));  h += post_mlp(down(gelu_tanh(g) * u)).
+// norms: pre_attn, post_attn, pre_mlp, post_mlp scales (the 1 + w already folded in). The new key / value go to cache
+// slot `slot` and attention reads slots [0, len): the full cache or the sliding-window ring.
+at::Tensor sandwich_decode_block(const at::Tensor& h, at::TensorList norms, double eps, const at::Tensor& q_norm,
+                                 const at::Tensor& k_norm, at::TensorList qkv_ws, at::IntArrayRef qkv_types,
+                                 at::IntArrayRef qkv_rows, const at::Tensor& o_w, int64_t o_type,
+                                 at::TensorList gate_up_ws, at::IntArrayRef gate_up_types, at::IntArrayRef gate_up_rows,
+                                 const at::Tensor& down_w, int64_t down_type, const at::Tensor& cos,
+                                 const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache, int64_t slot,
+                                 int64_t len, int64_t n_heads, int64_t n_kv_heads, double scale) {
+  TORCH_CHECK(norms.size() == 4, "runlm::sandwich_decode_block: four norms expected");
+  const int64_t hidden = norms[0].numel(), head_dim = k_cache.size(3);
+  TORCH_CHECK(h.scalar_type() == at::kFloat && h.numel() == hidden, "runlm::sandwich_decode_block: h must be [hidden]");
+  const int64_t q_width = n_heads * head_dim;
+  at::Tensor out = h.reshape({1, hidden}).clone();
+  float* hp = out.data_ptr<float>();
+  at::Tensor qkv = linear_parts(rms_norm(out, norms[0], eps), qkv_ws, qkv_types, qkv_rows, hidden)
+                       .reshape({n_heads + 2 * n_kv_heads, head_dim});
+  const at::Tensor qk = at::cat({rms_norm(qkv.narrow(0, 0, n_heads), q_norm, eps),
+                                 rms_norm(qkv.narrow(0, n_heads, n_kv_heads), k_norm, eps),
+                                 qkv.narrow(0, n_heads + n_kv_heads, n_kv_heads)});
+  const at::Tensor attended = attend_one(qk, cos, sin, k_cache, v_cache, slot, len, n_heads, n_kv_heads, scale);
+  const at::Tensor projected = gguf_linear(attended.reshape({1, q_width}), o_w, o_type, hidden, q_width);
+  const at::Tensor attn_out = rms_norm(projected, norms[1], eps);
+  add_into(hp, attn_out.data_ptr<float>(), hidden);
+  const at::Tensor gate_up = linear_parts(rms_norm(out, norms[2], eps), gate_up_ws, gate_up_types, gate_up_rows,
+                                          hidden);
+  const int64_t ffn = gate_up.size(-1) / 2;
+  at::Tensor act = at::empty({1, ffn}, out.options());
+  const float* gu = gate_up.data_ptr<float>();
+  float* ap = act.data_ptr<float>();
+  const float k0 = 0.7978845608028654f, k1 = 0.044715f;  // sqrt(2 / pi), the tanh approximation's cubic term
+  for (int64_t i = 0; i < ffn; ++i) {
+    const float g = gu[i];
+    ap[i] = 0.5f * g * (1.f + std::tanh(k0 * (g + k1 * g * g * g))) * gu[ffn + i];
+  }
+  const at::Tensor down = gguf_linear(act, down_w, down_type, hidden, ffn);
+  const at::Tensor mlp_out = rms_norm(down, norms[3], eps);
+  add_into(hp, mlp_out.data_ptr<float>(), hidden);
+  return out.view(h.sizes());
+}
+
 }  // namespace
 
 TORCH_LIBRARY(runlm, m) {
@@ -1231,6 +1293,11 @@ TORCH_LIBRARY(runlm, m) {
       "Tensor o_w, int o_type, Tensor gate_up_w, int gate_up_type, Tensor down_w, int down_type, Tensor cos, "
       "Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, int pos, int n_heads, int n_kv_heads, float scale) "
       "-> Tensor");
+  m.def(
+      "sandwich_decode_block(Tensor h, Tensor[] norms, float eps, Tensor q_norm, Tensor k_norm, Tensor[] qkv_ws, "
+      "int[] qkv_types, int[] qkv_rows, Tensor o_w, int o_type, Tensor[] gate_up_ws, int[] gate_up_types, "
+      "int[] gate_up_rows, Tensor down_w, int down_type, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
+      "Tensor(b!) v_cache, int slot, int len, int n_heads, int n_kv_heads, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(runlm, CPU, m) {
@@ -1239,4 +1306,5 @@ TORCH_LIBRARY_IMPL(runlm, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("decode_attention", &decode_attention);
   m.impl("prenorm_decode_block", &prenorm_decode_block);
+  m.impl("sandwich_decode_block", &sandwich_decode_block);
 }

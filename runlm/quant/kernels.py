@@ -142,6 +142,7 @@ def _load() -> None:
         ("runlm::rms_norm", _fake_rms_norm),
         ("runlm::decode_attention", _fake_decode_attention),
         ("runlm::prenorm_decode_block", _fake_prenorm_decode_block),
+        ("runlm::sandwich_decode_block", _fake_prenorm_decode_block),
     )
     for op_name, fake in fakes:
         try:
