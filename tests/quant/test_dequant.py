@@ -7,6 +7,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf import quants as ref_quants
+from reference import quant_blocks
 
 from runlm.errors import ModelLoadError
 from runlm.formats.gguf import GGUFFile
@@ -16,19 +17,6 @@ ALL_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K
 QUANT_TYPES = [t for t in ALL_TYPES if BLOCK_LAYOUTS[t][0] > 1]
 # Types the gguf package can quantize (the rest are dequantize-only there).
 REF_QUANTIZABLE = ["BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
-# Byte offsets of the float16 scale fields inside one block: forced finite so random blocks decode to numbers.
-F16_FIELDS = {
-    "Q4_0": [0],
-    "Q4_1": [0, 2],
-    "Q5_0": [0],
-    "Q5_1": [0, 2],
-    "Q8_0": [0],
-    "Q2_K": [80, 82],
-    "Q3_K": [108],
-    "Q4_K": [0, 2],
-    "Q5_K": [0, 2],
-    "Q6_K": [208],
-}
 
 
 def reference(type_name: str, data: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -43,14 +31,7 @@ def assert_matches(ours: torch.Tensor, ref: np.ndarray) -> None:
 
 
 def random_blocks(type_name: str, rows: int, cols: int, seed: int) -> np.ndarray:
-    """Random bytes in the type's layout with every f16 scale field set to a finite, moderate value."""
-    block_size, type_size = BLOCK_LAYOUTS[type_name]
-    rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, size=(rows * cols // block_size, type_size), dtype=np.uint8)
-    for offset in F16_FIELDS[type_name]:
-        scales = (rng.standard_normal(blocks.shape[0]) * 0.05).astype(np.float16)
-        blocks[:, offset : offset + 2] = scales.view(np.uint8).reshape(-1, 2)
-    return blocks.reshape(rows, -1)
+    return quant_blocks.random_blocks(type_name, rows, cols, seed, signed_scales=True)
 
 
 def test_supported_types_cover_the_brief():

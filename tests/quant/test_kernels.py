@@ -27,29 +27,17 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from gguf import quants as ref_quants
+from reference.quant_blocks import random_blocks, rel_err
 
 from runlm.errors import InvalidInputError, ModelLoadError
 from runlm.formats.gguf import GGUFFile
-from runlm.quant import BLOCK_LAYOUTS, dequantize, kernels, pack_linear
+from runlm.quant import dequantize, kernels, pack_linear
 
 EXACT_TOL = 2e-6
 TOL_32 = 1.5e-2
 TOL_K = 3e-2
 TYPES = list(kernels.KERNEL_TYPES)
 GGUF_QUANTIZABLE = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
-# byte offsets of the f16 scale fields of each block (set to sane values in random-byte blocks)
-F16_FIELDS = {
-    "Q4_0": [0],
-    "Q4_1": [0, 2],
-    "Q5_0": [0],
-    "Q5_1": [0, 2],
-    "Q8_0": [0],
-    "Q2_K": [80, 82],
-    "Q3_K": [108],
-    "Q4_K": [0, 2],
-    "Q5_K": [0, 2],
-    "Q6_K": [208],
-}
 ROWS_M = (1, 3, 17)
 
 
@@ -61,20 +49,6 @@ def kernels_ready():
 
 def tol_for(type_name: str) -> float:
     return TOL_K if type_name.endswith("_K") else TOL_32
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
-
-
-def random_blocks(type_name: str, rows: int, cols: int, seed: int) -> np.ndarray:
-    block_size, type_size = BLOCK_LAYOUTS[type_name]
-    rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, size=(rows * cols // block_size, type_size), dtype=np.uint8)
-    for offset in F16_FIELDS[type_name]:
-        scales = (rng.uniform(0.2, 1.0, blocks.shape[0]) * 0.02).astype(np.float16)
-        blocks[:, offset : offset + 2] = scales.view(np.uint8).reshape(-1, 2)
-    return blocks.reshape(rows, -1)
 
 
 def weight_data(type_name: str, rows: int, cols: int, seed: int) -> np.ndarray:
@@ -317,8 +291,8 @@ print("scalar ok")
 
 def _run(code: str, env_value: str, **extra_env: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, **{kernels.ENV_VAR: env_value}, **extra_env)
-    tests_dir = os.path.dirname(__file__)
-    env["PYTHONPATH"] = os.pathsep.join([tests_dir, env.get("PYTHONPATH", "")])
+    here = os.path.dirname(__file__)  # this module, and tests/ for the shared reference helpers
+    env["PYTHONPATH"] = os.pathsep.join([here, os.path.dirname(here), env.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
 
 

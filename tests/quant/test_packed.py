@@ -16,11 +16,11 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf import quants as ref_quants
+from reference.quant_blocks import random_blocks, rel_err
 
 from runlm.errors import InvalidInputError
 from runlm.formats.gguf import GGUFFile
 from runlm.quant import (
-    BLOCK_LAYOUTS,
     ConcatLinear,
     DenseLinear,
     Int4Linear,
@@ -33,21 +33,6 @@ from runlm.quant import packed as packed_mod
 
 BF16_TOL = 1e-2
 F32_TOL = 1e-5
-F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q4_K": [0, 2]}
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
-
-
-def random_blocks(type_name: str, rows: int, cols: int, seed: int) -> np.ndarray:
-    block_size, type_size = BLOCK_LAYOUTS[type_name]
-    rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, size=(rows * cols // block_size, type_size), dtype=np.uint8)
-    for offset in F16_FIELDS.get(type_name, [0]):
-        scales = (rng.uniform(0.2, 1.0, blocks.shape[0]) * 0.02).astype(np.float16)
-        blocks[:, offset : offset + 2] = scales.view(np.uint8).reshape(-1, 2)
-    return blocks.reshape(rows, -1)
 
 
 def quantized(type_name: str, rows: int, cols: int, seed: int) -> np.ndarray:
