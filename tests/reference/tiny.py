@@ -25,6 +25,16 @@ CORPUS = [
     "Numbers 0123456789 and punctuation: ;:,.!?()[]{}",
 ]
 VOCAB = 384
+# The shape every tiny text model shares: GQA (4 query heads, 2 KV heads), 16-wide heads.
+TINY_DIMS = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+)
 
 
 def tiny_tokenizer():
@@ -190,14 +200,8 @@ def build_llama(directory: Path, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
+        **TINY_DIMS,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
         rope_parameters={
@@ -226,14 +230,8 @@ def build_qwen3(directory: Path, seed: int = 1, tied: bool = True):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
+        **TINY_DIMS,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
         rms_norm_eps=1e-6,
         tie_word_embeddings=tied,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6},
@@ -257,14 +255,8 @@ def build_gemma3(directory: Path, seed: int = 2):
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     config = Gemma3TextConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
+        **TINY_DIMS,
         num_hidden_layers=len(GEMMA_LAYERS),
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
         rms_norm_eps=1e-6,
         query_pre_attn_scalar=16,
         sliding_window=GEMMA_WINDOW,

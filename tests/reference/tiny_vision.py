@@ -78,14 +78,8 @@ def build_gemma3_vision(directory: Path, seed: int = 3):
     tok = vision_tokenizer()
     ids = {t: tok.token_to_id(t) for t in IMAGE_TOKENS}
     text = Gemma3TextConfig(
-        vocab_size=tiny.VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
+        **tiny.TINY_DIMS,
         num_hidden_layers=len(tiny.GEMMA_LAYERS),
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
         rms_norm_eps=1e-6,
         query_pre_attn_scalar=16,
         sliding_window=WINDOW,
