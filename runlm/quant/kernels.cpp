@@ -766,6 +766,7 @@ struct Q6_K {
 // ------------------------------------------------------------------------------------------------------------
 // Driver
 
+constexpr int64_t kPrefetchBytes = 1024;
 constexpr int64_t kMTile = 64;              // activation rows per tile (their quantized blocks stay in L2)
 constexpr int64_t kNTileBytes = 32 * 1024;  // weight bytes per tile of output rows
 
@@ -792,22 +793,42 @@ inline void tile(const Ctx<T>& c, int64_t n, int64_t m) {
 }
 
 // Output rows [n0, n1) x activation rows [m0, m1).
+// Software prefetch of the weight bytes kPrefetchBytes past rows [n, n + count) (rows are contiguous): with
+// only hardware prefetching a decode GEMV reached ~14 GB/s from DRAM on the 2-core EPYC, ~25 GB/s with this.
+template <class T>
+inline void prefetch_rows(const Ctx<T>& c, int64_t n, int64_t count, const uint8_t* end) {
+#if RUNLM_AVX2
+  const uint8_t* p = c.w + n * c.row_bytes + kPrefetchBytes;
+  const int64_t bytes = std::min<int64_t>(count * c.row_bytes, end - p);
+  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
+#endif
+}
+
+// Output rows [n0, n1) x activation rows [m0, m1).
 template <class T>
 void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1) {
   const int64_t rows = m1 - m0;
+  const uint8_t* end = c.w + n1 * c.row_bytes;
   if (rows == 1 || rows == 2) {
     // few activation rows: several weight rows at a time keep 4 accumulator chains busy
     int64_t n = n0;
     if (rows == 1) {
-      for (; n + 4 <= n1; n += 4) tile<T, 4, 1>(c, n, m0);
+      for (; n + 4 <= n1; n += 4) {
+        prefetch_rows(c, n, 4, end);
+        tile<T, 4, 1>(c, n, m0);
+      }
       for (; n < n1; ++n) tile<T, 1, 1>(c, n, m0);
     } else {
-      for (; n + 2 <= n1; n += 2) tile<T, 2, 2>(c, n, m0);
+      for (; n + 2 <= n1; n += 2) {
+        prefetch_rows(c, n, 2, end);
+        tile<T, 2, 2>(c, n, m0);
+      }
       for (; n < n1; ++n) tile<T, 1, 2>(c, n, m0);
     }
     return;
   }
   for (int64_t n = n0; n < n1; ++n) {
+    if (m0 == 0) prefetch_rows(c, n, 1, end);
     int64_t m = m0;
     for (; m + 4 <= m1; m += 4) tile<T, 1, 4>(c, n, m);
     switch (m1 - m) {
@@ -1068,19 +1089,89 @@ at::Tensor gguf_dequantize(const at::Tensor& w, int64_t type, int64_t out_featur
 
 int64_t gguf_simd() { return RUNLM_AVX2 ? 1 : 0; }
 
-// Float dot product; explicit 8-wide partial sums (the compiler will not reorder a float reduction by itself).
+constexpr int64_t kAttnChunk = 64;      // decode attention: positions per work item, at least
+constexpr int64_t kAttnMaxChunks = 16;  // ... and at most this many items per kv head
+
+// Float dot product; four explicit 8-wide partial sums (the compiler will not reorder a float reduction by itself,
+// and one accumulator chain would wait on the FMA latency).
 inline float dot_f32(const float* a, const float* b, int64_t n) {
   int64_t i = 0;
   float sum = 0.f;
 #if RUNLM_AVX2
-  __m256 acc = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  const __m128 quad = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  const __m128 pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
-  sum = _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps(pair, pair, 1)));
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
+         acc3 = _mm256_setzero_ps();
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), acc2);
+    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), acc3);
+  }
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
 #endif
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
+}
+
+#if RUNLM_AVX2
+// e^x for 8 floats: x = k ln2 + r with |r| <= ln2 / 2, e^r from its degree-6 Taylor polynomial (relative error
+// ~2e-7), 2^k added into the exponent bits. Inputs are clamped to [-87, 88] (e^-87 stands in for 0).
+inline __m256 exp_ps(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.f)), _mm256_set1_ps(88.f));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145751953125f), x);  // ln2 split in a high and a low part
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.428606765330187e-06f), r);
+  __m256 p = _mm256_set1_ps(1.f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_cvtps_epi32(k), 23);
+  return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), bits));
+}
+#endif
+
+// x[i] = e^(x[i] - shift) in place; returns their sum.
+inline float exp_shift_sum(float* x, int64_t n, float shift) {
+  int64_t i = 0;
+  float total = 0.f;
+#if RUNLM_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  const __m256 s = _mm256_set1_ps(shift);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  total = hsum_ps(acc);
+#endif
+  for (; i < n; ++i) total += (x[i] = std::exp(x[i] - shift));
+  return total;
+}
+
+// out[i] = g[i] * sigmoid(c * g'[i]) * u[i] where g' = g (SiLU: c = 1) or g + 0.044715 g^3 (tanh-approximated GELU,
+// c = 2 sqrt(2 / pi): 0.5 (1 + tanh(z)) = sigmoid(2z)). The gated MLPs' activation, one pass over the gate/up rows.
+template <bool GELU>
+inline void gated_activation(const float* g, const float* u, float* out, int64_t n) {
+  constexpr float c = GELU ? 1.5957691216057308f : 1.f, cubic = 0.044715f;
+  int64_t i = 0;
+#if RUNLM_AVX2
+  const __m256 one = _mm256_set1_ps(1.f), neg_c = _mm256_set1_ps(-c), k3 = _mm256_set1_ps(cubic);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    __m256 z = gv;
+    if (GELU) z = _mm256_fmadd_ps(_mm256_mul_ps(k3, gv), _mm256_mul_ps(gv, gv), gv);
+    const __m256 den = _mm256_add_ps(one, exp_ps(_mm256_mul_ps(neg_c, z)));
+    _mm256_storeu_ps(out + i, _mm256_div_ps(_mm256_mul_ps(gv, _mm256_loadu_ps(u + i)), den));
+  }
+#endif
+  for (; i < n; ++i) {
+    const float z = GELU ? g[i] + cubic * g[i] * g[i] * g[i] : g[i];
+    out[i] = g[i] * u[i] / (1.f + std::exp(-c * z));
+  }
 }
 
 // One decode step of attention for one sequence: RoPE on the new query and key, the new key / value written into
@@ -1113,44 +1204,70 @@ at::Tensor attend_one(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
   float* kc = k_cache.data_ptr<float>();
   float* vc = v_cache.data_ptr<float>();
   const int64_t half = D / 2, rep = n_heads / n_kv_heads;
-  auto rope = [&](const float* in, float* out) {
-    for (int64_t i = 0; i < D; ++i) out[i] = in[i] * cp[i] + in[(i + half) % D] * sp[i];
+  auto rope = [&](const float* in, float* out, float mult) {
+    for (int64_t i = 0; i < half; ++i) out[i] = (in[i] * cp[i] + in[i + half] * sp[i]) * mult;
+    for (int64_t i = half; i < D; ++i) out[i] = (in[i] * cp[i] + in[i - half] * sp[i]) * mult;
   };
   for (int64_t h = 0; h < n_kv_heads; ++h) {
-    rope(xp + (n_heads + h) * D, kc + (h * cap + pos) * D);
+    rope(xp + (n_heads + h) * D, kc + (h * cap + pos) * D, 1.f);
     std::memcpy(vc + (h * cap + pos) * D, xp + (n_heads + n_kv_heads + h) * D, sizeof(float) * D);
   }
-  at::Tensor out = at::empty({n_heads * D}, x.options());
-  float* op = out.data_ptr<float>();
-  auto heads = [&](int64_t begin, int64_t end) {
-    std::vector<float> q(D), scores(len);
-    for (int64_t h = begin; h < end; ++h) {
-      rope(xp + h * D, q.data());
-      const float* keys = kc + (h / rep) * cap * D;
-      const float* values = vc + (h / rep) * cap * D;
-      float best = -INFINITY;
-      for (int64_t t = 0; t < len; ++t) {
-        scores[t] = dot_f32(q.data(), keys + t * D, D) * static_cast<float>(scale);
-        best = std::max(best, scores[t]);
+  std::vector<float> q(n_heads * D);  // roped queries, pre-multiplied by the scale
+  for (int64_t h = 0; h < n_heads; ++h) rope(xp + h * D, q.data() + h * D, static_cast<float>(scale));
+  // Work items are (kv head, chunk of positions): each reads its keys and values once for all `rep` query heads
+  // of the group, keeping a running max, exp-sum and unnormalized output per head; the chunks merge at the end.
+  const int64_t chunk = std::max<int64_t>(kAttnChunk, (len + kAttnMaxChunks - 1) / kAttnMaxChunks);
+  const int64_t n_chunks = (len + chunk - 1) / chunk, items = n_kv_heads * n_chunks;
+  std::vector<float> part_out(items * rep * D), part_max(items * rep), part_sum(items * rep);
+  auto work = [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(rep * chunk);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t g = item / n_chunks, t0 = (item % n_chunks) * chunk, t1 = std::min(len, t0 + chunk), n = t1 - t0;
+      const float* keys = kc + (g * cap + t0) * D;
+      const float* values = vc + (g * cap + t0) * D;
+      const float* qg = q.data() + g * rep * D;
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t r = 0; r < rep; ++r) scores[r * chunk + t] = dot_f32(qg + r * D, keys + t * D, D);
+      float* o = part_out.data() + item * rep * D;
+      std::fill(o, o + rep * D, 0.f);
+      for (int64_t r = 0; r < rep; ++r) {
+        float* sr = scores.data() + r * chunk;
+        const float best = *std::max_element(sr, sr + n);
+        part_max[item * rep + r] = best;
+        part_sum[item * rep + r] = exp_shift_sum(sr, n, best);
       }
-      float total = 0.f;
-      for (int64_t t = 0; t < len; ++t) {
-        scores[t] = std::exp(scores[t] - best);
-        total += scores[t];
-      }
-      float* o = op + h * D;
-      std::fill(o, o + D, 0.f);
-      for (int64_t t = 0; t < len; ++t) {
-        const float w = scores[t] / total;
+      for (int64_t t = 0; t < n; ++t) {
         const float* vt = values + t * D;
-        for (int64_t i = 0; i < D; ++i) o[i] += w * vt[i];
+        for (int64_t r = 0; r < rep; ++r) {
+          const float w = scores[r * chunk + t];
+          float* orow = o + r * D;
+          for (int64_t i = 0; i < D; ++i) orow[i] += w * vt[i];
+        }
       }
     }
   };
-  if (len * n_heads * D >= (1 << 16)) {
-    at::parallel_for(0, n_heads, 1, heads);
+  if (len * n_heads * D >= (1 << 16) && items > 1) {
+    at::parallel_for(0, items, 1, work);
   } else {
-    heads(0, n_heads);
+    work(0, items);
+  }
+  at::Tensor out = at::empty({n_heads * D}, x.options());
+  float* op = out.data_ptr<float>();
+  for (int64_t h = 0; h < n_heads; ++h) {
+    const int64_t g = h / rep, r = h % rep;
+    float best = -INFINITY, total = 0.f;
+    for (int64_t c = 0; c < n_chunks; ++c) best = std::max(best, part_max[(g * n_chunks + c) * rep + r]);
+    float* o = op + h * D;
+    std::fill(o, o + D, 0.f);
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      const int64_t k = (g * n_chunks + c) * rep + r;
+      const float w = std::exp(part_max[k] - best);
+      total += w * part_sum[k];
+      const float* po = part_out.data() + k * D;
+      for (int64_t i = 0; i < D; ++i) o[i] += w * po[i];
+    }
+    const float inv = 1.f / total;
+    for (int64_t i = 0; i < D; ++i) o[i] *= inv;
   }
   return out;
 }
@@ -1220,7 +1337,7 @@ at::Tensor prenorm_decode_block(const at::Tensor& h, const at::Tensor& attn_norm
   at::Tensor act = at::empty({1, ffn}, out.options());
   const float* gu = gate_up.data_ptr<float>();
   float* ap = act.data_ptr<float>();
-  for (int64_t i = 0; i < ffn; ++i) ap[i] = gu[i] / (1.f + std::exp(-gu[i])) * gu[ffn + i];
+  gated_activation<false>(gu, gu + ffn, ap, ffn);
   const at::Tensor down = gguf_linear(act, down_w, down_type, hidden, ffn);
   add_into(hp, down.data_ptr<float>(), hidden);
   return out.view(h.sizes());
@@ -1267,11 +1384,7 @@ at::Tensor sandwich_decode_block(const at::Tensor& h, at::TensorList norms, doub
   at::Tensor act = at::empty({1, ffn}, out.options());
   const float* gu = gate_up.data_ptr<float>();
   float* ap = act.data_ptr<float>();
-  const float k0 = 0.7978845608028654f, k1 = 0.044715f;  // sqrt(2 / pi), the tanh approximation's cubic term
-  for (int64_t i = 0; i < ffn; ++i) {
-    const float g = gu[i];
-    ap[i] = 0.5f * g * (1.f + std::tanh(k0 * (g + k1 * g * g * g))) * gu[ffn + i];
-  }
+  gated_activation<true>(gu, gu + ffn, ap, ffn);
   const at::Tensor down = gguf_linear(act, down_w, down_type, hidden, ffn);
   const at::Tensor mlp_out = rms_norm(down, norms[3], eps);
   add_into(hp, mlp_out.data_ptr<float>(), hidden);
