@@ -79,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--vs", action="append", default=[], choices=["llama.cpp", "transformers", "runlm-f32"],
         help="peers to measure in the same run (runlm-f32: our float32 reference path)",
     )
+    bench.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="timed prefill + decode runs per peer; the best counts (a shared machine's stalls hit runs, not code)",
+    )
     bench.add_argument("--ppl-tokens", type=int, default=1024)
     bench.add_argument("--json", default=None, help="also write the results to this JSON file")
     bench.add_argument("--streams", default=None, help="e.g. 1,4,8: aggregate decode tok/s with continuous batching")

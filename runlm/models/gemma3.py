@@ -34,6 +34,11 @@ class SandwichBlock(nn.Module):
         self.attn, self.mlp = attn, mlp
 
         self._native: dict | None = None  # the packed weights for the one-call C++ decode block, if it applies
+        self._native_args: tuple | None = None  # its weight arguments, gathered once (attribute lookups cost)
+
+    def _apply(self, fn, recurse=True):
+        self._native, self._native_args = None, None  # .to() and friends replace the tensors
+        return super()._apply(fn, recurse)
 
     def forward(self, h, positions, rope_tables, cache, start, image_group=None):
         if h.shape[0] == h.shape[1] == 1 and image_group is None and isinstance(cache, FullKVCache | SlidingKVCache):
@@ -69,17 +74,22 @@ class SandwichBlock(nn.Module):
         else:
             cache.reserve(start + 1)
             slot, length = start, start + 1
-        cos, sin = rope_tables[id(attn.rope)]
-        qkv, gate_up, o, down = native["qkv"], native["gate_up"], native["o"], native["down"]
-        out = torch.ops.runlm.sandwich_decode_block(
-            h, [self.pre_attn.scale, self.post_attn.scale, self.pre_mlp.scale, self.post_mlp.scale],
-            self.pre_attn.eps, attn.q_norm.scale, attn.k_norm.scale,
-            [p.blocks for p in qkv], [p.type_id for p in qkv], [p.out_features for p in qkv],
-            o.blocks, o.type_id,
-            [p.blocks for p in gate_up], [p.type_id for p in gate_up], [p.out_features for p in gate_up],
-            down.blocks, down.type_id, cos, sin, cache.k, cache.v, slot, length,
-            attn.n_heads, attn.n_kv_heads, attn.scale,
-        )  # fmt: skip
+        if self._native_args is None:
+            qkv, gate_up, o, down = native["qkv"], native["gate_up"], native["o"], native["down"]
+            weights = (
+                [self.pre_attn.scale, self.post_attn.scale, self.pre_mlp.scale, self.post_mlp.scale],
+                self.pre_attn.eps, attn.q_norm.scale, attn.k_norm.scale,
+                [p.blocks for p in qkv], [p.type_id for p in qkv], [p.out_features for p in qkv],
+                o.blocks, o.type_id,
+                [p.blocks for p in gate_up], [p.type_id for p in gate_up], [p.out_features for p in gate_up],
+                down.blocks, down.type_id,
+            )  # fmt: skip
+            self._native_args = (id(attn.rope), weights, (attn.n_heads, attn.n_kv_heads, attn.scale))
+        rope, weights, heads = self._native_args
+        cos, sin = rope_tables[rope]
+        out = torch.ops.runlm.sandwich_decode_block.default(
+            h, *weights, cos, sin, cache.k, cache.v, slot, length, *heads
+        )
         cache.length = start + 1
         return out
 

@@ -25,6 +25,11 @@ class PreNormBlock(nn.Module):
         super().__init__()
         self.attn_norm, self.attn, self.mlp_norm, self.mlp = attn_norm, attn, mlp_norm, mlp
         self._native: bool | None = None  # whether the one-call C++ decode block applies (decided on first use)
+        self._native_args: tuple | None = None  # its weight arguments, gathered once (attribute lookups cost)
+
+    def _apply(self, fn, recurse=True):
+        self._native_args = None  # .to() and friends replace the tensors
+        return super()._apply(fn, recurse)
 
     def forward(self, h, positions, rope_tables, cache, start):
         if h.shape[0] == h.shape[1] == 1 and isinstance(cache, FullKVCache) and self._native_decode(h):
@@ -50,15 +55,18 @@ class PreNormBlock(nn.Module):
 
     def _decode_native(self, h, rope_tables, cache: FullKVCache, start: int) -> torch.Tensor:
         """The whole block for one token in one C++ call (packed weights only)."""
-        attn, mlp = self.attn, self.mlp
-        cos, sin = rope_tables[id(attn.rope)]
+        if self._native_args is None:
+            attn, mlp = self.attn, self.mlp
+            weights = (
+                self.attn_norm.scale, self.mlp_norm.scale, self.attn_norm.eps,
+                attn.qkv.blocks, attn.qkv.type_id, attn.o_proj.blocks, attn.o_proj.type_id,
+                mlp.gate_up.blocks, mlp.gate_up.type_id, mlp.down.blocks, mlp.down.type_id,
+            )  # fmt: skip
+            self._native_args = (id(attn.rope), weights, (attn.n_heads, attn.n_kv_heads, attn.scale))
+        rope, weights, heads = self._native_args
+        cos, sin = rope_tables[rope]
         cache.reserve(start + 1)
-        out = torch.ops.runlm.prenorm_decode_block(
-            h, self.attn_norm.scale, self.mlp_norm.scale, self.attn_norm.eps,
-            attn.qkv.blocks, attn.qkv.type_id, attn.o_proj.blocks, attn.o_proj.type_id,
-            mlp.gate_up.blocks, mlp.gate_up.type_id, mlp.down.blocks, mlp.down.type_id,
-            cos, sin, cache.k, cache.v, start, attn.n_heads, attn.n_kv_heads, attn.scale,
-        )  # fmt: skip
+        out = torch.ops.runlm.prenorm_decode_block.default(h, *weights, cos, sin, cache.k, cache.v, start, *heads)
         cache.length = start + 1
         return out
 

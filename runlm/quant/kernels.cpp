@@ -25,6 +25,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
@@ -57,6 +58,8 @@ enum : int64_t {
   T_Q5_K = 13,
   T_Q6_K = 14,
 };
+// A 32-wide type id plus X4 names the same blocks in the 4-row interleaved layout (see X4 below).
+constexpr int64_t X4 = 256;
 
 constexpr int QK_K = 256;
 
@@ -764,6 +767,184 @@ struct Q6_K {
 };
 
 // ------------------------------------------------------------------------------------------------------------
+// The 4-row interleaved layout ("x4") of the 32-wide types, made once at load by gguf_repack. Rows 4g..4g+3 form a
+// group that takes the same bytes as the four rows did; block b of the group holds each field of the format (the f16
+// scale, the f16 min, the 5th bits, the nibbles or bytes) for the 4 rows side by side: [d0 d1 d2 d3][m0 m1 m2 m3]...
+// A decode GEMV then reads one stream, converts 4 scales with one instruction, and unpacks 2 rows per 256-bit
+// register: [row0 16 bytes | row1 16 bytes] meets the activation's 16 bytes broadcast to both lanes. Q8_0's 32
+// bytes are split into two 16-byte fields so every format yields the same pair registers.
+
+struct Field {
+  int offset, size;  // in the plain block
+};
+
+template <class T>
+struct X4Fields;
+template <>
+struct X4Fields<Q4_0> {
+  static constexpr int N = 2, M = -1, QH = -1, QS = 8;
+  static constexpr Field f[N] = {{0, 2}, {2, 16}};
+};
+template <>
+struct X4Fields<Q4_1> {
+  static constexpr int N = 3, M = 8, QH = -1, QS = 16;
+  static constexpr Field f[N] = {{0, 2}, {2, 2}, {4, 16}};
+};
+template <>
+struct X4Fields<Q5_0> {
+  static constexpr int N = 3, M = -1, QH = 8, QS = 24;
+  static constexpr Field f[N] = {{0, 2}, {2, 4}, {6, 16}};
+};
+template <>
+struct X4Fields<Q5_1> {
+  static constexpr int N = 4, M = 8, QH = 16, QS = 32;
+  static constexpr Field f[N] = {{0, 2}, {2, 2}, {4, 4}, {8, 16}};
+};
+template <>
+struct X4Fields<Q8_0> {
+  static constexpr int N = 3, M = -1, QH = -1, QS = 8;
+  static constexpr Field f[N] = {{0, 2}, {2, 16}, {18, 16}};
+};
+
+// The x4 layout reorders the 32 fifth bits of Q5_0 / Q5_1 so that 32-bit variable shifts put each one at bit 4 of
+// its element's byte: element e < 16 (d = e / 4, j = e % 4) moves to bit 8j + d + 4, read by a right shift by d;
+// element 16 + e moves to bit 8j + d, read by a left shift by 4 - d.
+inline int qh_x4_bit(int e) {
+  const int lo = e < 16, k = lo ? e : e - 16, d = k / 4, j = k % 4;
+  return 8 * j + d + (lo ? 4 : 0);
+}
+
+inline uint32_t qh_move(uint32_t v, bool to_plain) {
+  uint32_t out = 0;
+  for (int e = 0; e < 32; ++e) {
+    const int from = to_plain ? qh_x4_bit(e) : e, to = to_plain ? e : qh_x4_bit(e);
+    out |= ((v >> from) & 1u) << to;
+  }
+  return out;
+}
+
+// Copy row i (0..3) of x4 block `x4` back into a plain block, or the reverse.
+template <class T, bool TO_PLAIN>
+inline void x4_move(uint8_t* x4, int i, uint8_t* plain) {
+  int base = 0;
+  for (int k = 0; k < X4Fields<T>::N; ++k) {
+    const Field& f = X4Fields<T>::f[k];
+    uint8_t* a = x4 + base + i * f.size;
+    if (base == X4Fields<T>::QH) {  // 4 bytes of fifth bits, reordered
+      const uint32_t v = qh_move(u32(TO_PLAIN ? a : plain + f.offset), TO_PLAIN);
+      std::memcpy(TO_PLAIN ? plain + f.offset : a, &v, 4);
+    } else if (TO_PLAIN) {
+      std::memcpy(plain + f.offset, a, f.size);
+    } else {
+      std::memcpy(a, plain + f.offset, f.size);
+    }
+    base += 4 * f.size;
+  }
+}
+
+template <class T>
+struct X4Layout {
+  static constexpr int QK = T::QK, SIZE = T::SIZE, G = T::G, ROWS = 4;
+  using Act = A32;
+  using Plain = T;
+
+  // dot<4, R>: w[0] is the group's first byte (rows w[0..3] of the plain kernels' convention).
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+    static_assert(RW == 4, "x4 groups are 4 rows");
+#if RUNLM_AVX2
+    using F = X4Fields<T>;
+    constexpr bool kQ8 = std::is_same_v<T, Q8_0>, kMin = F::M >= 0, kQH = F::QH >= 0;
+    constexpr bool kCorr = !kQ8;
+    constexpr float kCorrMult = kMin ? 1.f : (kQH ? -16.f : -8.f);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m16 = _mm256_set1_epi8(0x10);
+    const __m256i shift_lo = _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3), shift_hi = _mm256_setr_epi32(4, 3, 2, 1, 4, 3, 2, 1);
+    const __m256i dd_perm = _mm256_setr_epi32(0, 0, 2, 2, 1, 1, 3, 3);
+    __m256 acc[R];
+    __m128 corr[R];
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_setzero_ps();
+      corr[r] = _mm_setzero_ps();
+    }
+    const uint8_t* blk = w[0];
+    for (int64_t b = 0; b < nb; ++b, blk += 4 * SIZE) {
+      __m256i lo01, hi01, lo23, hi23;
+      if constexpr (kQ8) {
+        lo01 = load256(blk + F::QS), lo23 = load256(blk + F::QS + 32);
+        hi01 = load256(blk + F::QS + 64), hi23 = load256(blk + F::QS + 96);
+      } else {
+        const __m256i v01 = load256(blk + F::QS), v23 = load256(blk + F::QS + 32);
+        lo01 = _mm256_and_si256(v01, m4), hi01 = _mm256_and_si256(_mm256_srli_epi16(v01, 4), m4);
+        lo23 = _mm256_and_si256(v23, m4), hi23 = _mm256_and_si256(_mm256_srli_epi16(v23, 4), m4);
+        if constexpr (kQH) {
+          // fifth bits (reordered by the repack, see qh_x4_bit): lane k of q01 holds row k's 32 bits
+          const __m256i qh = _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + F::QH)));
+          const __m256i q01 = _mm256_permutevar8x32_epi32(qh, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+          const __m256i q23 = _mm256_permutevar8x32_epi32(qh, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3));
+          lo01 = _mm256_or_si256(lo01, _mm256_and_si256(_mm256_srlv_epi32(q01, shift_lo), m16));
+          hi01 = _mm256_or_si256(hi01, _mm256_and_si256(_mm256_sllv_epi32(q01, shift_hi), m16));
+          lo23 = _mm256_or_si256(lo23, _mm256_and_si256(_mm256_srlv_epi32(q23, shift_lo), m16));
+          hi23 = _mm256_or_si256(hi23, _mm256_and_si256(_mm256_sllv_epi32(q23, shift_hi), m16));
+        }
+      }
+      const __m128 d4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk)));
+      const __m256 dd = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d4), dd_perm);
+      __m128 c4 = d4;
+      if constexpr (kMin) c4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + F::M)));
+      for (int r = 0; r < R; ++r) {
+        const A32& ab = a[r][b];
+        const __m256i alo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.qs)));
+        const __m256i ahi =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.qs + 16)));
+        __m256i p01, p23;
+        if constexpr (kQ8) {
+          p01 = _mm256_add_epi32(prod_s8s8(lo01, alo), prod_s8s8(hi01, ahi));
+          p23 = _mm256_add_epi32(prod_s8s8(lo23, alo), prod_s8s8(hi23, ahi));
+        } else {  // codes <= 31: the two 16-bit pair sums cannot overflow
+          p01 = _mm256_madd_epi16(
+              _mm256_add_epi16(_mm256_maddubs_epi16(lo01, alo), _mm256_maddubs_epi16(hi01, ahi)), ones16());
+          p23 = _mm256_madd_epi16(
+              _mm256_add_epi16(_mm256_maddubs_epi16(lo23, alo), _mm256_maddubs_epi16(hi23, ahi)), ones16());
+        }
+        // lanes: [r0 r0 r2 r2 | r1 r1 r3 r3] partial sums, scaled by [d0 d0 d2 d2 | d1 d1 d3 d3]
+        const __m256 f = _mm256_cvtepi32_ps(_mm256_hadd_epi32(p01, p23));
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dd, _mm256_set1_ps(ab.d)), f, acc[r]);
+        if constexpr (kCorr) corr[r] = _mm_fmadd_ps(c4, _mm_set1_ps(ab.s), corr[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m128 h = _mm_hadd_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));  // r0 r2 r1 r3
+      __m128 v = _mm_shuffle_ps(h, h, _MM_SHUFFLE(3, 1, 2, 0));
+      if constexpr (kCorr) v = _mm_fmadd_ps(_mm_set1_ps(kCorrMult), corr[r], v);
+      alignas(16) float o[4];
+      _mm_store_ps(o, v);
+      for (int i = 0; i < 4; ++i) out[i * R + r] = o[i];
+    }
+#else
+    // portable path: rebuild the 4 rows' plain blocks one block index at a time
+    float total[4 * R] = {};
+    uint8_t plain[4][T::SIZE];
+    const uint8_t* rows[4] = {plain[0], plain[1], plain[2], plain[3]};
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* blk = const_cast<uint8_t*>(w[0]) + b * 4 * SIZE;
+      for (int i = 0; i < 4; ++i) x4_move<T, true>(blk, i, plain[i]);
+      const Act* ab[R];
+      for (int r = 0; r < R; ++r) ab[r] = a[r] + b;
+      float part[4 * R];
+      T::template dot<4, R>(rows, ab, 1, part);
+      for (int k = 0; k < 4 * R; ++k) total[k] += part[k];
+    }
+    for (int k = 0; k < 4 * R; ++k) out[k] = total[k];
+#endif
+  }
+};
+
+template <class T>
+struct IsX4 : std::false_type {};
+template <class T>
+struct IsX4<X4Layout<T>> : std::true_type {};
+
+// ------------------------------------------------------------------------------------------------------------
 // Driver
 
 constexpr int64_t kPrefetchBytes = 1024;
@@ -807,12 +988,23 @@ inline void prefetch_rows(const Ctx<T>& c, int64_t n, int64_t count, const uint8
 // Output rows [n0, n1) x activation rows [m0, m1).
 template <class T>
 void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1) {
-  const int64_t rows = m1 - m0;
   const uint8_t* end = c.w + n1 * c.row_bytes;
-  if (rows == 1 || rows == 2) {
+  if constexpr (IsX4<T>::value) {  // n0, n1: multiples of 4; one x4 group meets up to 4 activation rows at a time
+    for (int64_t n = n0; n < n1; n += 4) {
+      if (m0 == 0) prefetch_rows(c, n, 4, end);
+      int64_t m = m0;
+      for (; m + 4 <= m1; m += 4) tile<T, 4, 4>(c, n, m);
+      switch (m1 - m) {
+        case 3: tile<T, 4, 3>(c, n, m); break;
+        case 2: tile<T, 4, 2>(c, n, m); break;
+        case 1: tile<T, 4, 1>(c, n, m); break;
+        default: break;
+      }
+    }
+  } else if (m1 - m0 <= 2) {
     // few activation rows: several weight rows at a time keep 4 accumulator chains busy
     int64_t n = n0;
-    if (rows == 1) {
+    if (m1 - m0 == 1) {
       for (; n + 4 <= n1; n += 4) {
         prefetch_rows(c, n, 4, end);
         tile<T, 4, 1>(c, n, m0);
@@ -825,17 +1017,17 @@ void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1)
       }
       for (; n < n1; ++n) tile<T, 1, 2>(c, n, m0);
     }
-    return;
-  }
-  for (int64_t n = n0; n < n1; ++n) {
-    if (m0 == 0) prefetch_rows(c, n, 1, end);
-    int64_t m = m0;
-    for (; m + 4 <= m1; m += 4) tile<T, 1, 4>(c, n, m);
-    switch (m1 - m) {
-      case 3: tile<T, 1, 3>(c, n, m); break;
-      case 2: tile<T, 1, 2>(c, n, m); break;
-      case 1: tile<T, 1, 1>(c, n, m); break;
-      default: break;
+  } else {
+    for (int64_t n = n0; n < n1; ++n) {
+      if (m0 == 0) prefetch_rows(c, n, 1, end);
+      int64_t m = m0;
+      for (; m + 4 <= m1; m += 4) tile<T, 1, 4>(c, n, m);
+      switch (m1 - m) {
+        case 3: tile<T, 1, 3>(c, n, m); break;
+        case 2: tile<T, 1, 2>(c, n, m); break;
+        case 1: tile<T, 1, 1>(c, n, m); break;
+        default: break;
+      }
     }
   }
 }
@@ -851,10 +1043,12 @@ void gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, flo
     for (int64_t m = m0; m < m1; ++m) quantize_row(x + m * K, act_p + m * nba, nba);
   });
   const Ctx<T> c{w, row_bytes, nbw, act_p, nba, N, y};
-  const int64_t n_tile = std::max<int64_t>(4, kNTileBytes / row_bytes);
+  constexpr int64_t unit = IsX4<T>::value ? 4 : 1;  // rows that stay together (an x4 group)
+  const int64_t n_tile = std::max<int64_t>(4, kNTileBytes / row_bytes) / 4 * 4;
   // at least ~64K multiply-adds per thread
-  const int64_t grain = std::max<int64_t>(4, (1 << 16) / (K * M));
-  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+  const int64_t grain = std::max<int64_t>(4, (1 << 16) / (K * M)) / unit;
+  at::parallel_for(0, N / unit, std::max<int64_t>(1, grain), [&](int64_t u0, int64_t u1) {
+    const int64_t n0 = u0 * unit, n1 = u1 * unit;
     for (int64_t nt = n0; nt < n1; nt += n_tile) {
       const int64_t ne = std::min(n1, nt + n_tile);
       for (int64_t mt = 0; mt < M; mt += kMTile) block_rows<T>(c, nt, ne, mt, std::min(M, mt + kMTile));
@@ -996,10 +1190,27 @@ void dequant_rows(const uint8_t* w, int64_t nbw, int64_t n0, int64_t n1, float* 
 }
 
 template <class T>
+void dequant_x4_rows(const uint8_t* w, int64_t nbw, int64_t n0, int64_t n1, float* out) {
+  uint8_t plain[T::SIZE];
+  const int64_t row_bytes = nbw * T::SIZE;
+  for (int64_t n = n0; n < n1; ++n) {
+    uint8_t* group = const_cast<uint8_t*>(w) + (n / 4) * 4 * row_bytes;
+    for (int64_t b = 0; b < nbw; ++b) {
+      x4_move<T, true>(group + b * 4 * T::SIZE, static_cast<int>(n % 4), plain);
+      dequant_rows<T>(plain, 1, 0, 1, out + ((n - n0) * nbw + b) * T::QK);
+    }
+  }
+}
+
+template <class T>
 void dequant(const uint8_t* w, int64_t N, int64_t K, float* out) {
   const int64_t nbw = K / T::QK;
   at::parallel_for(0, N, std::max<int64_t>(1, (1 << 15) / K), [&](int64_t n0, int64_t n1) {
-    dequant_rows<T>(w, nbw, n0, n1, out + n0 * K);
+    if constexpr (IsX4<T>::value) {
+      dequant_x4_rows<typename T::Plain>(w, nbw, n0, n1, out + n0 * K);
+    } else {
+      dequant_rows<T>(w, nbw, n0, n1, out + n0 * K);
+    }
   });
 }
 
@@ -1020,6 +1231,11 @@ bool type_info(int64_t type, TypeInfo* info) {
     case T_Q4_K: *info = {Q4_K::QK, Q4_K::SIZE}; return true;
     case T_Q5_K: *info = {Q5_K::QK, Q5_K::SIZE}; return true;
     case T_Q6_K: *info = {Q6_K::QK, Q6_K::SIZE}; return true;
+    case T_Q4_0 + X4: *info = {Q4_0::QK, Q4_0::SIZE}; return true;
+    case T_Q4_1 + X4: *info = {Q4_1::QK, Q4_1::SIZE}; return true;
+    case T_Q5_0 + X4: *info = {Q5_0::QK, Q5_0::SIZE}; return true;
+    case T_Q5_1 + X4: *info = {Q5_1::QK, Q5_1::SIZE}; return true;
+    case T_Q8_0 + X4: *info = {Q8_0::QK, Q8_0::SIZE}; return true;
     default: return false;
   }
 }
@@ -1032,6 +1248,7 @@ int64_t check_weight(const char* op, const at::Tensor& w, int64_t type, int64_t 
   TORCH_CHECK(in_features > 0 && in_features % info.qk == 0, op, ": in_features ", in_features,
               " is not a positive multiple of the block size ", info.qk);
   TORCH_CHECK(out_features >= 0, op, ": negative out_features");
+  TORCH_CHECK(type < X4 || out_features % 4 == 0, op, ": the x4 layout needs out_features a multiple of 4");
   const int64_t row_bytes = in_features / info.qk * info.size;
   TORCH_CHECK(w.numel() == out_features * row_bytes, op, ": w has ", w.numel(), " bytes, expected ", out_features,
               " rows x ", row_bytes);
@@ -1050,6 +1267,11 @@ int64_t check_weight(const char* op, const at::Tensor& w, int64_t type, int64_t 
     case T_Q4_K: FN<Q4_K>(__VA_ARGS__); break;          \
     case T_Q5_K: FN<Q5_K>(__VA_ARGS__); break;          \
     case T_Q6_K: FN<Q6_K>(__VA_ARGS__); break;          \
+    case T_Q4_0 + X4: FN<X4Layout<Q4_0>>(__VA_ARGS__); break; \
+    case T_Q4_1 + X4: FN<X4Layout<Q4_1>>(__VA_ARGS__); break; \
+    case T_Q5_0 + X4: FN<X4Layout<Q5_0>>(__VA_ARGS__); break; \
+    case T_Q5_1 + X4: FN<X4Layout<Q5_1>>(__VA_ARGS__); break; \
+    case T_Q8_0 + X4: FN<X4Layout<Q8_0>>(__VA_ARGS__); break; \
     default: break;                                     \
   }
 
@@ -1084,6 +1306,51 @@ at::Tensor gguf_dequantize(const at::Tensor& w, int64_t type, int64_t out_featur
   const uint8_t* wp = wc.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   RUNLM_DISPATCH(type, dequant, wp, out_features, in_features, op)
+  return out;
+}
+
+template <class T, bool TO_PLAIN>
+void relayout(const uint8_t* src, int64_t N, int64_t K, uint8_t* dst) {
+  const int64_t nbw = K / T::QK, row_bytes = nbw * T::SIZE;
+  at::parallel_for(0, N / 4, 64, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t b = 0; b < nbw; ++b)
+        for (int i = 0; i < 4; ++i) {
+          const int64_t plain_at = (4 * g + i) * row_bytes + b * T::SIZE, x4_at = (4 * g * nbw + 4 * b) * T::SIZE;
+          if (TO_PLAIN) {
+            x4_move<T, true>(const_cast<uint8_t*>(src) + x4_at, i, dst + plain_at);
+          } else {
+            x4_move<T, false>(dst + x4_at, i, const_cast<uint8_t*>(src) + plain_at);
+          }
+        }
+  });
+}
+
+// The same weight in the other layout: plain GGUF rows (type) <-> x4 groups (type + X4). Returns the new type's
+// bytes; out_features must be a multiple of 4.
+at::Tensor gguf_relayout(const at::Tensor& w, int64_t type, int64_t out_features, int64_t in_features) {
+  check_weight("runlm::gguf_relayout", w, type, out_features, in_features);
+  const bool to_plain = type >= X4;
+  const int64_t base = to_plain ? type - X4 : type;
+  TORCH_CHECK(base == T_Q4_0 || base == T_Q4_1 || base == T_Q5_0 || base == T_Q5_1 || base == T_Q8_0,
+              "runlm::gguf_relayout: no x4 layout for GGML type ", base);
+  TORCH_CHECK(out_features % 4 == 0, "runlm::gguf_relayout: out_features must be a multiple of 4");
+  const at::Tensor wc = w.contiguous();
+  at::Tensor out = at::empty_like(wc);
+  const uint8_t* src = wc.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  switch (base) {
+    case T_Q4_0: to_plain ? relayout<Q4_0, true>(src, out_features, in_features, dst)
+                          : relayout<Q4_0, false>(src, out_features, in_features, dst); break;
+    case T_Q4_1: to_plain ? relayout<Q4_1, true>(src, out_features, in_features, dst)
+                          : relayout<Q4_1, false>(src, out_features, in_features, dst); break;
+    case T_Q5_0: to_plain ? relayout<Q5_0, true>(src, out_features, in_features, dst)
+                          : relayout<Q5_0, false>(src, out_features, in_features, dst); break;
+    case T_Q5_1: to_plain ? relayout<Q5_1, true>(src, out_features, in_features, dst)
+                          : relayout<Q5_1, false>(src, out_features, in_features, dst); break;
+    default: to_plain ? relayout<Q8_0, true>(src, out_features, in_features, dst)
+                      : relayout<Q8_0, false>(src, out_features, in_features, dst); break;
+  }
   return out;
 }
 
@@ -1174,6 +1441,56 @@ inline void gated_activation(const float* g, const float* u, float* out, int64_t
   }
 }
 
+// out[t] = q . keys[t] for n keys of D floats (rows D apart). AVX2: 8 keys at a time, their 8 partial-sum vectors
+// reduced together by a transposing horizontal add, so the reduction costs little even for D = 64.
+inline void key_scores(const float* q, const float* keys, int64_t n, int64_t D, float* out) {
+  int64_t t = 0;
+#if RUNLM_AVX2
+  if (D % 8 == 0) {
+    for (; t + 8 <= n; t += 8) {
+      __m256 acc[8];
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+      const float* k = keys + t * D;
+      for (int64_t i = 0; i < D; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + i);
+        for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + j * D + i), acc[j]);
+      }
+      const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+      const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+      _mm256_storeu_ps(out + t, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
+    }
+  }
+#endif
+  for (; t < n; ++t) out[t] = dot_f32(q, keys + t * D, D);
+}
+
+// out[0..D) = sum_t w[t] * values[t] (overwrites out). AVX2: 64 output floats stay in 8 registers over all t.
+inline void weighted_values(const float* w, const float* values, int64_t n, int64_t D, float* out) {
+  int64_t i = 0;
+#if RUNLM_AVX2
+  for (; i + 64 <= D; i += 64) {
+    __m256 acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) {
+      const __m256 wt = _mm256_set1_ps(w[t]);
+      const float* v = values + t * D + i;
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(v + 8 * j), acc[j]);
+    }
+    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(out + i + 8 * j, acc[j]);
+  }
+  for (; i + 8 <= D; i += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), _mm256_loadu_ps(values + t * D + i), acc);
+    _mm256_storeu_ps(out + i, acc);
+  }
+#endif
+  for (; i < D; ++i) {
+    float acc = 0.f;
+    for (int64_t t = 0; t < n; ++t) acc += w[t] * values[t * D + i];
+    out[i] = acc;
+  }
+}
+
 // One decode step of attention for one sequence: RoPE on the new query and key, the new key / value written into
 // the pre-allocated cache at `pos`, then softmax(q K^T * scale) V over positions 0..pos for every query head (GQA:
 // query head h reads kv head h / (n_heads / n_kv_heads)). qkv: float32 [n_heads + 2 * n_kv_heads, D] (queries, keys,
@@ -1226,23 +1543,14 @@ at::Tensor attend_one(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
       const float* keys = kc + (g * cap + t0) * D;
       const float* values = vc + (g * cap + t0) * D;
       const float* qg = q.data() + g * rep * D;
-      for (int64_t t = 0; t < n; ++t)
-        for (int64_t r = 0; r < rep; ++r) scores[r * chunk + t] = dot_f32(qg + r * D, keys + t * D, D);
       float* o = part_out.data() + item * rep * D;
-      std::fill(o, o + rep * D, 0.f);
       for (int64_t r = 0; r < rep; ++r) {
         float* sr = scores.data() + r * chunk;
+        key_scores(qg + r * D, keys, n, D, sr);
         const float best = *std::max_element(sr, sr + n);
         part_max[item * rep + r] = best;
         part_sum[item * rep + r] = exp_shift_sum(sr, n, best);
-      }
-      for (int64_t t = 0; t < n; ++t) {
-        const float* vt = values + t * D;
-        for (int64_t r = 0; r < rep; ++r) {
-          const float w = scores[r * chunk + t];
-          float* orow = o + r * D;
-          for (int64_t i = 0; i < D; ++i) orow[i] += w * vt[i];
-        }
+        weighted_values(sr, values, n, D, o + r * D);
       }
     }
   };
@@ -1396,6 +1704,7 @@ at::Tensor sandwich_decode_block(const at::Tensor& h, at::TensorList norms, doub
 TORCH_LIBRARY(runlm, m) {
   m.def("gguf_linear(Tensor x, Tensor w, int type, int out_features, int in_features) -> Tensor");
   m.def("gguf_dequantize(Tensor w, int type, int out_features, int in_features) -> Tensor");
+  m.def("gguf_relayout(Tensor w, int type, int out_features, int in_features) -> Tensor");
   m.def("gguf_simd() -> int", &gguf_simd);
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def(
@@ -1416,6 +1725,7 @@ TORCH_LIBRARY(runlm, m) {
 TORCH_LIBRARY_IMPL(runlm, CPU, m) {
   m.impl("gguf_linear", &gguf_linear);
   m.impl("gguf_dequantize", &gguf_dequantize);
+  m.impl("gguf_relayout", &gguf_relayout);
   m.impl("rms_norm", &rms_norm);
   m.impl("decode_attention", &decode_attention);
   m.impl("prenorm_decode_block", &prenorm_decode_block);

@@ -107,6 +107,7 @@ def test_random_weights(type_name: str):
     data = weight_data(type_name, *shape, seed=1)
     module = kernel_module(type_name, data, shape)
     assert (module.in_features, module.out_features) == (512, 72)
+    assert module.x4 == (type_name in kernels.X4_TYPES and kernels.simd())  # 72 rows: whole x4 groups
     weight = dequantize(type_name, data, shape)
     gen = torch.Generator().manual_seed(0)
     errors = []
@@ -140,6 +141,32 @@ def test_real_tensors(fixture: str, request: pytest.FixtureRequest):
             exact, approx = check_against_references(module, type_name, weight, x)
             lines.append(f"{name} {type_name} {shape} M={m}: exact {exact:.1e} float {approx:.1e}")
     print("\n" + "\n".join(lines))
+
+
+@pytest.mark.parametrize("type_name", kernels.X4_TYPES)
+def test_x4_layout_matches_plain_rows(type_name: str):
+    shape = (40, 256)
+    data = weight_data(type_name, *shape, seed=7)
+    plain = kernels.gguf_linear_module(type_name, data, shape, interleave=False)
+    x4 = plain.interleaved()
+    if not kernels.simd():
+        assert x4 is plain
+        return
+    assert x4.x4 and not plain.x4 and "layout=x4" in repr(x4)
+    assert not torch.equal(x4.blocks, plain.blocks) and torch.equal(x4.plain_blocks(), plain.blocks)
+    ref = dequantize(type_name, data, shape)
+    assert torch.equal(x4.dequantized(), ref) and torch.equal(x4.dequantized(5, 9), ref[5:9])
+    for m in (1, 2, 3, 5, 9):  # every tile shape of the x4 kernel (1-4 activation rows at a time)
+        x = torch.randn(m, shape[1])
+        torch.testing.assert_close(x4(x), plain(x), rtol=1e-5, atol=1e-5)
+    # x4 parts concatenate as x4; a plain part makes the whole plain; both compute the same
+    both = kernels.GGUFLinear.cat([x4, x4])
+    mixed = kernels.GGUFLinear.cat([x4, plain])
+    assert both.x4 and not mixed.x4 and torch.equal(both.plain_blocks(), mixed.blocks)
+    odd = kernels.gguf_linear_module(type_name, data[:6], (6, shape[1]))
+    assert not odd.x4  # 6 rows: not whole 4-row groups
+    with pytest.raises(InvalidInputError):
+        kernels.GGUFLinear(type_name, odd.blocks, shape[1], 6, x4=True)
 
 
 @pytest.mark.parametrize("type_name", TYPES)
@@ -202,7 +229,7 @@ def test_bytes_are_copied_out_of_the_source(smollm2_gguf):
     module = kernels.gguf_linear_module(raw.type_name, raw.data, raw.shape)
     assert module is not None and module.blocks.is_contiguous()
     assert module.blocks.data_ptr() != raw.data.ctypes.data
-    assert np.array_equal(module.blocks.numpy(), np.asarray(raw.data))
+    assert np.array_equal(module.plain_blocks().numpy(), np.asarray(raw.data))
     source = torch.from_numpy(np.array(raw.data))
     module2 = kernels.gguf_linear_module(raw.type_name, source, raw.shape)
     source.zero_()
