@@ -128,6 +128,9 @@ _NUMPY = {
 }
 
 
+_U64 = struct.Struct("<Q")
+
+
 def _parse(buf: np.ndarray) -> tuple[dict[str, Any], dict[str, _TensorInfo]]:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -154,11 +157,16 @@ def _parse(buf: np.ndarray) -> tuple[dict[str, Any], dict[str, _TensorInfo]]:
         if vtype == 9:
             item_type, count = struct.unpack_from("<IQ", mem, at)
             at += 12
-            if item_type == 8:
+            if item_type == 8:  # a vocabulary: hundreds of thousands of strings, so the loop is kept lean
                 items = []
+                append, unpack, size = items.append, _U64.unpack_from, len(mem)
                 for _ in range(count):
-                    item, at = read_str(at)
-                    items.append(item)
+                    (length,) = unpack(mem, at)
+                    at += 8
+                    if at + length > size:
+                        raise ValueError("string runs past the end of the file")
+                    append(str(mem[at : at + length], "utf-8", "replace"))
+                    at += length
                 return items, at
             if item_type in _NUMPY:
                 width = np.dtype(_NUMPY[item_type]).itemsize

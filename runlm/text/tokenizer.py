@@ -158,30 +158,39 @@ def _generate_merges(vocab: Mapping[str, int], ranking: Mapping[str, float]) -> 
     return [(m[3], m[4]) for m in merges]
 
 
-def _cached_merges(vocab: Mapping[str, int], ranking: Mapping[str, float]) -> list[tuple[str, str]]:
-    """_generate_merges, kept on disk: it takes seconds on a 262k-token vocabulary, loading it a fraction."""
+def _cached_backend(
+    metadata: Mapping[str, Any], tokens: list[str], types: list[int], build
+) -> tuple[_Backend, tuple[str, int]]:
+    """build(), kept on disk as tokenizer JSON: a SentencePiece vocabulary of 262k pieces takes seconds to turn into
+    BPE merges, and the built tokenizer loads from JSON in about a second."""
     import hashlib
-    import json
+
+    import numpy as np
 
     from runlm.catalog import runlm_home
 
-    digest = hashlib.sha256()
-    for piece, score in ranking.items():
-        digest.update(piece.encode("utf-8", "surrogatepass") + b"\x00" + repr(score).encode() + b"\x00")
-    path = runlm_home() / "tokenizers" / f"merges-{digest.hexdigest()[:32]}.json"
+    digest = hashlib.sha256(b"runlm-spm-v1\x00")
+    digest.update("\x00".join(tokens).encode("utf-8", "surrogatepass"))
+    digest.update(np.asarray(types, dtype=np.int64).tobytes())
+    for key in sorted(metadata):
+        if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"):
+            digest.update(f"{key}={metadata[key]!r}\x00".encode("utf-8", "surrogatepass"))
+    digest.update(f"arch={metadata.get('general.architecture')!r}".encode())
+    path = runlm_home() / "tokenizers" / f"spm-{digest.hexdigest()[:32]}.json"
     try:
-        return [tuple(pair) for pair in json.loads(path.read_text())]
-    except (OSError, ValueError):
+        cached = json.loads(path.read_text(encoding="utf-8"))
+        return _Backend.from_str(cached["tokenizer"]), (cached["strip"][0], int(cached["strip"][1]))
+    except Exception:  # noqa: BLE001 - a missing or unreadable cache entry is rebuilt
         pass
-    merges = _generate_merges(vocab, ranking)
+    backend, strip_mode = build()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(merges, ensure_ascii=False))
+        tmp.write_text(json.dumps({"tokenizer": backend.to_str(), "strip": list(strip_mode)}), encoding="utf-8")
         tmp.replace(path)
     except OSError:  # a read-only cache only costs the time
         pass
-    return merges
+    return backend, strip_mode
 
 
 def token_text(value: Any) -> str | None:
@@ -267,7 +276,9 @@ class Tokenizer:
             default_add_bos = pre.add_bos
             byte_mode, strip_mode = "byte_level", ("none", 0)
         elif model == "llama":
-            backend, strip_mode = cls._gguf_sentencepiece(metadata, tokens, types)
+            backend, strip_mode = _cached_backend(
+                metadata, tokens, types, lambda: cls._gguf_sentencepiece(metadata, tokens, types)
+            )
             default_add_bos = True
             byte_mode = "spm"
         else:
@@ -361,7 +372,7 @@ class Tokenizer:
                 ranking = {token: -float(index) for index, token in enumerate(tokens)}
             else:
                 ranking = dict(zip(tokens, (float(s) for s in scores), strict=True))
-            merges = _cached_merges(vocab, ranking)
+            merges = _generate_merges(vocab, ranking)
         unk_id = metadata.get("tokenizer.ggml.unknown_token_id")
         unk = tokens[unk_id] if isinstance(unk_id, int) and 0 <= unk_id < len(tokens) else None
         try:

@@ -194,3 +194,36 @@ def test_bad_ids(tokenizers):
         tok.token_str(10**9)
     with pytest.raises(TokenizerError):
         tok.encode(b"bytes")  # type: ignore[arg-type]
+
+
+def test_sentencepiece_backend_is_cached(tmp_path, monkeypatch):
+    """The built SentencePiece tokenizer is kept under $RUNLM_HOME; a later load reads it, a bad entry rebuilds."""
+    pieces = ["<unk>", "<s>", "</s>", "▁", "a", "b", "▁a", "ab", "▁ab"] + [f"<0x{i:02X}>" for i in range(256)]
+    metadata = {
+        "general.architecture": "llama",
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": pieces,
+        "tokenizer.ggml.token_type": [2, 3, 3] + [1] * 6 + [6] * 256,
+        "tokenizer.ggml.scores": [0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0] + [0.0] * 256,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+    }
+    monkeypatch.setenv("RUNLM_HOME", str(tmp_path))
+    built = Tokenizer.from_gguf(metadata)
+    (entry,) = (tmp_path / "tokenizers").glob("spm-*.json")
+    expected = built.encode("ab abc a")
+    assert expected[0] == 1 and 8 in expected  # BOS, then "▁ab" merged
+
+    def must_not_build(*args):
+        raise AssertionError("rebuilt instead of reading the cache")
+
+    monkeypatch.setattr(Tokenizer, "_gguf_sentencepiece", staticmethod(must_not_build))
+    assert Tokenizer.from_gguf(metadata).encode("ab abc a") == expected
+    monkeypatch.undo()
+    monkeypatch.setenv("RUNLM_HOME", str(tmp_path))
+    entry.write_text("{not json")
+    assert Tokenizer.from_gguf(metadata).encode("ab abc a") == expected
+    changed = {**metadata, "tokenizer.ggml.scores": [0.0] * len(pieces)}
+    Tokenizer.from_gguf(changed)
+    assert len(list((tmp_path / "tokenizers").glob("spm-*.json"))) == 2  # other scores, another entry
