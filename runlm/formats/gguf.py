@@ -143,13 +143,15 @@ def _parse(buf: np.ndarray) -> tuple[dict[str, Any], dict[str, _TensorInfo]]:
     n_tensors, n_kv = struct.unpack_from("<QQ", mem, pos)
     pos += 16
 
+    size, unpack_u64 = len(mem), _U64.unpack_from
+
     def read_str(at: int) -> tuple[str, int]:
-        (length,) = struct.unpack_from("<Q", mem, at)
-        at += 8
-        end = at + length
-        if end > len(mem):
+        # kept lean: a vocabulary array calls this hundreds of thousands of times
+        (length,) = unpack_u64(mem, at)
+        end = at + 8 + length
+        if end > size:
             raise ValueError("string runs past the end of the file")
-        return bytes(mem[at:end]).decode("utf-8", errors="replace"), end
+        return str(mem[at + 8 : end], "utf-8", "replace"), end
 
     def read_value(vtype: int, at: int) -> tuple[Any, int]:
         if vtype == 8:
@@ -157,16 +159,11 @@ def _parse(buf: np.ndarray) -> tuple[dict[str, Any], dict[str, _TensorInfo]]:
         if vtype == 9:
             item_type, count = struct.unpack_from("<IQ", mem, at)
             at += 12
-            if item_type == 8:  # a vocabulary: hundreds of thousands of strings, so the loop is kept lean
+            if item_type == 8:
                 items = []
-                append, unpack, size = items.append, _U64.unpack_from, len(mem)
                 for _ in range(count):
-                    (length,) = unpack(mem, at)
-                    at += 8
-                    if at + length > size:
-                        raise ValueError("string runs past the end of the file")
-                    append(str(mem[at : at + length], "utf-8", "replace"))
-                    at += length
+                    item, at = read_str(at)
+                    items.append(item)
                 return items, at
             if item_type in _NUMPY:
                 width = np.dtype(_NUMPY[item_type]).itemsize
