@@ -985,6 +985,19 @@ inline void prefetch_rows(const Ctx<T>& c, int64_t n, int64_t count, const uint8
 #endif
 }
 
+// Weight rows [n, n + RW) x activation rows [m0, m1), up to 4 activation rows per tile.
+template <class T, int RW>
+inline void activation_tiles(const Ctx<T>& c, int64_t n, int64_t m0, int64_t m1) {
+  int64_t m = m0;
+  for (; m + 4 <= m1; m += 4) tile<T, RW, 4>(c, n, m);
+  switch (m1 - m) {
+    case 3: tile<T, RW, 3>(c, n, m); break;
+    case 2: tile<T, RW, 2>(c, n, m); break;
+    case 1: tile<T, RW, 1>(c, n, m); break;
+    default: break;
+  }
+}
+
 // Output rows [n0, n1) x activation rows [m0, m1).
 template <class T>
 void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1) {
@@ -992,14 +1005,7 @@ void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1)
   if constexpr (IsX4<T>::value) {  // n0, n1: multiples of 4; one x4 group meets up to 4 activation rows at a time
     for (int64_t n = n0; n < n1; n += 4) {
       if (m0 == 0) prefetch_rows(c, n, 4, end);
-      int64_t m = m0;
-      for (; m + 4 <= m1; m += 4) tile<T, 4, 4>(c, n, m);
-      switch (m1 - m) {
-        case 3: tile<T, 4, 3>(c, n, m); break;
-        case 2: tile<T, 4, 2>(c, n, m); break;
-        case 1: tile<T, 4, 1>(c, n, m); break;
-        default: break;
-      }
+      activation_tiles<T, 4>(c, n, m0, m1);
     }
   } else if (m1 - m0 <= 2) {
     // few activation rows: several weight rows at a time keep 4 accumulator chains busy
@@ -1020,14 +1026,7 @@ void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1)
   } else {
     for (int64_t n = n0; n < n1; ++n) {
       if (m0 == 0) prefetch_rows(c, n, 1, end);
-      int64_t m = m0;
-      for (; m + 4 <= m1; m += 4) tile<T, 1, 4>(c, n, m);
-      switch (m1 - m) {
-        case 3: tile<T, 1, 3>(c, n, m); break;
-        case 2: tile<T, 1, 2>(c, n, m); break;
-        case 1: tile<T, 1, 1>(c, n, m); break;
-        default: break;
-      }
+      activation_tiles<T, 1>(c, n, m0, m1);
     }
   }
 }
@@ -1309,15 +1308,15 @@ at::Tensor gguf_dequantize(const at::Tensor& w, int64_t type, int64_t out_featur
   return out;
 }
 
-template <class T, bool TO_PLAIN>
-void relayout(const uint8_t* src, int64_t N, int64_t K, uint8_t* dst) {
+template <class T>
+void relayout(const uint8_t* src, int64_t N, int64_t K, uint8_t* dst, bool to_plain) {
   const int64_t nbw = K / T::QK, row_bytes = nbw * T::SIZE;
   at::parallel_for(0, N / 4, 64, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g)
       for (int64_t b = 0; b < nbw; ++b)
         for (int i = 0; i < 4; ++i) {
           const int64_t plain_at = (4 * g + i) * row_bytes + b * T::SIZE, x4_at = (4 * g * nbw + 4 * b) * T::SIZE;
-          if (TO_PLAIN) {
+          if (to_plain) {
             x4_move<T, true>(const_cast<uint8_t*>(src) + x4_at, i, dst + plain_at);
           } else {
             x4_move<T, false>(dst + x4_at, i, const_cast<uint8_t*>(src) + plain_at);
@@ -1340,16 +1339,11 @@ at::Tensor gguf_relayout(const at::Tensor& w, int64_t type, int64_t out_features
   const uint8_t* src = wc.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   switch (base) {
-    case T_Q4_0: to_plain ? relayout<Q4_0, true>(src, out_features, in_features, dst)
-                          : relayout<Q4_0, false>(src, out_features, in_features, dst); break;
-    case T_Q4_1: to_plain ? relayout<Q4_1, true>(src, out_features, in_features, dst)
-                          : relayout<Q4_1, false>(src, out_features, in_features, dst); break;
-    case T_Q5_0: to_plain ? relayout<Q5_0, true>(src, out_features, in_features, dst)
-                          : relayout<Q5_0, false>(src, out_features, in_features, dst); break;
-    case T_Q5_1: to_plain ? relayout<Q5_1, true>(src, out_features, in_features, dst)
-                          : relayout<Q5_1, false>(src, out_features, in_features, dst); break;
-    default: to_plain ? relayout<Q8_0, true>(src, out_features, in_features, dst)
-                      : relayout<Q8_0, false>(src, out_features, in_features, dst); break;
+    case T_Q4_0: relayout<Q4_0>(src, out_features, in_features, dst, to_plain); break;
+    case T_Q4_1: relayout<Q4_1>(src, out_features, in_features, dst, to_plain); break;
+    case T_Q5_0: relayout<Q5_0>(src, out_features, in_features, dst, to_plain); break;
+    case T_Q5_1: relayout<Q5_1>(src, out_features, in_features, dst, to_plain); break;
+    default: relayout<Q8_0>(src, out_features, in_features, dst, to_plain); break;
   }
   return out;
 }
