@@ -34,6 +34,7 @@ import os
 import platform
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -232,13 +233,25 @@ def _row_bytes(type_name: str, in_features: int) -> int:
     return in_features // block_size * type_size
 
 
-def _copy_bytes(data: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """The bytes of `data` as a new flat uint8 tensor (never a view into a memory map)."""
+def _byte_view(data: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """The bytes of `data` as a flat uint8 tensor, sharing its memory where it can (only to be read)."""
     if isinstance(data, torch.Tensor):
         t = data.detach().cpu().contiguous().reshape(-1)
-        return (t.view(torch.uint8) if t.dtype != torch.bool else t.to(torch.uint8)).clone()
-    arr = np.ascontiguousarray(data)
-    return torch.from_numpy(arr.reshape(-1).view(np.uint8).copy())
+        return t.view(torch.uint8) if t.dtype != torch.bool else t.to(torch.uint8)
+    arr = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    with warnings.catch_warnings():  # a read-only memory map: torch warns that the view is not writable
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(arr)
+
+
+def _copy_bytes(data: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """The bytes of `data` as a new flat uint8 tensor (never a view into a memory map)."""
+    return _byte_view(data).clone()
+
+
+def _has_x4(type_name: str, out_features: int) -> bool:
+    """Whether a weight can take the x4 layout: the AVX2 kernels, a type in X4_TYPES, whole 4-row groups."""
+    return type_name in X4_TYPES and out_features % 4 == 0 and simd()
 
 
 class GGUFLinear(nn.Module):
@@ -276,23 +289,30 @@ class GGUFLinear(nn.Module):
         self._kernel = available()
 
     @classmethod
-    def from_raw(cls, type_name: str, data: np.ndarray | torch.Tensor, shape: Sequence[int]) -> GGUFLinear:
-        """Copy raw GGUF bytes (rows x row_bytes, or flat) of a row-major (out_features, in_features) weight."""
+    def from_raw(
+        cls, type_name: str, data: np.ndarray | torch.Tensor, shape: Sequence[int], interleave: bool = False
+    ) -> GGUFLinear:
+        """Copy raw GGUF bytes (rows x row_bytes, or flat) of a row-major (out_features, in_features) weight.
+
+        `interleave`: straight into the x4 layout where the weight can take it (one copy, not two).
+        """
         name = normalize_type_name(type_name)
         if len(shape) != 2:
             raise InvalidInputError(f"linear weight must be 2-D, got shape {tuple(shape)}")
         rows, cols = int(shape[0]), int(shape[1])
-        raw = _copy_bytes(data)
+        x4 = interleave and _has_x4(name, rows)
+        raw = _byte_view(data) if x4 else _copy_bytes(data)
         if name in BLOCK_LAYOUTS and cols % BLOCK_LAYOUTS[name][0] == 0:
             expected = rows * _row_bytes(name, cols)
             if raw.numel() != expected:
                 raise ModelLoadError(f"{name} tensor of shape {(rows, cols)} needs {expected} bytes, has {raw.numel()}")
-        return cls(name, raw, cols, rows)
+        if x4:
+            raw = torch.ops.runlm.gguf_relayout(raw, KERNEL_TYPES[name], rows, cols)
+        return cls(name, raw, cols, rows, x4=x4)
 
     def interleaved(self) -> GGUFLinear:
-        """This weight in the x4 layout where it has one (the compiled AVX2 kernels, a type in X4_TYPES, a row
-        count that is a multiple of 4), else self."""
-        if self.x4 or not self._kernel or not simd() or self.type_name not in X4_TYPES or self.out_features % 4:
+        """This weight in the x4 layout where it has one (see _has_x4), else self."""
+        if self.x4 or not _has_x4(self.type_name, self.out_features):
             return self
         blocks = torch.ops.runlm.gguf_relayout(self.blocks, self.type_id, self.out_features, self.in_features)
         return GGUFLinear(self.type_name, blocks, self.in_features, self.out_features, x4=True)
@@ -378,8 +398,7 @@ def gguf_linear_module(
         return None
     if not available():
         return None
-    module = GGUFLinear.from_raw(name, data, (rows, cols))
-    return module.interleaved() if interleave else module
+    return GGUFLinear.from_raw(name, data, (rows, cols), interleave=interleave)
 
 
 def concat_gguf_linears(modules: Sequence[nn.Module]) -> GGUFLinear | None:
