@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -158,11 +158,17 @@ def _generate_merges(vocab: Mapping[str, int], ranking: Mapping[str, float]) -> 
     return [(m[3], m[4]) for m in merges]
 
 
+def _spm_style(metadata: Mapping[str, Any]) -> tuple[bool, bool]:
+    """(gemma, add_prefix): Gemma's normalizer instead of Metaspace, and whether text gets a leading ▁."""
+    gemma = metadata.get("general.architecture") in _GEMMA_ARCHS
+    return gemma, bool(metadata.get("tokenizer.ggml.add_space_prefix", not gemma))
+
+
 def _cached_backend(
-    metadata: Mapping[str, Any], tokens: list[str], types: list[int], build
-) -> tuple[_Backend, tuple[str, int]]:
+    metadata: Mapping[str, Any], tokens: list[str], types: list[int], build: Callable[[], _Backend]
+) -> _Backend:
     """build(), kept on disk as tokenizer JSON: a SentencePiece vocabulary of 262k pieces takes seconds to turn into
-    BPE merges, and the built tokenizer loads from JSON in about a second."""
+    BPE merges, and the built tokenizer loads from its file in about a second."""
     import hashlib
 
     import numpy as np
@@ -177,20 +183,20 @@ def _cached_backend(
             digest.update(f"{key}={metadata[key]!r}\x00".encode("utf-8", "surrogatepass"))
     digest.update(f"arch={metadata.get('general.architecture')!r}".encode())
     path = runlm_home() / "tokenizers" / f"spm-{digest.hexdigest()[:32]}.json"
-    try:
-        cached = json.loads(path.read_text(encoding="utf-8"))
-        return _Backend.from_str(cached["tokenizer"]), (cached["strip"][0], int(cached["strip"][1]))
-    except Exception:  # noqa: BLE001 - a missing or unreadable cache entry is rebuilt
-        pass
-    backend, strip_mode = build()
+    if path.is_file():
+        try:
+            return _Backend.from_file(str(path))
+        except Exception:  # noqa: BLE001 - an unreadable cache entry is rebuilt
+            pass
+    backend = build()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"tokenizer": backend.to_str(), "strip": list(strip_mode)}), encoding="utf-8")
+        backend.save(str(tmp))
         tmp.replace(path)
-    except OSError:  # a read-only cache only costs the time
+    except Exception:  # noqa: BLE001 - a read-only cache only costs the time
         pass
-    return backend, strip_mode
+    return backend
 
 
 def token_text(value: Any) -> str | None:
@@ -276,9 +282,10 @@ class Tokenizer:
             default_add_bos = pre.add_bos
             byte_mode, strip_mode = "byte_level", ("none", 0)
         elif model == "llama":
-            backend, strip_mode = _cached_backend(
-                metadata, tokens, types, lambda: cls._gguf_sentencepiece(metadata, tokens, types)
-            )
+            backend = _cached_backend(metadata, tokens, types, lambda: cls._gguf_sentencepiece(metadata, tokens, types))
+            gemma, add_prefix = _spm_style(metadata)
+            # llama-style decoding drops the dummy prefix the encoder adds (see _gguf_sentencepiece)
+            strip_mode = ("string", 1) if add_prefix and not gemma else ("none", 0)
             default_add_bos = True
             byte_mode = "spm"
         else:
@@ -351,12 +358,9 @@ class Tokenizer:
         return backend, pre
 
     @staticmethod
-    def _gguf_sentencepiece(
-        metadata: Mapping[str, Any], tokens: list[str], types: list[int]
-    ) -> tuple[_Backend, tuple[str, int]]:
+    def _gguf_sentencepiece(metadata: Mapping[str, Any], tokens: list[str], types: list[int]) -> _Backend:
         """SentencePiece BPE (Llama 2, Mistral, Gemma...): vocabulary + scores, byte fallback, ▁ for spaces."""
-        arch = metadata.get("general.architecture")
-        gemma = arch in _GEMMA_ARCHS
+        gemma, add_prefix = _spm_style(metadata)
         original = tokens
         if gemma:
             # Gemma stores its runs of spaces as real spaces; the model looks them up spelled with ▁.
@@ -380,9 +384,7 @@ class Tokenizer:
         except Exception as exc:
             raise TokenizerError(f"cannot build the SentencePiece BPE model: {exc}") from exc
         backend = _Backend(bpe)
-        add_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", not gemma))
         steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-        strip_mode: tuple[str, int] = ("none", 0)
         if gemma:
             # GemmaTokenizer: spaces become ▁ in the normalizer, no pre-tokenizer split.
             norms = [normalizers.Replace(" ", "▁")]
@@ -396,11 +398,10 @@ class Tokenizer:
             )
             if add_prefix:
                 steps.append(decoders.Strip(content=" ", left=1, right=0))
-                strip_mode = ("string", 1)
         backend.decoder = decoders.Sequence(steps)
         # Respelled space runs are not added tokens: the text spells them with spaces, never with ▁.
         _add_gguf_special_tokens(backend, metadata, original, types, vocab)
-        return backend, strip_mode
+        return backend
 
     @classmethod
     def from_hf_dir(cls, path: str | Path) -> Tokenizer:
