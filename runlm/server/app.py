@@ -493,16 +493,17 @@ def create_app(
     def observe(handle: RequestHandle) -> None:
         metrics.observe_generation(handle.seq.usage, handle.seq.finish_reason or "error")
 
-    def submit(request: GenerationRequest) -> RequestHandle:
-        return scheduler.submit(request, loop=asyncio.get_running_loop(), on_done=observe)
+    async def start(planner, body, id_prefix: str) -> tuple[Any, RequestHandle, str, int]:
+        """Check the model, plan off the event loop, queue the request: (plan, handle, response id, created)."""
+        state.check_model(body.model)
+        plan = await run_in_threadpool(planner, state, body)
+        handle = scheduler.submit(plan.request, loop=asyncio.get_running_loop(), on_done=observe)
+        return plan, handle, f"{id_prefix}-{uuid.uuid4().hex}", int(time.time())
 
     # -- chat -----------------------------------------------------------------------------------
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        state.check_model(body.model)
-        plan = await run_in_threadpool(plan_chat, state, body)
-        handle = submit(plan.request)
-        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        plan, handle, rid, created = await start(plan_chat, body, "chatcmpl")
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(chat_stream(state, handle, plan, rid, created, body.model, include_usage),
@@ -527,10 +528,7 @@ def create_app(
     # -- text completions -----------------------------------------------------------------------
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        state.check_model(body.model)
-        plan = await run_in_threadpool(plan_completion, state, body)
-        handle = submit(plan.request)
-        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        plan, handle, rid, created = await start(plan_completion, body, "cmpl")
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(completion_stream(state, handle, plan, rid, created, body.model, include_usage,
