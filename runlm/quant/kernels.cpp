@@ -399,6 +399,32 @@ inline void dot32_avx(const uint8_t* const* w, const A32* const* a, int64_t nb, 
   for (int k = 0; k < RW * R; ++k) out[k] = hsum_ps(acc[k]) + corr_mult * corr[k];
 }
 
+// The K-quant dot skeleton (Q2_K .. Q6_K): block(blk, b, acc, accm) adds weight block `blk` (block index b) met by
+// the R activation rows into acc[0..R) and the part to subtract (mins times activation sums) into accm[0..R).
+template <int RW, int R, class Block>
+inline void kquant_dot(const uint8_t* const* w, int64_t nb, int size, float* out, Block block) {
+  __m256 acc[RW * R], accm[RW * R];
+  for (int k = 0; k < RW * R; ++k) acc[k] = accm[k] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b)
+    for (int i = 0; i < RW; ++i) block(w[i] + b * size, b, acc + i * R, accm + i * R);
+  for (int k = 0; k < RW * R; ++k) out[k] = hsum_ps(_mm256_sub_ps(acc[k], accm[k]));
+}
+
+// acc += d * da * sumi and accm += dmin * da * (group mins . activation group sums): formats with a min per group.
+inline void add_with_mins(__m256& acc, __m256& accm, __m256i sumi, float d, float dmin, __m256i mins16, const AK& ab) {
+  acc = _mm256_fmadd_ps(_mm256_set1_ps(d * ab.d), _mm256_cvtepi32_ps(sumi), acc);
+  const __m256i mb = _mm256_madd_epi16(mins16, load256(ab.bsums));
+  accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin * ab.d), _mm256_cvtepi32_ps(mb), accm);
+}
+
+// acc += d * da * (sumi - 2^SHIFT * (group scales . activation group sums)): codes stored with an offset of 2^SHIFT.
+template <int SHIFT>
+inline void add_with_offset(__m256& acc, __m256i sumi, float d, __m256i sc16, const AK& ab) {
+  const __m256i corr = _mm256_madd_epi16(sc16, load256(ab.bsums));
+  const __m256i tot = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, SHIFT));
+  acc = _mm256_fmadd_ps(_mm256_set1_ps(d * ab.d), _mm256_cvtepi32_ps(tot), acc);
+}
+
 #endif
 
 // ------------------------------------------------------------------------------------------------------------
@@ -524,37 +550,25 @@ struct Q2_K {
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
 #if RUNLM_AVX2
     const __m256i m3 = _mm256_set1_epi8(3);
-    __m256 acc[RW * R], accm[RW * R];
-    for (int k = 0; k < RW * R; ++k) acc[k] = accm[k] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      for (int i = 0; i < RW; ++i) {
-        const uint8_t* blk = w[i] + b * SIZE;
-        const float d = f16(blk + 80), dmin = f16(blk + 82);
-        const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
-        const __m128i sc8 = _mm_and_si128(sm, _mm_set1_epi8(0x0F));
-        const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0x0F)));
-        __m256i sumi[R];
-        for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
-        for (int h = 0; h < 2; ++h) {
-          __m256i bits = load256(blk + 16 + 32 * h);
-          for (int s = 0; s < 4; ++s) {
-            const int c = 4 * h + s;
-            const __m256i q = _mm256_and_si256(bits, m3);
-            bits = _mm256_srli_epi16(bits, 2);
-            const __m256i scv = scale_pair(sc8, c);
-            for (int r = 0; r < R; ++r) sumi[r] = scaled_dot(sumi[r], q, a[r][b].qs + 32 * c, scv);
-          }
-        }
-        for (int r = 0; r < R; ++r) {
-          const AK& ab = a[r][b];
-          const int k = i * R + r;
-          acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab.d), _mm256_cvtepi32_ps(sumi[r]), acc[k]);
-          const __m256i mb = _mm256_madd_epi16(mins16, load256(ab.bsums));
-          accm[k] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * ab.d), _mm256_cvtepi32_ps(mb), accm[k]);
+    kquant_dot<RW, R>(w, nb, SIZE, out, [&](const uint8_t* blk, int64_t b, __m256* acc, __m256* accm) {
+      const float d = f16(blk + 80), dmin = f16(blk + 82);
+      const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
+      const __m128i sc8 = _mm_and_si128(sm, _mm_set1_epi8(0x0F));
+      const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0x0F)));
+      __m256i sumi[R];
+      for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) {
+        __m256i bits = load256(blk + 16 + 32 * h);
+        for (int s = 0; s < 4; ++s) {
+          const int c = 4 * h + s;
+          const __m256i q = _mm256_and_si256(bits, m3);
+          bits = _mm256_srli_epi16(bits, 2);
+          const __m256i scv = scale_pair(sc8, c);
+          for (int r = 0; r < R; ++r) sumi[r] = scaled_dot(sumi[r], q, a[r][b].qs + 32 * c, scv);
         }
       }
-    }
-    for (int k = 0; k < RW * R; ++k) out[k] = hsum_ps(_mm256_sub_ps(acc[k], accm[k]));
+      for (int r = 0; r < R; ++r) add_with_mins(acc[r], accm[r], sumi[r], d, dmin, mins16, a[r][b]);
+    });
 #else
     scalar_dot<Q2_K, RW, R>(w, a, nb, out);
 #endif
@@ -584,42 +598,30 @@ struct Q3_K {
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
 #if RUNLM_AVX2
     const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
-    __m256 acc[RW * R];
-    for (int k = 0; k < RW * R; ++k) acc[k] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      for (int i = 0; i < RW; ++i) {
-        const uint8_t* blk = w[i] + b * SIZE;
-        const float d = f16(blk + 108);
-        alignas(16) int8_t sc[16];
-        k3_scales(blk + 96, sc);
-        const __m128i sc8 = _mm_load_si128(reinterpret_cast<const __m128i*>(sc));
-        __m256i hm = load256(blk);
-        __m256i sumi[R];
-        for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
-        for (int h = 0; h < 2; ++h) {
-          __m256i bits = load256(blk + 32 + 32 * h);
-          for (int s = 0; s < 4; ++s) {
-            const int c = 4 * h + s;
-            // q' = low2 | high << 2 in 0..7; the weight code is q' - 4
-            const __m256i q =
-                _mm256_or_si256(_mm256_and_si256(bits, m3), _mm256_and_si256(_mm256_slli_epi16(hm, 2), m4));
-            bits = _mm256_srli_epi16(bits, 2);
-            hm = _mm256_srli_epi16(hm, 1);
-            const __m256i scv = scale_pair(sc8, c);
-            for (int r = 0; r < R; ++r) sumi[r] = scaled_dot(sumi[r], q, a[r][b].qs + 32 * c, scv);
-          }
-        }
-        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-        for (int r = 0; r < R; ++r) {
-          const AK& ab = a[r][b];
-          const int k = i * R + r;
-          const __m256i corr = _mm256_madd_epi16(sc16, load256(ab.bsums));
-          const __m256i tot = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32(corr, 2));
-          acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab.d), _mm256_cvtepi32_ps(tot), acc[k]);
+    kquant_dot<RW, R>(w, nb, SIZE, out, [&](const uint8_t* blk, int64_t b, __m256* acc, __m256* /*accm*/) {
+      const float d = f16(blk + 108);
+      alignas(16) int8_t sc[16];
+      k3_scales(blk + 96, sc);
+      const __m128i sc8 = _mm_load_si128(reinterpret_cast<const __m128i*>(sc));
+      __m256i hm = load256(blk);
+      __m256i sumi[R];
+      for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) {
+        __m256i bits = load256(blk + 32 + 32 * h);
+        for (int s = 0; s < 4; ++s) {
+          const int c = 4 * h + s;
+          // q' = low2 | high << 2 in 0..7; the weight code is q' - 4
+          const __m256i q =
+              _mm256_or_si256(_mm256_and_si256(bits, m3), _mm256_and_si256(_mm256_slli_epi16(hm, 2), m4));
+          bits = _mm256_srli_epi16(bits, 2);
+          hm = _mm256_srli_epi16(hm, 1);
+          const __m256i scv = scale_pair(sc8, c);
+          for (int r = 0; r < R; ++r) sumi[r] = scaled_dot(sumi[r], q, a[r][b].qs + 32 * c, scv);
         }
       }
-    }
-    for (int k = 0; k < RW * R; ++k) out[k] = hsum_ps(acc[k]);
+      const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+      for (int r = 0; r < R; ++r) add_with_offset<2>(acc[r], sumi[r], d, sc16, a[r][b]);  // codes are q' - 4
+    });
 #else
     scalar_dot<Q3_K, RW, R>(w, a, nb, out);
 #endif
@@ -656,44 +658,32 @@ struct QK45 {
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
 #if RUNLM_AVX2
     const __m256i m4 = _mm256_set1_epi8(0x0F), m16 = _mm256_set1_epi8(0x10);
-    __m256 acc[RW * R], accm[RW * R];
-    for (int k = 0; k < RW * R; ++k) acc[k] = accm[k] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      for (int i = 0; i < RW; ++i) {
-        const uint8_t* blk = w[i] + b * SIZE;
-        const float d = f16(blk), dmin = f16(blk + 2);
-        alignas(16) uint8_t sc[8], mn[8];
-        k4_scale_min(blk + 4, sc, mn);
-        const __m128i mn8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn));
-        const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));  // m0 m0 m1 m1 ... per 16
-        __m256i hb = FIVE ? load256(blk + 16) : _mm256_setzero_si256();
-        __m256i sumi[R];
-        for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
-        for (int j = 0; j < 4; ++j) {
-          const __m256i bits = load256(blk + QS + 32 * j);
-          __m256i ql = _mm256_and_si256(bits, m4);
-          __m256i qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-          if (FIVE) {
-            ql = _mm256_or_si256(ql, _mm256_and_si256(_mm256_slli_epi16(hb, 4), m16));
-            qh = _mm256_or_si256(qh, _mm256_and_si256(_mm256_slli_epi16(hb, 3), m16));
-            hb = _mm256_srli_epi16(hb, 2);
-          }
-          const __m256i scl = _mm256_set1_epi16(sc[2 * j]), sch = _mm256_set1_epi16(sc[2 * j + 1]);
-          for (int r = 0; r < R; ++r) {
-            const int8_t* aq = a[r][b].qs + 64 * j;
-            sumi[r] = scaled_dot(scaled_dot(sumi[r], ql, aq, scl), qh, aq + 32, sch);
-          }
+    kquant_dot<RW, R>(w, nb, SIZE, out, [&](const uint8_t* blk, int64_t b, __m256* acc, __m256* accm) {
+      const float d = f16(blk), dmin = f16(blk + 2);
+      alignas(16) uint8_t sc[8], mn[8];
+      k4_scale_min(blk + 4, sc, mn);
+      const __m128i mn8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn));
+      const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));  // m0 m0 m1 m1 ... per 16
+      __m256i hb = FIVE ? load256(blk + 16) : _mm256_setzero_si256();
+      __m256i sumi[R];
+      for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j) {
+        const __m256i bits = load256(blk + QS + 32 * j);
+        __m256i ql = _mm256_and_si256(bits, m4);
+        __m256i qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+        if (FIVE) {
+          ql = _mm256_or_si256(ql, _mm256_and_si256(_mm256_slli_epi16(hb, 4), m16));
+          qh = _mm256_or_si256(qh, _mm256_and_si256(_mm256_slli_epi16(hb, 3), m16));
+          hb = _mm256_srli_epi16(hb, 2);
         }
+        const __m256i scl = _mm256_set1_epi16(sc[2 * j]), sch = _mm256_set1_epi16(sc[2 * j + 1]);
         for (int r = 0; r < R; ++r) {
-          const AK& ab = a[r][b];
-          const int k = i * R + r;
-          acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab.d), _mm256_cvtepi32_ps(sumi[r]), acc[k]);
-          const __m256i mb = _mm256_madd_epi16(mins16, load256(ab.bsums));
-          accm[k] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * ab.d), _mm256_cvtepi32_ps(mb), accm[k]);
+          const int8_t* aq = a[r][b].qs + 64 * j;
+          sumi[r] = scaled_dot(scaled_dot(sumi[r], ql, aq, scl), qh, aq + 32, sch);
         }
       }
-    }
-    for (int k = 0; k < RW * R; ++k) out[k] = hsum_ps(_mm256_sub_ps(acc[k], accm[k]));
+      for (int r = 0; r < R; ++r) add_with_mins(acc[r], accm[r], sumi[r], d, dmin, mins16, a[r][b]);
+    });
 #else
     scalar_dot<QK45<FIVE>, RW, R>(w, a, nb, out);
 #endif
@@ -723,43 +713,31 @@ struct Q6_K {
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
 #if RUNLM_AVX2
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    __m256 acc[RW * R];
-    for (int k = 0; k < RW * R; ++k) acc[k] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      for (int i = 0; i < RW; ++i) {
-        const uint8_t* blk = w[i] + b * SIZE;
-        const float d = f16(blk + 208);
-        const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
-        __m256i sumi[R];
-        for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
-        for (int h = 0; h < 2; ++h) {
-          const __m256i l0 = load256(blk + 64 * h), l1 = load256(blk + 64 * h + 32);
-          const __m256i hb = load256(blk + 128 + 32 * h);
-          // element 128h + 32k + l: low nibble k/2 of ql[64h + 32(k%2) + l], bits 2k..2k+1 of qh[32h + l]
-          const __m256i q[4] = {
-              _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
-              _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
-              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30)),
-              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                              _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30)),
-          };
-          for (int k = 0; k < 4; ++k) {
-            const int c = 4 * h + k;
-            const __m256i scv = scale_pair(sc8, c);
-            for (int r = 0; r < R; ++r) sumi[r] = scaled_dot(sumi[r], q[k], a[r][b].qs + 32 * c, scv);
-          }
-        }
-        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-        for (int r = 0; r < R; ++r) {
-          const AK& ab = a[r][b];
-          const int k = i * R + r;
-          const __m256i corr = _mm256_madd_epi16(sc16, load256(ab.bsums));  // codes are q - 32
-          const __m256i tot = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32(corr, 5));
-          acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab.d), _mm256_cvtepi32_ps(tot), acc[k]);
+    kquant_dot<RW, R>(w, nb, SIZE, out, [&](const uint8_t* blk, int64_t b, __m256* acc, __m256* /*accm*/) {
+      const float d = f16(blk + 208);
+      const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+      __m256i sumi[R];
+      for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) {
+        const __m256i l0 = load256(blk + 64 * h), l1 = load256(blk + 64 * h + 32);
+        const __m256i hb = load256(blk + 128 + 32 * h);
+        // element 128h + 32k + l: low nibble k/2 of ql[64h + 32(k%2) + l], bits 2k..2k+1 of qh[32h + l]
+        const __m256i q[4] = {
+            _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
+            _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                            _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30)),
+        };
+        for (int k = 0; k < 4; ++k) {
+          const int c = 4 * h + k;
+          const __m256i scv = scale_pair(sc8, c);
+          for (int r = 0; r < R; ++r) sumi[r] = scaled_dot(sumi[r], q[k], a[r][b].qs + 32 * c, scv);
         }
       }
-    }
-    for (int k = 0; k < RW * R; ++k) out[k] = hsum_ps(acc[k]);
+      const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+      for (int r = 0; r < R; ++r) add_with_offset<5>(acc[r], sumi[r], d, sc16, a[r][b]);  // codes are q - 32
+    });
 #else
     scalar_dot<Q6_K, RW, R>(w, a, nb, out);
 #endif
