@@ -11,6 +11,7 @@ import torch
 from engine_mocks import ID, MockTokenizer, ScriptedRunner, ids
 
 from runlm.engine import Engine, GenerationRequest, PromptCache, QueueFullError, Scheduler, StopStringFilter
+from runlm.engine.scheduler import release_openmp_pools
 from runlm.errors import ContextOverflowError, InvalidInputError
 from runlm.runner import SessionSnapshot
 from runlm.sampling import SamplingParams
@@ -223,6 +224,14 @@ def test_scheduler_queue_full_and_cancel_frees_the_slot():
         assert third.result().finish_reason == "cancelled"
     finally:
         sched.close()
+
+
+def test_release_openmp_pools_keeps_torch_working():
+    """Pausing the OpenMP runtime frees idle pools only: the next parallel op rebuilds them and computes the same."""
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    expected = a @ b
+    assert isinstance(release_openmp_pools(), bool)
+    torch.testing.assert_close(a @ b, expected)
 
 
 def test_scheduler_cancel_mid_stream_stops_between_tokens():
