@@ -222,7 +222,7 @@ def run_bench(args) -> int:
         "threads": threads,
         "prompt_ids": text_ids[: args.prompt_tokens],
         "gen_tokens": args.gen_tokens,
-        "repeat": getattr(args, "repeat", 1),
+        "repeat": args.repeat,
         "ppl_ids": text_ids[: args.ppl_tokens],
     }
     peers = ["runlm"] + [p for p in args.vs if p != "runlm"]
@@ -303,7 +303,7 @@ COLUMNS = [
 def print_table(path: Path, threads: int, args, results: list[dict], skipped: list) -> None:
     print(
         f"model: {path.name}   threads: {threads}   prompt: {args.prompt_tokens}   gen: {args.gen_tokens}   "
-        f"best of: {getattr(args, 'repeat', 1)}   "
+        f"best of: {args.repeat}   "
         f"ppl tokens: {args.ppl_tokens}"
     )
     print(f"machine: {machine()}")

@@ -1,0 +1,24 @@
+"""`runlm bench` end to end on the real SmolLM2 GGUF (tiny sizes: this checks the procedure, not the speed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def test_bench_runs_each_peer_with_repeats(smollm2_gguf, tmp_path):
+    out = tmp_path / "bench.json"
+    args = ["--prompt-tokens", "16", "--gen-tokens", "3", "--ppl-tokens", "64", "--repeat", "2", "--threads", "1"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "runlm.cli", "bench", "-m", str(smollm2_gguf), *args, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "best of: 2" in proc.stdout and "| runlm " in proc.stdout
+    report = json.loads(out.read_text())
+    (ours,) = [r for r in report["results"] if r["peer"] == "runlm"]
+    assert ours["decode_tok_s"] > 0 and ours["prefill_tok_s"] > 0 and ours["load_s"] > 0
+    assert 1 < ours["ppl"] < 1000  # a real model on real English: nowhere near uniform (49152)
