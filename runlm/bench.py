@@ -65,10 +65,10 @@ class RunlmPeer:
     def nll(self, ids: list[int]) -> float:
         """Total negative log-likelihood of ids[1:], chunk by chunk on the KV cache."""
         total, prev = 0.0, None
-        self.runner.reset()
+        session = self.runner.new_session()
         for start in range(0, len(ids), PPL_CHUNK):
             chunk = ids[start : start + PPL_CHUNK]
-            logits = self.runner.extend_all(chunk)
+            logits = self.runner.extend(session, chunk, all_positions=True)
             if prev is not None:
                 total += nll_of(prev[None], chunk[:1])
             total += nll_of(logits[:-1], chunk[1:])

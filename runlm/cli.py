@@ -109,13 +109,16 @@ def _load(args: argparse.Namespace, model: str | None = None):
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from runlm.engine import ImageInput
-    from runlm.models.vision import BOI, image_to_rgb
+    from runlm.models.vision import image_to_rgb
 
     image = ImageInput(*image_to_rgb(args.image)) if args.image is not None else None  # fail before the load
     loaded = _load(args)
     prompt = args.prompt
-    if image is not None and BOI not in prompt:
-        prompt = BOI + prompt  # an image with no marker goes before the text, inside the user turn
+    marker = loaded.runner.image_marker()
+    if image is not None and marker is None:
+        raise RunlmError(f"{loaded.path.name}: this {loaded.family} model has no vision tower and cannot take images")
+    if image is not None and marker not in prompt:
+        prompt = marker + prompt  # an image with no marker goes before the text, inside the user turn
     if args.raw or loaded.chat_template is None:
         text = prompt
     else:
@@ -164,7 +167,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         raise RunlmError(f"{loaded.path}: the model has no chat template; use `runlm generate --raw`")
     messages = [{"role": "system", "content": args.system}] if args.system else []
     engine = _engine(loaded)  # its prompt cache makes each turn prefill only the new text
-    print(f"runlm chat: {loaded.path.name} ({loaded.family.name}). Empty line or Ctrl-D to quit.", file=sys.stderr)
+    print(f"runlm chat: {loaded.path.name} ({loaded.family}). Empty line or Ctrl-D to quit.", file=sys.stderr)
     while True:
         try:
             line = input("> ")
@@ -215,7 +218,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     cfg = loaded.config
     rows = [
         ("path", str(loaded.path)),
-        ("family", loaded.family.name),
+        ("family", loaded.family),
         ("format", loaded.format),
         ("quantization", loaded.quantization),
         ("context length", str(cfg.max_position)),

@@ -3,111 +3,48 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from runlm.errors import InvalidInputError, ModelLoadError, UnsupportedArchitectureError
-from runlm.models.base import (
-    CachedRunner,
-    DecoderLM,
-    GGUFSource,
-    ModelConfig,
-    SafetensorsSource,
-    WeightLoader,
-    gguf_name,
-)
-
-
-@dataclass(frozen=True)
-class Family:
-    """How to recognise, configure and build one model family."""
-
-    name: str
-    gguf_architectures: tuple[str, ...]
-    hf_model_types: tuple[str, ...]
-    config_from_hf: Callable[[dict], ModelConfig]
-    config_from_gguf: Callable[[Any], ModelConfig]
-    build: Callable[[ModelConfig, WeightLoader], DecoderLM]
-    runner: type[CachedRunner]
-    gguf_overrides: dict[str, str] = field(default_factory=dict)
-    # Rows of a GGUF tensor to reorder back to transformers' layout (llama.cpp permutes llama's Q/K).
-    gguf_row_perm: Callable[[str, ModelConfig], torch.Tensor | None] = lambda name, cfg: None
-    # (strip, add) name prefixes to try, for checkpoints that nest the text model.
-    hf_prefixes: tuple[tuple[str, str], ...] = (("", ""),)
-    builtin_chat_format: str | None = None
-    # (loaded, mmproj path or None) -> None: give the runner its vision tower when the model has one.
-    attach_vision: Callable[[Any, Path | None], None] | None = None
-
-
-FAMILIES: dict[str, Family] = {}
-
-
-def register_family(family: Family) -> Family:
-    FAMILIES[family.name] = family
-    return family
-
-
-def _families() -> dict[str, Family]:
-    from runlm.models import import_all_families
-
-    import_all_families()
-    return FAMILIES
-
-
-def supported() -> str:
-    fams = _families().values()
-    return ", ".join(
-        sorted({a for f in fams for a in f.gguf_architectures} | {t for f in fams for t in f.hf_model_types})
-    )
-
-
-def family_for_gguf(arch: str, path: Path) -> Family:
-    for family in _families().values():
-        if arch in family.gguf_architectures:
-            return family
-    raise UnsupportedArchitectureError(f"{path}: architecture {arch!r} is not supported (supported: {supported()})")
-
-
-def family_for_hf(config: dict, path: Path) -> Family:
-    model_type = config.get("model_type")
-    text_type = (config.get("text_config") or {}).get("model_type")
-    for family in _families().values():
-        if model_type in family.hf_model_types or text_type in family.hf_model_types:
-            return family
-    names = config.get("architectures") or []
-    raise UnsupportedArchitectureError(
-        f"{path}: model_type {model_type!r} ({', '.join(names) or 'no architectures'}) is not supported "
-        f"(supported: {supported()})"
-    )
+from runlm import catalog
+from runlm.errors import InvalidInputError, ModelLoadError
+from runlm.formats.gguf import GGUFFile, GGUFSource, gguf_name
+from runlm.formats.safetensors import SafetensorsSource
+from runlm.models.base import WeightLoader
+from runlm.models.config import ModelConfig
+from runlm.models.registry import Family, family_for_gguf, family_for_hf
+from runlm.runner import LmRunner
+from runlm.text import ChatTemplate, Tokenizer
 
 
 @dataclass
 class LoadedModel:
     """A ready runner with what callers need around it."""
 
-    runner: CachedRunner
-    tokenizer: Any
-    chat_template: Any
+    runner: LmRunner
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate | None
     path: Path
     format: str
-    family: Family
+    family_spec: Family  # how the family was recognised and built
     config: ModelConfig
     quantization: str
     metadata: dict = field(default_factory=dict)
 
     @property
+    def family(self) -> str:
+        """The runner's family identifier ("llama32", "qwen3", "gemma")."""
+        return self.runner.family()
+
+    @property
     def context_length(self) -> int:
-        return self.runner.max_context
+        return self.runner.max_context()
 
 
 def resolve_model(name_or_path: str | Path | None) -> Path:
     """A path as given, or a catalog name pulled into the cache on first use."""
-    from runlm import catalog
-
     if name_or_path is None:
         name_or_path = catalog.DEFAULT_MODEL
     if isinstance(name_or_path, str) and name_or_path in catalog.CATALOG:
@@ -144,8 +81,6 @@ def load(
     tower is found by itself (an HF directory's vision_config, an mmproj*.gguf next to a GGUF)
     or given as `mmproj`, llama.cpp's vision projector GGUF.
     """
-    from runlm import catalog
-
     if dtype not in DTYPES:
         raise InvalidInputError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     try:
@@ -167,24 +102,19 @@ def load(
     if target.type != "cpu":
         loaded.runner.to_device(target)
     if loaded.chat_template is None:
-        fmt = catalog.CATALOG[catalog_name].chat_format if catalog_name else loaded.family.builtin_chat_format
+        spec = loaded.family_spec
+        fmt = catalog.CATALOG[catalog_name].chat_format if catalog_name else spec.builtin_chat_format
         if fmt is not None:
-            from runlm.text import ChatTemplate
-
             tok = loaded.tokenizer
             loaded.chat_template = ChatTemplate.builtin(fmt, tok.token_str(tok.bos_id), tok.token_str(tok.eos_id))
-    loaded.runner.tokenizer = loaded.tokenizer  # for prompts given as text (generate_multimodal)
-    if loaded.family.attach_vision is not None:
-        loaded.family.attach_vision(loaded, mmproj)
+    if loaded.family_spec.attach_vision is not None:
+        loaded.family_spec.attach_vision(loaded, mmproj)
     elif mmproj is not None:
-        raise ModelLoadError(f"{path}: {loaded.family.name} models take no vision projector (mmproj)")
+        raise ModelLoadError(f"{path}: {loaded.family} models take no vision projector (mmproj)")
     return loaded
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | None) -> LoadedModel:
-    from runlm.formats.gguf import GGUFFile
-    from runlm.text import ChatTemplate, Tokenizer
-
     gguf = GGUFFile(path)
     family = family_for_gguf(gguf.architecture, path)
     config = family.config_from_gguf(gguf)
@@ -201,7 +131,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | 
         chat_template=ChatTemplate.from_gguf(gguf.metadata),
         path=path,
         format="gguf",
-        family=family,
+        family_spec=family,
         config=config,
         quantization=_gguf_quantization(gguf),
         metadata={k: v for k, v in gguf.metadata.items() if not k.startswith("tokenizer.ggml.")},
@@ -217,8 +147,6 @@ def _gguf_quantization(gguf) -> str:
 
 
 def _load_hf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | None) -> LoadedModel:
-    from runlm.text import ChatTemplate, Tokenizer
-
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelLoadError(f"{path}: not a Hugging Face model directory (no config.json)")
@@ -239,7 +167,7 @@ def _load_hf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | No
         chat_template=ChatTemplate.from_hf_dir(path),
         path=path,
         format="safetensors",
-        family=family,
+        family_spec=family,
         config=config,
         quantization=str(dtype).removeprefix("torch."),
         metadata=config_dict,

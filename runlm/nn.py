@@ -120,6 +120,18 @@ class FullKVCache:
         self.v = torch.zeros_like(self.k)
         self.length = 0
 
+    def reset(self) -> None:
+        self.length = 0
+
+    def prepare_decode(self, start: int) -> tuple[int, int]:
+        """Room for one token at `start`: (its slot, the number of positions attention reads)."""
+        self.reserve(start + 1)
+        return start, start + 1
+
+    def commit(self, end: int) -> None:
+        """The cache now holds positions 0..end-1 (after a fused call wrote them)."""
+        self.length = end
+
     def reserve(self, needed: int) -> None:
         capacity = self.k.shape[2]
         if needed <= capacity:
@@ -141,9 +153,9 @@ class FullKVCache:
 
     def decode_attention(self, qkv, cos, sin, start: int, n_heads: int, n_kv_heads: int, scale: float):
         """One new token: RoPE, cache write and attention in one C++ call; returns [n_heads * head_dim]."""
-        self.reserve(start + 1)
+        self.prepare_decode(start)
         out = torch.ops.runlm.decode_attention(qkv, cos, sin, self.k, self.v, start, n_heads, n_kv_heads, scale)
-        self.length = start + 1
+        self.commit(start + 1)
         return out
 
     def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,6 +181,19 @@ class SlidingKVCache:
         self.v = torch.zeros_like(self.k)
         self.pos = torch.full((window,), -1, dtype=torch.long, device=device)  # position held by each slot
         self.length = 0
+
+    def reset(self) -> None:
+        self.length = 0
+        self.pos.fill_(-1)
+
+    def prepare_decode(self, start: int) -> tuple[int, int]:
+        """The ring slot for one token at `start` (marked as holding it), and the live slots attention reads."""
+        slot = start % self.window
+        self.pos[slot] = start
+        return slot, min(start + 1, self.window)
+
+    def commit(self, end: int) -> None:
+        self.length = end
 
     def update(self, k: torch.Tensor, v: torch.Tensor, start: int):
         """Attend over the ring's live entries plus the new ones, then keep the newest `window`."""
@@ -281,6 +306,8 @@ class Attention(nn.Module):
         self.q_norm, self.k_norm = q_norm, k_norm
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.scale, self.window, self.softcap = scale, window, softcap
+        # RoPE + cache write + attention in one C++ call for single-token steps (set by models.fused at load).
+        self.fused_attention = False
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, rope_tables, cache, start, image_group=None
@@ -294,8 +321,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             qk = torch.cat([self.q_norm(qk[:, :, :hq]), self.k_norm(qk[:, :, hq:])], dim=2)
         cos, sin = rope_tables[id(self.rope)]
-        first_cache = cache[0] if isinstance(cache, list) else cache
-        if t == 1 and isinstance(first_cache, FullKVCache) and self._fused_decode(x, image_group):
+        if t == 1 and self.fused_attention and image_group is None:
             if self.q_norm is not None:
                 qkv = torch.cat([qk, v], dim=2)
             if not isinstance(cache, list):
@@ -321,17 +347,6 @@ class Attention(nn.Module):
             out = torch.cat(outs)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
-    def _fused_decode(self, x: torch.Tensor, image_group) -> bool:
-        """Whether the one-call C++ decode step applies: float32 on CPU, plain causal attention."""
-        return (
-            x.dtype == torch.float32
-            and x.device.type == "cpu"
-            and self.window is None
-            and self.softcap is None
-            and image_group is None
-            and _native_kernels()
-        )
-
 
 class GatedMLP(nn.Module):
     """down(act(gate(x)) * up(x)) with gate and up fused into one projection."""
@@ -344,3 +359,34 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down(self.act(gate) * up)
+
+
+class PreNormBlock(nn.Module):
+    """x + attn(norm(x)), then x + mlp(norm(x)): Llama, Qwen3 and most decoders."""
+
+    def __init__(self, attn_norm: nn.Module, attn: Attention, mlp_norm: nn.Module, mlp: GatedMLP):
+        super().__init__()
+        self.attn_norm, self.attn, self.mlp_norm, self.mlp = attn_norm, attn, mlp_norm, mlp
+        self.fused_decode = None  # the whole block for one token in one call, where models.fused set one
+
+    def forward(self, h, positions, rope_tables, cache, start, image_group=None):
+        if self.fused_decode is not None and h.shape[0] == h.shape[1] == 1 and image_group is None:
+            return self.fused_decode(h, rope_tables, cache, start)
+        h = h + self.attn(self.attn_norm(h), positions, rope_tables, cache, start, image_group)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class SandwichBlock(nn.Module):
+    """Norms before and after both attention and MLP, as Gemma 2/3 do."""
+
+    def __init__(self, norms: list[nn.Module], attn: Attention, mlp: GatedMLP):
+        super().__init__()
+        self.pre_attn, self.post_attn, self.pre_mlp, self.post_mlp = norms
+        self.attn, self.mlp = attn, mlp
+        self.fused_decode = None  # the whole block for one token in one call, where models.fused set one
+
+    def forward(self, h, positions, rope_tables, cache, start, image_group=None):
+        if self.fused_decode is not None and h.shape[0] == h.shape[1] == 1 and image_group is None:
+            return self.fused_decode(h, rope_tables, cache, start)
+        h = h + self.post_attn(self.attn(self.pre_attn(h), positions, rope_tables, cache, start, image_group))
+        return h + self.post_mlp(self.mlp(self.pre_mlp(h)))

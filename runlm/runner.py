@@ -1,4 +1,12 @@
-"""The runner contract every model family implements (see shared/seed/LmRunner.txt)."""
+"""The runner contract every model family implements (see shared/seed/LmRunner.txt).
+
+The seed's calls (`prefill_logits`, `decode_logits`, `export_session`, ...) act on the runner's own
+session, as the seed describes. Everything above the runner (engine, scheduler, server, bench) uses
+the explicit form instead: a `Session` object is made by `new_session()` and passed to every call, so
+a batcher can hold many at once and no call depends on which session was used last. Only three
+methods are required; every other one has a default that stays correct for a minimal runner
+(it re-runs `predict_logits` on the whole context, one sequence at a time).
+"""
 
 from __future__ import annotations
 
@@ -10,17 +18,35 @@ from typing import Any
 
 import torch
 
-from runlm.errors import InvalidInputError, UnsupportedOperationError
+from runlm.errors import ContextOverflowError, InvalidInputError, RunlmError, UnsupportedOperationError
 
 OnToken = Callable[[int], bool]
+DEFAULT_MAX_CONTEXT = 4096
+
+
+@dataclass
+class Session:
+    """One sequence's decode state: the token ids it holds and the runner-private state behind them."""
+
+    tokens: list[int] = field(default_factory=list)
+    state: Any = None
+
+
+class PartialBatchError(RunlmError):
+    """decode_batch failed part-way: the first len(rows) sessions advanced (these are their logits), the
+    next one raised `cause`, and the rest were not touched."""
+
+    def __init__(self, rows: list[torch.Tensor], cause: BaseException):
+        super().__init__(f"decode_batch failed at session {len(rows)}: {cause}")
+        self.rows, self.cause = rows, cause
 
 
 @dataclass
 class SessionSnapshot:
-    """The filled part of a runner's KV cache plus the token ids that produced it.
+    """The filled part of a session's KV cache plus the token ids that produced it.
 
-    `cache` is family-private (each runner knows how to restore its own); the
-    prompt cache and the batcher only read `token_ids` and `nbytes`.
+    `cache` is runner-private (each runner knows how to restore its own); the prompt cache and the
+    batcher only read `token_ids` and `nbytes`.
     """
 
     token_ids: list[int]
@@ -30,14 +56,48 @@ class SessionSnapshot:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+MAX_IMAGE_SIDE = 16384
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """One image as raw RGB bytes, row-major, width * height * 3 long (checked on construction)."""
+
+    rgb: bytes
+    width: int
+    height: int
+
+    def __post_init__(self) -> None:
+        for name, value in (("width", self.width), ("height", self.height)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidInputError(f"image {name} must be an integer, got {value!r}")
+            if not 0 < value <= MAX_IMAGE_SIDE:
+                raise InvalidInputError(f"image {name} must be in 1..{MAX_IMAGE_SIDE}, got {value}")
+        rgb = self.rgb
+        if hasattr(rgb, "dtype") and str(rgb.dtype) != "uint8":  # a numpy array
+            raise InvalidInputError(f"rgb must hold bytes (uint8), got {rgb.dtype}")
+        if hasattr(rgb, "tobytes"):
+            rgb = rgb.tobytes()
+        if not isinstance(rgb, bytes | bytearray | memoryview):
+            raise InvalidInputError(f"rgb must be bytes, got {type(rgb).__name__}")
+        rgb = bytes(rgb)
+        expected = self.width * self.height * 3
+        if len(rgb) != expected:
+            raise InvalidInputError(
+                f"rgb has {len(rgb)} bytes; a {self.width}x{self.height} RGB image needs {expected} "
+                "(row-major, 3 bytes a pixel)"
+            )
+        object.__setattr__(self, "rgb", rgb)
+
+
 class LmRunner(ABC):
     """One model family behind one small contract.
 
-    A runner may be handed to another thread (the server runs inference on a
-    worker pool) but is never used from two threads at once.
+    A runner may be handed to another thread (the server runs inference on a worker) but is never
+    used from two threads at once.
     """
 
-    # -- required -----------------------------------------------------------
+    # -- required -----------------------------------------------------------------------
     @abstractmethod
     def family(self) -> str:
         """Short family identifier: "llama32", "qwen3" or "gemma"."""
@@ -50,51 +110,169 @@ class LmRunner(ABC):
     def predict_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
         """Run prefill on `prompt_ids` and return the last position's logits [vocab]."""
 
-    # -- provided -----------------------------------------------------------
-    def generate(self, prompt_ids: Sequence[int], n_new: int, on_token: OnToken | None = None) -> list[int]:
-        """Greedy generation of up to `n_new` tokens; `on_token` returns False to stop.
+    # -- sessions: what the engine runs on -----------------------------------------------
+    def max_context(self) -> int:
+        """The most tokens a session may hold."""
+        return DEFAULT_MAX_CONTEXT
 
-        This default re-runs the whole context each step; families override it
-        with their cached decode path.
+    def new_session(self) -> Session:
+        """An empty session; the runner-private state is made on first use."""
+        return Session()
+
+    def reset_session(self, session: Session) -> None:
+        """Forget what `session` holds: its next extend starts at position 0."""
+        session.tokens = []
+        session.state = None
+
+    def extend(self, session: Session, ids: Sequence[int], all_positions: bool = False) -> torch.Tensor:
+        """Append `ids` to `session`; the last position's logits [vocab], or every new one's [T, vocab].
+
+        The default re-runs the whole context for each position it reports.
         """
+        if len(ids) == 0:
+            raise InvalidInputError("nothing to extend: no token ids")
+        self.check_tokens(ids)
+        self.check_fits(len(session.tokens) + len(ids))
+        context = list(session.tokens)
+        rows = []
+        for i, token in enumerate(ids):
+            context.append(int(token))
+            if all_positions or i == len(ids) - 1:
+                rows.append(self.predict_logits(context))
+        session.tokens = context
+        return torch.stack(rows) if all_positions else rows[-1]
+
+    def prefill(self, session: Session, prompt_ids: Sequence[int]) -> torch.Tensor:
+        """Make `session` hold exactly `prompt_ids`; the last position's logits [vocab]."""
         self.check_prompt(prompt_ids)
-        check_n_new(n_new)
-        context = list(prompt_ids)
-        produced: list[int] = []
-        for _ in range(n_new):
-            token = int(torch.argmax(self.predict_logits(context)))
-            produced.append(token)
-            context.append(token)
-            if on_token is not None and not on_token(token):
-                break
-        return produced
+        self.reset_session(session)
+        return self.extend(session, prompt_ids)
 
-    def prefill_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
-        """Prefill, seed the decode cache, return the last position's logits [vocab]."""
-        raise UnsupportedOperationError(f"{self.family()} runner has no host-driven decode (prefill_logits)")
+    def decode(self, session: Session, token: int) -> torch.Tensor:
+        """Feed one token to a prefilled session; the next position's logits [vocab]."""
+        if not session.tokens:
+            raise InvalidInputError("decode needs a prefilled session: call prefill first")
+        return self.extend(session, [token])
 
-    def decode_logits(self, token: int) -> torch.Tensor:
-        """Feed one token, advance the cache, return the next position's logits [vocab]."""
-        raise UnsupportedOperationError(f"{self.family()} runner has no host-driven decode (decode_logits)")
+    def decode_batch(self, sessions: Sequence[Session], tokens: Sequence[int]) -> torch.Tensor:
+        """One token for each session, each at its own position: logits [B, vocab].
 
-    def prefill_logits_reusing(self, prompt: Sequence[int], snap: SessionSnapshot, reuse_len: int) -> torch.Tensor:
-        """Prefill `prompt` whose first `reuse_len` tokens `snap` already covers.
-
-        The default ignores the snapshot and prefills everything, so callers get
-        correct logits from every runner.
+        An error either leaves every session as it was, or is a PartialBatchError that says which
+        sessions advanced (and their logits). The default steps the sessions one after another;
+        cached runners run one batched forward.
         """
-        return self.prefill_logits(prompt)
+        if len(sessions) != len(tokens) or not sessions:
+            raise InvalidInputError("decode_batch needs one token per session, and at least one session")
+        rows: list[torch.Tensor] = []
+        for session, token in zip(sessions, tokens):
+            try:
+                rows.append(self.decode(session, token))
+            except Exception as exc:
+                if not rows:
+                    raise
+                raise PartialBatchError(rows, exc) from exc
+        return torch.stack(rows)
 
-    def export_session(self) -> SessionSnapshot | None:
-        """Snapshot the decode session for prompt-cache reuse; None if unsupported."""
+    def export(self, session: Session) -> SessionSnapshot | None:
+        """Snapshot `session` for prompt-cache reuse; None if this runner cannot."""
         return None
 
-    def restore_session(self, snap: SessionSnapshot) -> bool:
-        """Restore an exported session; True if it was applied."""
+    def restore(self, session: Session, snap: SessionSnapshot, length: int | None = None) -> bool:
+        """Make `session` hold the first `length` tokens of `snap` (all when None); True if applied."""
         return False
 
+    def prefill_reusing(
+        self, session: Session, prompt: Sequence[int], snap: SessionSnapshot, reuse_len: int
+    ) -> tuple[torch.Tensor, int]:
+        """Prefill `prompt` whose first `reuse_len` tokens `snap` covers: (last logits, tokens really reused).
+
+        Reuse can fall short of `reuse_len` (at least one token must run to give logits) or fail
+        altogether (a sliding-window cache no longer holds the prefix); the count says what happened.
+        """
+        self.check_prompt(prompt)
+        if not 0 <= reuse_len <= len(snap.token_ids):
+            raise InvalidInputError(f"reuse_len {reuse_len} is outside the snapshot's {len(snap.token_ids)} tokens")
+        if list(prompt[:reuse_len]) != snap.token_ids[:reuse_len]:
+            raise InvalidInputError("the prompt does not start with the snapshot's first reuse_len tokens")
+        reuse = min(reuse_len, len(prompt) - 1)
+        if reuse > 0 and self.restore(session, snap, reuse):
+            return self.extend(session, prompt[reuse:]), reuse
+        return self.prefill(session, prompt), 0
+
+    # -- images --------------------------------------------------------------------------
     def supports_multimodal(self) -> bool:
         return False
+
+    def image_marker(self) -> str | None:
+        """The text that marks where an image goes in a prompt (None: this runner takes no images)."""
+        return None
+
+    def multimodal_prompt_ids(self, prompt: str, tokenizer: Any = None) -> list[int]:
+        """The token ids a prompt with one image marker runs as (the image expanded to its soft tokens).
+
+        `tokenizer` (a path or tokenizer) replaces the one the runner was loaded with."""
+        raise UnsupportedOperationError(f"{self.family()} runner has no vision tower: this model cannot take images")
+
+    def prefill_multimodal(
+        self,
+        session: Session,
+        prompt: str,
+        image: ImageInput,
+        on_phase: Callable[[str], None] | None = None,
+        tokenizer: Any = None,
+        all_positions: bool = False,
+    ) -> torch.Tensor:
+        """Prefill `prompt` with `image` spliced in at its marker; `session` then holds
+        `multimodal_prompt_ids(prompt)`. `on_phase` hears "vision" and "prefill" as they start.
+        Returns the last position's logits [vocab], or every position's [T, vocab]."""
+        raise UnsupportedOperationError(f"{self.family()} runner has no vision tower: this model cannot take images")
+
+    # -- the seed's calls, on the runner's own session --------------------------------------
+    @property
+    def own_session(self) -> Session:
+        """The session the seed's session-less calls act on."""
+        session = self.__dict__.get("_own_session")
+        if session is None:
+            session = self.__dict__["_own_session"] = self.new_session()
+        return session
+
+    def generate(self, prompt_ids: Sequence[int], n_new: int, on_token: OnToken | None = None) -> list[int]:
+        """Greedy generation of up to `n_new` tokens; `on_token` returns False to stop."""
+        check_n_new(n_new)
+        self.check_prompt(prompt_ids)
+        self.check_fits(len(prompt_ids) + n_new)
+        if n_new == 0:
+            return []
+        return self.greedy_continue(self.own_session, self.prefill(self.own_session, prompt_ids), n_new, on_token)
+
+    def greedy_continue(
+        self, session: Session, logits: torch.Tensor, n_new: int, on_token: OnToken | None
+    ) -> list[int]:
+        """Greedy tokens from a prefilled session's `logits` on."""
+        produced: list[int] = []
+        while True:
+            token = int(torch.argmax(logits))
+            produced.append(token)
+            if on_token is not None and not on_token(token):
+                return produced
+            if len(produced) >= n_new:
+                return produced
+            logits = self.decode(session, token)
+
+    def prefill_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+        return self.prefill(self.own_session, prompt_ids)
+
+    def decode_logits(self, token: int) -> torch.Tensor:
+        return self.decode(self.own_session, token)
+
+    def prefill_logits_reusing(self, prompt: Sequence[int], snap: SessionSnapshot, reuse_len: int) -> torch.Tensor:
+        return self.prefill_reusing(self.own_session, prompt, snap, reuse_len)[0]
+
+    def export_session(self) -> SessionSnapshot | None:
+        return self.export(self.own_session)
+
+    def restore_session(self, snap: SessionSnapshot) -> bool:
+        return self.restore(self.own_session, snap)
 
     def generate_multimodal(
         self,
@@ -102,26 +280,42 @@ class LmRunner(ABC):
         rgb: bytes,
         img_w: int,
         img_h: int,
-        tokenizer: Path | None,
+        tokenizer: Path | Any | None,
         n_new: int,
         on_token: OnToken | None = None,
         on_phase: Callable[[str], None] | None = None,
     ) -> list[int]:
-        """Generate from a prompt whose image markers are spliced with vision embeddings.
+        """Greedy generation from a prompt whose image marker is spliced with the image's embeddings.
 
-        `rgb` is img_w * img_h * 3 bytes, row-major; `on_phase` hears "vision" before the image
-        is encoded and "prefill" before the language model's prefill.
+        `rgb` is img_w * img_h * 3 bytes, row-major. `tokenizer` (a path or tokenizer; None: the
+        runner's own) encodes the prompt.
         """
-        raise UnsupportedOperationError(f"{self.family()} runner has no vision tower: this model cannot take images")
+        check_n_new(n_new)
+        if not self.supports_multimodal():
+            raise UnsupportedOperationError(
+                f"{self.family()} runner has no vision tower: this model cannot take images")
+        image = ImageInput(rgb, img_w, img_h)
+        if n_new == 0:
+            return []
+        self.check_fits(len(self.multimodal_prompt_ids(prompt, tokenizer)) + n_new)
+        logits = self.prefill_multimodal(self.own_session, prompt, image, on_phase, tokenizer)
+        return self.greedy_continue(self.own_session, logits, n_new, on_token)
 
-    # -- shared input checks --------------------------------------------------
+    # -- shared input checks --------------------------------------------------------------
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:
         """Reject prompts that no model could run."""
         if len(prompt_ids) == 0:
             raise InvalidInputError("prompt is empty: at least one token id is needed")
+        self.check_tokens(prompt_ids)
+
+    def check_tokens(self, ids: Sequence[int]) -> None:
         vocab = self.vocab_size()
-        for token in prompt_ids:
+        for token in ids:
             check_token(token, vocab)
+
+    def check_fits(self, total: int) -> None:
+        if total > self.max_context():
+            raise ContextOverflowError(f"{total} tokens do not fit the context of {self.max_context()} tokens")
 
 
 def check_token(token: int, vocab: int) -> None:

@@ -127,7 +127,7 @@ def test_context_overflow(tiny_llama):
 
 def test_loaded_model_carries_tokenizer_and_template(tiny_llama):
     loaded = load(tiny_llama / "model.gguf")
-    assert loaded.format == "gguf" and loaded.family.name == "llama32"
+    assert loaded.format == "gguf" and loaded.family == loaded.family_spec.name == "llama32"
     text = loaded.chat_template.render([{"role": "user", "content": "hi"}])
     assert text.endswith("<|im_start|>assistant\n")
     ids = loaded.tokenizer.encode(text, add_bos=False)

@@ -1,16 +1,17 @@
 """The host-driven decode loop over any LmRunner: sampling, stops, streaming records, the prompt cache.
 
-A request becomes a `Sequence`: a small state machine that is prefilled once and then fed one row of
-logits per step (`on_logits`), returning the records to stream and the next token to feed. The loop
-that feeds it (`Engine.generate`) is the one-sequence case; a batched step would gather the pending
-tokens of many sequences, run one forward, and hand each its row, without touching `Sequence`.
+A request becomes a `Generation`: a small state machine over its own runner session, prefilled once
+(`Engine.start`) and then fed one row of logits per step (`on_logits`), returning the records to
+stream and the next token to feed. `Engine.step` is the one decode step: it gathers the pending
+tokens of every generation given, runs one batched forward, and hands each its row. The scheduler
+calls it for many generations at once, `Engine.generate` for one; a failure fails only the
+generation it belongs to.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from collections.abc import Sequence as Seq
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,26 +21,17 @@ from runlm.engine.grammar import GrammarConstraint
 from runlm.engine.prompt_cache import PromptCache
 from runlm.engine.stops import StopStringFilter
 from runlm.errors import ContextOverflowError, InvalidInputError
-from runlm.runner import LmRunner
+from runlm.runner import ImageInput, LmRunner, PartialBatchError, Session
 from runlm.sampling import Sampler, SamplingParams, TokenLogprob
 from runlm.text import StreamingDetokenizer
-
-
-@dataclass(frozen=True)
-class ImageInput:
-    """One image as raw RGB bytes, row-major, width * height * 3 long."""
-
-    rgb: bytes
-    width: int
-    height: int
 
 
 @dataclass
 class GenerationRequest:
     """What to generate: prompt ids plus the knobs of one OpenAI request.
 
-    With `image`, `prompt_text` holds the prompt (its `<start_of_image>` marks the image) and
-    `prompt_ids` its expansion with the image's soft tokens; see Engine.with_image.
+    With `image`, `prompt_text` holds the prompt (the runner's image marker shows where the image
+    goes) and `prompt_ids` its expansion with the image's soft tokens; see Engine.with_image.
     """
 
     prompt_ids: list[int]
@@ -100,8 +92,8 @@ class Completion:
     usage: Usage
 
 
-class Sequence:
-    """One request in flight: its sampler, detokenizer, stop filter and counters."""
+class Generation:
+    """One request in flight: its runner session, sampler, detokenizer, stop filter and counters."""
 
     def __init__(self, request: GenerationRequest, tokenizer: Any, vocab_size: int, max_new: int,
                  submitted_at: float | None = None):
@@ -120,6 +112,7 @@ class Sequence:
         self.submitted_at = submitted_at if submitted_at is not None else time.perf_counter()
         self._started_at = 0.0
         self._first_token_at = 0.0
+        self.session: Session | None = None  # made by Engine.start
         self.prefilled = False
 
     @property
@@ -169,6 +162,11 @@ class Sequence:
     def cancel(self) -> StreamRecord:
         return self._finish(StreamRecord(), "cancelled")
 
+    def fail(self) -> None:
+        """The request failed (the error goes to its caller); nothing more is generated."""
+        self.finish_reason = "error"
+        self.next_token = None
+
     def _flush(self) -> str:
         text, hit = self.stops.push(self.detok.flush())
         return text if hit else text + self.stops.flush()
@@ -181,6 +179,9 @@ class Sequence:
         return record
 
 
+StepResult = tuple[Generation, "StreamRecord | Exception"]
+
+
 class Engine:
     """Generation over one runner. Not thread-safe (the runner is not): the scheduler owns it."""
 
@@ -189,12 +190,12 @@ class Engine:
         self.runner = runner
         self.tokenizer = tokenizer
         self.vocab_size = runner.vocab_size()
-        self.context_length = context_length or getattr(runner, "max_context", None) or 4096
+        self.context_length = context_length or runner.max_context()
         budget = int(prompt_cache_mb * 1024 * 1024)
         self.prompt_cache: PromptCache | None = PromptCache(budget) if budget > 0 else None
 
     # -- checks ------------------------------------------------------------------------
-    def check_prompt(self, prompt_ids: Seq[int]) -> None:
+    def check_prompt(self, prompt_ids: Sequence[int]) -> None:
         if not prompt_ids:
             raise InvalidInputError("the prompt is empty: at least one token is needed")
         for t in prompt_ids:
@@ -215,78 +216,107 @@ class Engine:
             raise InvalidInputError(f"max_tokens must be a positive integer, got {request.max_tokens!r}")
         return min(request.max_tokens, room)
 
-    def new_sequence(self, request: GenerationRequest, submitted_at: float | None = None) -> Sequence:
-        """Validate a request and make its Sequence (cheap; no model work)."""
+    def new_generation(self, request: GenerationRequest, submitted_at: float | None = None) -> Generation:
+        """Validate a request and make its Generation (cheap; no model work)."""
         self.check_prompt(request.prompt_ids)
-        return Sequence(request, self.tokenizer, self.vocab_size, self.max_new_tokens(request), submitted_at)
+        return Generation(request, self.tokenizer, self.vocab_size, self.max_new_tokens(request), submitted_at)
 
     def with_image(self, request: GenerationRequest, prompt_text: str, image: ImageInput) -> GenerationRequest:
-        """Turn a text request into an image + text one (the runner must have a vision tower)."""
-        from runlm.models.vision import multimodal_ids, require_vision
-
-        vision = require_vision(self.runner)
-        request.prompt_ids, _ = multimodal_ids(self.tokenizer, prompt_text, vision.config.mm_tokens_per_image)
+        """Turn a text request into an image + text one (the runner must take images)."""
+        request.prompt_ids = self.runner.multimodal_prompt_ids(prompt_text)
         request.prompt_text, request.image = prompt_text, image
         request.use_prompt_cache = False  # a snapshot of soft tokens could not be matched by a later prompt
         return request
 
     # -- model work ----------------------------------------------------------------------
-    def prefill(self, seq: Sequence) -> torch.Tensor:
-        """Prefill the prompt, reusing the longest cached prefix; returns the first logits."""
-        seq.mark_started()
-        image = seq.request.image
-        if image is not None:
-            logits = self.runner.prefill_multimodal(seq.request.prompt_text, image.rgb, image.width, image.height)
-            seq.mark_prefilled(0)
-            return logits
-        prompt = seq.request.prompt_ids
-        snap, reuse = (None, 0)
-        if self.prompt_cache is not None and seq.request.use_prompt_cache:
-            snap, reuse = self.prompt_cache.lookup(prompt)
-        if snap is not None:
-            reuse = min(reuse, len(prompt) - 1)  # the last prompt token must run to give logits
-            logits = self.runner.prefill_logits_reusing(prompt, snap, reuse)
-            self.prompt_cache.record_hit(reuse)
+    def start(self, gen: Generation) -> StreamRecord:
+        """Prefill the prompt in a new session, reusing the longest cached prefix; the first record."""
+        gen.mark_started()
+        gen.session = self.runner.new_session()
+        request = gen.request
+        reused = 0
+        if request.image is not None:
+            logits = self.runner.prefill_multimodal(gen.session, request.prompt_text, request.image)
         else:
-            logits = self.runner.prefill_logits(prompt)
-        seq.mark_prefilled(reuse if snap is not None else 0)
-        return logits
+            snap, match = (None, 0)
+            if self.prompt_cache is not None and request.use_prompt_cache:
+                snap, match = self.prompt_cache.lookup(request.prompt_ids)
+            if snap is not None:
+                logits, reused = self.runner.prefill_reusing(gen.session, request.prompt_ids, snap, match)
+                self.prompt_cache.record_hit(reused)
+            else:
+                logits = self.runner.prefill(gen.session, request.prompt_ids)
+        gen.mark_prefilled(reused)
+        return gen.on_logits(logits)
 
-    def decode(self, seq: Sequence) -> torch.Tensor:
-        assert seq.next_token is not None
-        return self.runner.decode_logits(seq.next_token)
+    def step(self, gens: Sequence[Generation]) -> list[StepResult]:
+        """One decode step for every generation given, in one batched forward: a record or an error each.
 
-    def remember(self, seq: Sequence) -> None:
-        """Keep the finished session (prompt + reply) for later requests that share its prefix."""
-        if self.prompt_cache is None or not seq.request.use_prompt_cache:
+        If the batched forward fails, the generations it did not advance are retried alone, so only the
+        failing ones fail.
+        """
+        rows: list[torch.Tensor | Exception]
+        try:
+            rows = list(self.runner.decode_batch([g.session for g in gens], [g.next_token for g in gens]))
+        except Exception as batch_error:
+            if isinstance(batch_error, PartialBatchError):
+                rows = [*batch_error.rows, batch_error.cause]  # these advanced; the next one failed
+            elif len(gens) == 1:
+                rows = [batch_error]
+            else:
+                rows = []
+            for g in gens[len(rows):]:
+                try:
+                    rows.append(self.runner.decode(g.session, g.next_token))
+                except Exception as exc:
+                    rows.append(exc)
+        results: list[StepResult] = []
+        for g, row in zip(gens, rows):
+            if isinstance(row, Exception):
+                g.fail()
+                results.append((g, row))
+                continue
+            try:
+                results.append((g, g.on_logits(row)))
+            except Exception as exc:  # a sampler or grammar failure ends this request only
+                g.fail()
+                results.append((g, exc))
+        return results
+
+    def finish(self, gen: Generation) -> None:
+        """Keep the finished session (prompt + reply) for later requests that share its prefix, then drop it."""
+        session, gen.session = gen.session, None
+        keep = gen.prefilled and gen.finish_reason != "error" and gen.request.use_prompt_cache
+        if session is None or not keep or self.prompt_cache is None:
             return
         try:
-            snap = self.runner.export_session()
+            snap = self.runner.export(session)
         except Exception:  # a runner that cannot snapshot just gets no cache
             snap = None
         self.prompt_cache.store(snap)
 
-    def generate(self, request: GenerationRequest | Sequence,
+    def generate(self, request: GenerationRequest | Generation,
                  cancelled: Callable[[], bool] = lambda: False) -> Iterator[StreamRecord]:
         """Stream records for one request; the last one has finish_reason and usage."""
-        seq = request if isinstance(request, Sequence) else self.new_sequence(request)
+        gen = request if isinstance(request, Generation) else self.new_generation(request)
         try:
             if cancelled():
-                yield seq.cancel()
+                yield gen.cancel()
                 return
-            logits = self.prefill(seq)
+            record = self.start(gen)
             while True:
-                record = seq.on_logits(logits)
                 yield record
-                if seq.finished:
+                if gen.finished:
                     return
                 if cancelled():
-                    yield seq.cancel()
+                    yield gen.cancel()
                     return
-                logits = self.decode(seq)
+                [(_, result)] = self.step([gen])
+                if isinstance(result, Exception):
+                    raise result
+                record = result
         finally:
-            if seq.prefilled:
-                self.remember(seq)
+            self.finish(gen)
 
     def complete(self, request: GenerationRequest) -> Completion:
         """Run a request to the end and gather its text."""

@@ -1,12 +1,12 @@
-"""One worker thread owns the runner; requests wait in a bounded queue and stream back through handles.
+"""One worker thread owns the engine; requests wait in a bounded queue and stream back through handles.
 
-Continuous batching: when the runner can keep several sessions and step them together
-(`new_session` / `use_session` / `decode_batch`, as every CachedRunner can), the worker keeps up to
-`max_batch` sequences in flight. Each loop admits at most one waiting request (its prefill, with the
-prompt cache) and then runs ONE batched decode step for every in-flight sequence, each at its own
-position over its own KV cache; sequences join and leave at token boundaries. Other runners are
-served one request at a time. Cancellation is checked between tokens, and a request cancelled while
-it waits leaves the queue at once.
+Continuous batching: the worker keeps up to `max_batch` generations in flight, each in a session of
+its own. Each loop admits at most one waiting request (its prefill, with the prompt cache) and then
+runs ONE decode step (`Engine.step`) for every generation in flight, each at its own position over
+its own session; generations join and leave at token boundaries. Every runner batches this way (the
+contract's `decode_batch` steps sessions one by one where a runner has nothing faster). A request
+that fails ends alone and the worker keeps serving the others. Cancellation is checked between
+tokens, and a request cancelled while it waits leaves the queue at once.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-from runlm.engine.core import Completion, Engine, GenerationRequest, Sequence, StreamRecord, Usage
+from runlm.engine.core import Completion, Engine, Generation, GenerationRequest, StreamRecord, Usage
 from runlm.errors import RunlmError
 
 
@@ -37,8 +37,8 @@ _END = object()
 class RequestHandle:
     """The caller's side of a submitted request: iterate (sync or async) for records, or cancel."""
 
-    def __init__(self, seq: Sequence, loop: asyncio.AbstractEventLoop | None):
-        self.seq = seq
+    def __init__(self, gen: Generation, loop: asyncio.AbstractEventLoop | None):
+        self.gen = gen
         self._loop = loop
         self._async_q: asyncio.Queue | None = asyncio.Queue() if loop is not None else None
         self._sync_q: queue.Queue | None = queue.Queue() if loop is None else None
@@ -131,31 +131,28 @@ class Scheduler:
     def __init__(self, engine: Engine, max_queue: int = 16, name: str = "runlm-worker", max_batch: int = 8):
         self.engine = engine
         self.max_queue = max(0, int(max_queue))
-        runner = engine.runner
-        self.batching = all(hasattr(runner, a) for a in ("new_session", "use_session", "decode_batch"))
-        self.max_batch = max(1, int(max_batch)) if self.batching else 1
-        self.active: list[tuple[RequestHandle, Any]] = []  # (handle, runner session) in flight
+        self.max_batch = max(1, int(max_batch))
+        self.active: list[RequestHandle] = []  # in flight, each with its generation's session
         self._waiting: deque[RequestHandle] = deque()
         self._cond = threading.Condition()
         self._closed = False
-        self.running: RequestHandle | None = None
         release_openmp_pools()  # the loading thread's pool would slow every step of the worker's
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     @property
     def queue_depth(self) -> int:
-        """Requests waiting (not counting the one running)."""
+        """Requests waiting (not counting those running)."""
         with self._cond:
             return sum(1 for h in self._waiting if not h.cancelled)
 
     @property
     def busy(self) -> bool:
-        return self.running is not None or bool(self.active)
+        return bool(self.active)
 
     @property
     def in_flight(self) -> int:
-        return len(self.active) if self.batching else int(self.running is not None)
+        return len(self.active)
 
     def submit(
         self,
@@ -168,8 +165,8 @@ class Scheduler:
         With `loop`, records are delivered into that asyncio loop (iterate with `async for`); `on_done`
         runs on the worker thread when the request ends (metrics).
         """
-        seq = self.engine.new_sequence(request, submitted_at=time.perf_counter())
-        handle = RequestHandle(seq, loop)
+        gen = self.engine.new_generation(request, submitted_at=time.perf_counter())
+        handle = RequestHandle(gen, loop)
         handle.on_done = on_done
         with self._cond:
             if self._closed:
@@ -178,8 +175,7 @@ class Scheduler:
             if any(h.cancelled for h in self._waiting):
                 self._waiting = deque(h for h in self._waiting if not h.cancelled or self._drop(h))
             # Waiting requests first fill the free batch slots (the worker admits one per step), then the queue.
-            busy = len(self.active) if self.batching else int(self.running is not None)
-            free = max(0, self.max_batch - busy)
+            free = max(0, self.max_batch - len(self.active))
             if len(self._waiting) >= self.max_queue + free:
                 raise QueueFullError(
                     f"the server is busy: {len(self._waiting)} requests are already waiting (max_queue "
@@ -190,7 +186,7 @@ class Scheduler:
         return handle
 
     def _drop(self, handle: RequestHandle) -> bool:
-        handle._put(handle.seq.cancel())
+        handle._put(handle.gen.cancel())
         handle._finish()
         return False
 
@@ -199,9 +195,7 @@ class Scheduler:
         with self._cond:
             self._closed = True
             waiting, self._waiting = list(self._waiting), deque()
-            if self.running is not None:
-                self.running.cancel()
-            for handle, _ in self.active:
+            for handle in self.active:
                 handle.cancel()
             self._cond.notify_all()
         for h in waiting:
@@ -211,41 +205,6 @@ class Scheduler:
 
     # -- the worker ----------------------------------------------------------------------
     def _loop(self) -> None:
-        if self.batching:
-            self._batch_loop()
-            return
-        while True:
-            with self._cond:
-                while not self._waiting and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                handle = self._waiting.popleft()
-                self.running = handle
-            try:
-                self._run(handle)
-            finally:
-                with self._cond:
-                    self.running = None
-                self._done(handle)
-
-    def _done(self, handle: RequestHandle) -> None:
-        handle._finish()
-        if handle.on_done is not None:
-            try:
-                handle.on_done(handle)
-            except Exception:  # a metrics hook must never kill the worker
-                pass
-
-    def _run(self, handle: RequestHandle) -> None:
-        try:
-            for record in self.engine.generate(handle.seq, cancelled=lambda: handle.cancelled):
-                handle._put(record)
-        except Exception as exc:  # delivered to the caller; the worker lives on
-            handle._put(exc)
-
-    def _batch_loop(self) -> None:
-        runner = self.engine.runner
         while True:
             with self._cond:
                 while not self._waiting and not self.active and not self._closed:
@@ -256,59 +215,54 @@ class Scheduler:
                 if self._waiting and len(self.active) < self.max_batch and not self._closed:
                     handle = self._waiting.popleft()
             if handle is not None:
-                self._admit(runner, handle)
+                self._admit(handle)
             if self.active:
-                self._step(runner)
+                self._step()
 
-    def _admit(self, runner, handle: RequestHandle) -> None:
+    def _admit(self, handle: RequestHandle) -> None:
         """Prefill a new request in a session of its own; it joins the batch at the next step."""
         if handle.cancelled:
             self._drop(handle)
             return
-        session = runner.new_session()
-        runner.use_session(session)
-        seq = handle.seq
         try:
-            record = seq.on_logits(self.engine.prefill(seq))
-        except Exception as exc:
-            handle._put(exc)
-            self._done(handle)
+            record = self.engine.start(handle.gen)
+        except Exception as exc:  # delivered to the caller; the worker lives on
+            handle.gen.fail()
+            self._end(handle, exc)
             return
         handle._put(record)
-        if seq.finished:
-            self._retire(runner, handle, session)
+        if handle.gen.finished:
+            self._end(handle)
         else:
-            self.active.append((handle, session))
+            self.active.append(handle)
 
-    def _step(self, runner) -> None:
-        """One batched decode step for every sequence in flight."""
-        for handle, session in list(self.active):
-            if handle.cancelled:
-                handle._put(handle.seq.cancel())
-                self.active.remove((handle, session))
-                self._retire(runner, handle, session)
+    def _step(self) -> None:
+        """One batched decode step for every generation in flight."""
+        for handle in [h for h in self.active if h.cancelled]:
+            self.active.remove(handle)
+            self._end(handle, handle.gen.cancel())
         if not self.active:
             return
-        tokens = [handle.seq.next_token for handle, _ in self.active]
-        try:
-            logits = runner.decode_batch([session for _, session in self.active], tokens)
-        except Exception as exc:  # fail the batch's requests, keep the worker alive
-            for handle, _ in self.active:
-                handle._put(exc)
-                self._done(handle)
-            self.active = []
-            return
-        still = []
-        for (handle, session), row in zip(self.active, logits):
-            handle._put(handle.seq.on_logits(row))
-            if handle.seq.finished:
-                self._retire(runner, handle, session)
+        by_gen = {id(h.gen): h for h in self.active}
+        for gen, result in self.engine.step([h.gen for h in self.active]):
+            handle = by_gen[id(gen)]
+            if isinstance(result, Exception) or gen.finished:
+                self.active.remove(handle)
+                self._end(handle, result)
             else:
-                still.append((handle, session))
-        self.active = still
+                handle._put(result)
 
-    def _retire(self, runner, handle: RequestHandle, session) -> None:
-        """Keep the finished session for the prompt cache, then end the request."""
-        runner.use_session(session)
-        self.engine.remember(handle.seq)
-        self._done(handle)
+    def _end(self, handle: RequestHandle, last: StreamRecord | Exception | None = None) -> None:
+        """Deliver the last record (or the error), keep the session for the prompt cache, end the request."""
+        if last is not None:
+            handle._put(last)
+        try:
+            self.engine.finish(handle.gen)
+        except Exception:  # the prompt cache is an optimisation: never a reason to lose the worker
+            pass
+        handle._finish()
+        if handle.on_done is not None:
+            try:
+                handle.on_done(handle)
+            except Exception:  # a metrics hook must never kill the worker
+                pass

@@ -1,15 +1,19 @@
-"""GGUF files through the `gguf` package's memory-mapped reader."""
+"""GGUF files: runlm's memory-mapped header reader, llama.cpp's tensor names, and a WeightSource over them."""
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from runlm.errors import ModelLoadError
+from runlm.formats import WeightSource
+from runlm.quant.dequant import dequantize
 
 GGUF_MAGIC = b"GGUF"
 
@@ -203,3 +207,64 @@ def _parse(buf: np.ndarray) -> tuple[dict[str, Any], dict[str, _TensorInfo]]:
     data_start = (pos + alignment - 1) // alignment * alignment
     tensors = {name: _TensorInfo(name, t, shape, data_start + off, n) for name, t, shape, off, n in infos}
     return metadata, tensors
+
+
+# -- GGUF naming ---------------------------------------------------------------------------
+
+_GGUF_GLOBAL_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_GGUF_LAYER_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def gguf_name(hf_name: str, overrides: dict[str, str] | None = None) -> str:
+    """llama.cpp's tensor name for a transformers parameter name; unknown names pass through."""
+    if hf_name in _GGUF_GLOBAL_NAMES:
+        return _GGUF_GLOBAL_NAMES[hf_name]
+    parts = hf_name.split(".")
+    if len(parts) >= 5 and parts[0] == "model" and parts[1] == "layers":
+        module = ".".join(parts[3:-1])
+        table = {**_GGUF_LAYER_NAMES, **(overrides or {})}
+        if module in table:
+            return f"blk.{parts[2]}.{table[module]}.{parts[-1]}"
+    return hf_name
+
+
+class GGUFSource(WeightSource):
+    """A GGUF file read through a family's HF-name -> GGUF-name mapping."""
+
+    def __init__(self, gguf, rename: Callable[[str], str], row_perm: Callable[[str], torch.Tensor | None]):
+        self.gguf, self.rename, self.row_perm, self.path = gguf, rename, row_perm, gguf.path
+
+    def has(self, name: str) -> bool:
+        return self.gguf.has(self.rename(name))
+
+    def raw(self, name: str):
+        raw = self.gguf.raw(self.rename(name))
+        perm = self.row_perm(name)
+        if perm is None:
+            return raw
+        return RawTensor(raw.name, raw.type_name, raw.shape, raw.data.reshape(raw.shape[0], -1)[perm.numpy()])
+
+    def tensor(self, name: str) -> torch.Tensor:
+        raw = self.raw(name)
+        try:
+            return dequantize(raw.type_name, raw.data, raw.shape)
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"{self.path}: tensor {raw.name!r}: {exc}") from exc

@@ -5,93 +5,24 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
-from runlm.errors import ModelLoadError
-from runlm.loading import Family, register_family
-from runlm.models.base import (
-    CachedRunner,
-    DecoderLM,
-    GGUFSource,
+from runlm.errors import ModelLoadError, UnsupportedOperationError
+from runlm.formats.gguf import GGUFSource
+from runlm.models import vision as vision_module
+from runlm.models.base import CachedRunner, DecoderLM, WeightLoader
+from runlm.models.config import (
     ModelConfig,
-    WeightLoader,
     default_attention_scale,
     gguf_common_config,
     hf_common_config,
     hf_rope,
 )
-from runlm.nn import Attention, FullKVCache, GatedMLP, RMSNorm, Rope, RopeSpec, SlidingKVCache, rope_inv_freq
+from runlm.models.registry import Family, register_family
+from runlm.models.vision import VisionModel
+from runlm.nn import Attention, GatedMLP, RMSNorm, Rope, RopeSpec, SandwichBlock, rope_inv_freq
+from runlm.runner import ImageInput, Session
 
 SLIDING, FULL = "sliding_attention", "full_attention"
-
-
-class SandwichBlock(nn.Module):
-    """Norms before and after both attention and MLP, as Gemma 2/3 do."""
-
-    def __init__(self, norms: list[nn.Module], attn: Attention, mlp: GatedMLP):
-        super().__init__()
-        self.pre_attn, self.post_attn, self.pre_mlp, self.post_mlp = norms
-        self.attn, self.mlp = attn, mlp
-
-        self._native: dict | None = None  # the packed weights for the one-call C++ decode block, if it applies
-        self._native_args: tuple | None = None  # its weight arguments, gathered once (attribute lookups cost)
-
-    def _apply(self, fn, recurse=True):
-        self._native, self._native_args = None, None  # .to() and friends replace the tensors
-        return super()._apply(fn, recurse)
-
-    def forward(self, h, positions, rope_tables, cache, start, image_group=None):
-        if h.shape[0] == h.shape[1] == 1 and image_group is None and isinstance(cache, FullKVCache | SlidingKVCache):
-            native = self._native_parts()
-            if native and h.dtype == torch.float32 and h.device.type == "cpu":
-                return self._decode_native(native, h, rope_tables, cache, start)
-        h = h + self.post_attn(self.attn(self.pre_attn(h), positions, rope_tables, cache, start, image_group))
-        return h + self.post_mlp(self.mlp(self.pre_mlp(h)))
-
-    def _native_parts(self) -> dict:
-        """Block and type ids of every projection, when all are runlm GGUF kernels (else empty)."""
-        if self._native is None:
-            from runlm.quant.kernels import GGUFLinear, available
-            from runlm.quant.packed import ConcatLinear
-
-            def parts(module) -> list | None:
-                pieces = list(module.parts) if isinstance(module, ConcatLinear) else [module]
-                return pieces if all(isinstance(p, GGUFLinear) for p in pieces) else None
-
-            attn, mlp = self.attn, self.mlp
-            qkv, gate_up = parts(attn.qkv), parts(mlp.gate_up)
-            single = [parts(attn.o_proj), parts(mlp.down)]
-            ok = available() and qkv and gate_up and all(p and len(p) == 1 for p in single) and attn.softcap is None
-            self._native = {"qkv": qkv, "gate_up": gate_up, "o": single[0][0], "down": single[1][0]} if ok else {}
-        return self._native
-
-    def _decode_native(self, native: dict, h, rope_tables, cache, start: int) -> torch.Tensor:
-        """The whole block for one token in one C++ call, on the full cache or the sliding-window ring."""
-        attn = self.attn
-        if isinstance(cache, SlidingKVCache):
-            slot, length = start % cache.window, min(start + 1, cache.window)
-            cache.pos[slot] = start
-        else:
-            cache.reserve(start + 1)
-            slot, length = start, start + 1
-        if self._native_args is None:
-            qkv, gate_up, o, down = native["qkv"], native["gate_up"], native["o"], native["down"]
-            weights = (
-                [self.pre_attn.scale, self.post_attn.scale, self.pre_mlp.scale, self.post_mlp.scale],
-                self.pre_attn.eps, attn.q_norm.scale, attn.k_norm.scale,
-                [p.blocks for p in qkv], [p.type_id for p in qkv], [p.out_features for p in qkv],
-                o.blocks, o.type_id,
-                [p.blocks for p in gate_up], [p.type_id for p in gate_up], [p.out_features for p in gate_up],
-                down.blocks, down.type_id,
-            )  # fmt: skip
-            self._native_args = (id(attn.rope), weights, (attn.n_heads, attn.n_kv_heads, attn.scale))
-        rope, weights, heads = self._native_args
-        cos, sin = rope_tables[rope]
-        out = torch.ops.runlm.sandwich_decode_block.default(
-            h, *weights, cos, sin, cache.k, cache.v, slot, length, *heads
-        )
-        cache.length = start + 1
-        return out
 
 
 def build(config: ModelConfig, weights: WeightLoader) -> DecoderLM:
@@ -145,24 +76,68 @@ def build(config: ModelConfig, weights: WeightLoader) -> DecoderLM:
 
 
 class GemmaRunner(CachedRunner):
+    """Gemma 3; with a vision tower (`attach_vision`) it also takes one image per prompt."""
+
     family_name = "gemma"
-    vision = None  # a runlm.models.vision.VisionModel when the model has a vision tower (set by runlm.load)
+
+    def __init__(self, model: DecoderLM, max_context: int | None = None):
+        super().__init__(model, max_context)
+        self.vision: VisionModel | None = None
+        self.tokenizer = None  # the tokenizer image prompts are encoded with (given with the tower)
+
+    def attach_vision(self, vision: VisionModel | None, tokenizer) -> None:
+        self.vision, self.tokenizer = vision, tokenizer
+        if vision is not None:
+            vision.to(self.device)
+
+    def to_device(self, device: torch.device) -> None:
+        super().to_device(device)
+        if self.vision is not None:
+            self.vision.to(device)
 
     def supports_multimodal(self) -> bool:
         return self.vision is not None
 
-    def generate_multimodal(
-        self, prompt, rgb, img_w, img_h, tokenizer, n_new, on_token=None, on_phase=None
-    ) -> list[int]:
-        from runlm.models.vision import generate_multimodal
+    def image_marker(self) -> str | None:
+        return vision_module.BOI if self.vision is not None else None
 
-        return generate_multimodal(self, prompt, rgb, img_w, img_h, tokenizer, n_new, on_token, on_phase)
+    def _require_vision(self) -> VisionModel:
+        if self.vision is None:
+            raise UnsupportedOperationError(
+                "gemma model has no vision tower: this model cannot take images (load a Gemma 3 vision "
+                "checkpoint, or pass mmproj= with llama.cpp's projector GGUF)"
+            )
+        return self.vision
 
-    def prefill_multimodal(self, prompt, rgb, img_w, img_h, tokenizer=None, on_phase=None, all_positions=False):
-        """Beyond the contract: the multimodal prefill alone (last or all positions' logits)."""
-        from runlm.models.vision import prefill_multimodal
+    def multimodal_prompt_ids(self, prompt: str, tokenizer=None) -> list[int]:
+        mm_tokens = self._require_vision().config.mm_tokens_per_image
+        tok = vision_module.resolve_tokenizer(tokenizer if tokenizer is not None else self.tokenizer)
+        return vision_module.multimodal_ids(tok, prompt, mm_tokens)[0]
 
-        return prefill_multimodal(self, prompt, rgb, img_w, img_h, tokenizer, on_phase, all_positions)
+    @torch.inference_mode()
+    def prefill_multimodal(
+        self, session: Session, prompt: str, image: ImageInput, on_phase=None, tokenizer=None,
+        all_positions: bool = False,
+    ) -> torch.Tensor:
+        """The image's soft tokens replace the text embeddings at its block, which attends bidirectionally."""
+        vision = self._require_vision()
+        tok = vision_module.resolve_tokenizer(tokenizer if tokenizer is not None else self.tokenizer)
+        pixels = vision_module.preprocess(image, vision.config)
+        ids, group = vision_module.multimodal_ids(tok, prompt, vision.config.mm_tokens_per_image)
+        self.check_prompt(ids)
+        self.check_fits(len(ids))
+        if on_phase is not None:
+            on_phase("vision")
+        features = vision(pixels.to(self.device))[0]
+        if on_phase is not None:
+            on_phase("prefill")
+        self.reset_session(session)
+        h = self.model.embed_tokens(torch.tensor(ids, dtype=torch.long, device=self.device))[None]
+        group = group.to(h.device)
+        h[0, group >= 0] = features.to(h.dtype)
+        logits = self.model.forward_embeds(h, session.state, 0, last_only=not all_positions, image_group=group)
+        session.tokens = list(ids)
+        return (logits if all_positions else logits[-1]).cpu()
 
 
 def _config_from_hf(cfg: dict) -> ModelConfig:
@@ -212,12 +187,6 @@ def _config_from_gguf(gguf) -> ModelConfig:
     )
 
 
-def _attach_vision(loaded, mmproj) -> None:
-    from runlm.models.vision import attach_vision
-
-    attach_vision(loaded, mmproj)
-
-
 FAMILY = register_family(
     Family(
         name="gemma",
@@ -230,6 +199,6 @@ FAMILY = register_family(
         gguf_overrides={"post_attention_layernorm": "post_attention_norm"},
         hf_prefixes=(("", ""), ("model.", "model.language_model."), ("", "language_model.")),
         builtin_chat_format="gemma",
-        attach_vision=_attach_vision,
+        attach_vision=vision_module.attach_vision,
     )
 )

@@ -3,72 +3,11 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from runlm.loading import Family, register_family
-from runlm.models.base import (
-    CachedRunner,
-    DecoderLM,
-    ModelConfig,
-    WeightLoader,
-    default_attention_scale,
-    gguf_common_config,
-    hf_common_config,
-)
-from runlm.nn import Attention, FullKVCache, GatedMLP, RMSNorm, Rope, RopeSpec, rope_inv_freq
-
-
-class PreNormBlock(nn.Module):
-    """x + attn(norm(x)), then x + mlp(norm(x))."""
-
-    def __init__(self, attn_norm: nn.Module, attn: Attention, mlp_norm: nn.Module, mlp: GatedMLP):
-        super().__init__()
-        self.attn_norm, self.attn, self.mlp_norm, self.mlp = attn_norm, attn, mlp_norm, mlp
-        self._native: bool | None = None  # whether the one-call C++ decode block applies (decided on first use)
-        self._native_args: tuple | None = None  # its weight arguments, gathered once (attribute lookups cost)
-
-    def _apply(self, fn, recurse=True):
-        self._native_args = None  # .to() and friends replace the tensors
-        return super()._apply(fn, recurse)
-
-    def forward(self, h, positions, rope_tables, cache, start):
-        if h.shape[0] == h.shape[1] == 1 and isinstance(cache, FullKVCache) and self._native_decode(h):
-            return self._decode_native(h, rope_tables, cache, start)
-        h = h + self.attn(self.attn_norm(h), positions, rope_tables, cache, start)
-        return h + self.mlp(self.mlp_norm(h))
-
-    def _native_decode(self, h: torch.Tensor) -> bool:
-        if self._native is None:
-            from runlm.quant.kernels import GGUFLinear, available
-
-            attn, mlp = self.attn, self.mlp
-            linears = (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down)
-            self._native = (
-                available()
-                and all(isinstance(m, GGUFLinear) for m in linears)
-                and attn.q_norm is None
-                and attn.window is None
-                and attn.softcap is None
-                and mlp.activation == "silu"
-            )
-        return self._native and h.dtype == torch.float32 and h.device.type == "cpu"
-
-    def _decode_native(self, h, rope_tables, cache: FullKVCache, start: int) -> torch.Tensor:
-        """The whole block for one token in one C++ call (packed weights only)."""
-        if self._native_args is None:
-            attn, mlp = self.attn, self.mlp
-            weights = (
-                self.attn_norm.scale, self.mlp_norm.scale, self.attn_norm.eps,
-                attn.qkv.blocks, attn.qkv.type_id, attn.o_proj.blocks, attn.o_proj.type_id,
-                mlp.gate_up.blocks, mlp.gate_up.type_id, mlp.down.blocks, mlp.down.type_id,
-            )  # fmt: skip
-            self._native_args = (id(attn.rope), weights, (attn.n_heads, attn.n_kv_heads, attn.scale))
-        rope, weights, heads = self._native_args
-        cos, sin = rope_tables[rope]
-        cache.reserve(start + 1)
-        out = torch.ops.runlm.prenorm_decode_block.default(h, *weights, cos, sin, cache.k, cache.v, start, *heads)
-        cache.length = start + 1
-        return out
+from runlm.models.base import CachedRunner, DecoderLM, WeightLoader
+from runlm.models.config import ModelConfig, default_attention_scale, gguf_common_config, hf_common_config
+from runlm.models.registry import Family, register_family
+from runlm.nn import Attention, GatedMLP, PreNormBlock, RMSNorm, Rope, RopeSpec, rope_inv_freq
 
 
 def build_prenorm_decoder(config: ModelConfig, weights: WeightLoader, qk_norm: bool = False) -> DecoderLM:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from runlm.loading import Family, register_family
-from runlm.models.base import CachedRunner, ModelConfig, WeightLoader, gguf_common_config, hf_common_config
+from runlm.models.base import CachedRunner, WeightLoader
+from runlm.models.config import ModelConfig, gguf_common_config, hf_common_config
 from runlm.models.llama import build_prenorm_decoder
+from runlm.models.registry import Family, register_family
 
 
 class Qwen3Runner(CachedRunner):

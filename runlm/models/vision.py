@@ -18,6 +18,7 @@ mmproj GGUF (`clip.*` metadata, `v.*` / `mm.*` tensors, soft_emb_norm stored wit
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections.abc import Callable
@@ -28,6 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image, UnidentifiedImageError
+from tokenizers import Tokenizer as Backend
 from torch import nn
 
 from runlm.errors import (
@@ -35,15 +38,15 @@ from runlm.errors import (
     ModelLoadError,
     TokenizerError,
     UnsupportedArchitectureError,
-    UnsupportedOperationError,
 )
+from runlm.formats.gguf import GGUFFile
+from runlm.formats.safetensors import SafetensorsSource
 from runlm.nn import RMSNorm
-from runlm.runner import OnToken, check_n_new
+from runlm.runner import ImageInput
+from runlm.text import Tokenizer
 
 BOI, EOI, SOFT = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
-MAX_SIDE = 16384
 PIL_BILINEAR = 2
-OnPhase = Callable[[str], None]
 
 
 @dataclass
@@ -82,37 +85,9 @@ class VisionConfig:
 # -- preprocessing ----------------------------------------------------------------------
 
 
-def check_image(rgb: Any, img_w: Any, img_h: Any) -> bytes:
-    """The raw RGB bytes, after checking that they describe an img_w x img_h image."""
-    for name, value in (("img_w", img_w), ("img_h", img_h)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidInputError(f"{name} must be an integer, got {value!r}")
-        if not 0 < value <= MAX_SIDE:
-            raise InvalidInputError(f"{name} must be in 1..{MAX_SIDE}, got {value}")
-    if isinstance(rgb, np.ndarray):
-        if rgb.dtype != np.uint8:
-            raise InvalidInputError(f"rgb must hold bytes (uint8), got {rgb.dtype}")
-        rgb = rgb.tobytes()
-    if not isinstance(rgb, bytes | bytearray | memoryview):
-        raise InvalidInputError(f"rgb must be bytes, got {type(rgb).__name__}")
-    data = bytes(rgb)
-    expected = img_w * img_h * 3
-    if len(data) != expected:
-        raise InvalidInputError(
-            f"rgb has {len(data)} bytes; a {img_w}x{img_h} RGB image needs {expected} (row-major, 3 bytes a pixel)"
-        )
-    return data
-
-
-def preprocess(rgb: bytes, img_w: int, img_h: int, config: VisionConfig) -> torch.Tensor:
+def preprocess(image_input: ImageInput, config: VisionConfig) -> torch.Tensor:
     """Pixel values [1, 3, S, S] exactly as transformers' Gemma3 image processor (PIL backend) makes them."""
-    try:
-        from PIL import Image
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise UnsupportedOperationError("image input needs Pillow: pip install pillow") from exc
-
-    data = check_image(rgb, img_w, img_h)
-    image = Image.frombytes("RGB", (img_w, img_h), data)
+    image = Image.frombytes("RGB", (image_input.width, image_input.height), image_input.rgb)
     size = config.image_size
     if image.size != (size, size):
         image = image.resize((size, size), resample=config.resample)
@@ -324,8 +299,6 @@ def vision_from_hf(directory: Path, config: dict, text_hidden: int) -> VisionMod
     (no vision_config, or a config that kept it while the tower's weights were stripped)."""
     if not config.get("vision_config"):
         return None
-    from runlm.models.base import SafetensorsSource
-
     vision = vision_config_from_hf(config, directory, text_hidden)
     get = _hf_getter(SafetensorsSource(directory))
     return None if get is None else VisionModel(vision, get, norm_offset=1.0)
@@ -365,8 +338,6 @@ def mmproj_name(name: str) -> str:
 
 def vision_from_mmproj(path: Path, text_hidden: int) -> VisionModel:
     """A Gemma 3 vision tower from llama.cpp's mmproj GGUF."""
-    from runlm.formats.gguf import GGUFFile
-
     gguf = GGUFFile(path)
     meta = gguf.metadata
     if meta.get("general.architecture") != "clip":
@@ -417,7 +388,9 @@ def find_mmproj(model_path: Path) -> list[Path]:
 
 
 def attach_vision(loaded, mmproj: str | Path | None = None) -> None:
-    """Give a loaded Gemma runner its vision tower when the model has one (Family.attach_vision)."""
+    """Give a loaded Gemma runner its vision tower when the model has one (Family.attach_vision).
+
+    A projector found next to the model that does not load (another model's, or broken) is skipped."""
     runner, text_hidden = loaded.runner, loaded.config.hidden_size
     vision = None
     if mmproj is not None:
@@ -434,22 +407,17 @@ def attach_vision(loaded, mmproj: str | Path | None = None) -> None:
                 break
             except ModelLoadError:
                 continue  # another model's projector, or not one at all
-    runner.vision = vision
+    runner.attach_vision(vision, loaded.tokenizer)
 
 
 # -- prompt splicing and generation -----------------------------------------------------------
 
 
-def resolve_tokenizer(runner, tokenizer: Any):
-    """The tokenizer for a multimodal prompt: the argument (a path or a Tokenizer), else the runner's."""
-    from runlm.text import Tokenizer
-
+def resolve_tokenizer(tokenizer: Any) -> Tokenizer:
+    """The tokenizer for an image prompt: a Tokenizer as it is, or one loaded from a path."""
     if tokenizer is None:
-        found = getattr(runner, "tokenizer", None)
-        if found is None:
-            raise TokenizerError("no tokenizer: pass tokenizer= (a tokenizer.json file or directory)")
-        return found
-    if hasattr(tokenizer, "encode") and hasattr(tokenizer, "backend"):
+        raise TokenizerError("no tokenizer: pass tokenizer= (a tokenizer.json file or directory)")
+    if isinstance(tokenizer, Tokenizer):
         return tokenizer
     path = Path(tokenizer).expanduser()
     if path.is_dir():
@@ -460,8 +428,6 @@ def resolve_tokenizer(runner, tokenizer: Any):
         return Tokenizer.from_gguf(path)
     if path.name == "tokenizer.json":
         return Tokenizer.from_hf_dir(path.parent)
-    from tokenizers import Tokenizer as Backend
-
     try:
         backend = Backend.from_file(str(path))
     except Exception as exc:
@@ -501,73 +467,6 @@ def multimodal_ids(tokenizer, prompt: str, mm_tokens: int) -> tuple[list[int], t
     return ids, group
 
 
-def require_vision(runner) -> VisionModel:
-    vision = getattr(runner, "vision", None)
-    if vision is None:
-        raise UnsupportedOperationError(
-            f"{runner.family()} model has no vision tower: this model cannot take images "
-            "(load a Gemma 3 vision checkpoint, or pass mmproj= with llama.cpp's projector GGUF)"
-        )
-    return vision
-
-
-@torch.inference_mode()
-def prefill_multimodal(
-    runner,
-    prompt: str,
-    rgb: bytes,
-    img_w: int,
-    img_h: int,
-    tokenizer: Any = None,
-    on_phase: OnPhase | None = None,
-    all_positions: bool = False,
-    n_new: int = 0,
-) -> torch.Tensor:
-    """Prefill the prompt with the image spliced in; the runner's session then holds it for decode_logits.
-
-    Returns the last position's logits [vocab], or every position's [T, vocab] with `all_positions`.
-    """
-    vision = require_vision(runner)
-    pixels = preprocess(rgb, img_w, img_h, vision.config)
-    ids, group = multimodal_ids(resolve_tokenizer(runner, tokenizer), prompt, vision.config.mm_tokens_per_image)
-    runner.check_prompt(ids)
-    runner._check_fits(len(ids) + n_new)
-    if on_phase is not None:
-        on_phase("vision")
-    features = vision(pixels.to(runner.device))[0]
-    if on_phase is not None:
-        on_phase("prefill")
-    runner.reset()
-    model = runner.model
-    h = model.embed_tokens(torch.tensor(ids, dtype=torch.long, device=runner.device))[None]
-    group = group.to(h.device)
-    h[0, group >= 0] = features.to(h.dtype)
-    logits = model.forward_embeds(h, runner.cache, 0, last_only=not all_positions, image_group=group)
-    runner.session.tokens = list(ids)  # decode_logits continues this session
-    return (logits if all_positions else logits[-1]).cpu()
-
-
-def generate_multimodal(
-    runner,
-    prompt: str,
-    rgb: bytes,
-    img_w: int,
-    img_h: int,
-    tokenizer: Any,
-    n_new: int,
-    on_token: OnToken | None = None,
-    on_phase: OnPhase | None = None,
-) -> list[int]:
-    """Greedy generation after a multimodal prefill, continuing on the cached decode path."""
-    check_n_new(n_new)
-    require_vision(runner)
-    if n_new == 0:
-        check_image(rgb, img_w, img_h)
-        return []
-    logits = prefill_multimodal(runner, prompt, rgb, img_w, img_h, tokenizer, on_phase, n_new=n_new)
-    return runner.greedy_continue(logits, n_new, on_token)
-
-
 def image_to_rgb(path: str | Path) -> tuple[bytes, int, int]:
     """An image file (PNG, JPEG... anything Pillow reads) as RGB bytes, width, height."""
     path = Path(path).expanduser()
@@ -578,12 +477,6 @@ def image_to_rgb(path: str | Path) -> tuple[bytes, int, int]:
 
 def image_bytes_to_rgb(data: bytes, what: str = "image") -> tuple[bytes, int, int]:
     """Encoded image bytes (PNG, JPEG...) as RGB bytes, width, height; unreadable data is InvalidInputError."""
-    import io
-
-    try:
-        from PIL import Image, UnidentifiedImageError
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise UnsupportedOperationError("image input needs Pillow: pip install pillow") from exc
     try:
         with Image.open(io.BytesIO(data)) as image:
             image.load()
@@ -598,11 +491,9 @@ __all__ = [
     "VisionModel",
     "attach_vision",
     "expand_prompt",
-    "generate_multimodal",
     "image_bytes_to_rgb",
     "image_to_rgb",
     "mmproj_name",
-    "prefill_multimodal",
     "preprocess",
     "vision_from_hf",
     "vision_from_mmproj",

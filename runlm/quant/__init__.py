@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from runlm.quant.dequant import BLOCK_LAYOUTS, SUPPORTED_TYPES, dequantize
-from runlm.quant.packed import (
+from runlm.quant.int4 import (
     FAST_INT4_DTYPES,
     INT4_TYPES,
     ConcatLinear,

@@ -19,7 +19,7 @@ x float32 [..., in_features] (made contiguous if it is not), w the raw GGUF byte
 
 (float32 [out_features, in_features], same values as `runlm.quant.dequantize`). Both have fake (meta) kernels, so
 `torch.compile` treats them as opaque ops. A failed build never raises at import: `available()` is False,
-`unavailable_reason()` says why, and callers fall back to `runlm.quant.packed`.
+`unavailable_reason()` says why, and callers fall back to `runlm.quant.int4`.
 
 With many activation rows (prefill) GGUFLinear switches to dequantize + float32 GEMM, see DENSE_MIN_ROWS.
 
@@ -387,7 +387,7 @@ def gguf_linear_module(
     """A GGUFLinear for a GGUF weight of row-major `shape` (out_features, in_features), or None.
 
     None when the kernels are unavailable (build failed / disabled) or there is no kernel for this type / shape:
-    the caller should use `runlm.quant.packed.make_linear` instead. The bytes are copied, so the file may close.
+    the caller should use `runlm.quant.int4.make_linear` instead. The bytes are copied, so the file may close.
     `interleave`: in the x4 layout where the type has one (see GGUFLinear.interleaved).
     """
     name = normalize_type_name(type_name)
@@ -403,7 +403,7 @@ def gguf_linear_module(
 
 def concat_gguf_linears(modules: Sequence[nn.Module]) -> GGUFLinear | None:
     """One GGUFLinear for `modules` stacked along the output dim, or None if they are not all GGUFLinear of one
-    type and in_features (then use `runlm.quant.packed.concat_linears`)."""
+    type and in_features (then use `runlm.quant.int4.concat_linears`)."""
     modules = list(modules)
     if not modules or not all(isinstance(m, GGUFLinear) for m in modules):
         return None

@@ -218,7 +218,6 @@ def _template_source(template: Any) -> str:
 
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
-IMAGE_MARKER = "<start_of_image>"  # where Gemma 3's image block goes
 
 
 def _message_text(state: ServerState, message: ChatMessage, index: int, images: list[ImageInput]) -> str | None:
@@ -235,7 +234,7 @@ def _message_text(state: ServerState, message: ChatMessage, index: int, images: 
                 raise APIError(400, f"{where}: this model has no vision tower and cannot take images",
                                param=f"messages.{index}.content", code="invalid_value")
             images.append(_fetch_image(state, part.image_url.url, where))
-            parts.append(IMAGE_MARKER)
+            parts.append(state.loaded.runner.image_marker())
         else:
             raise APIError(400, f"{where}: content of type {part.type!r} is not supported (text and image_url are)",
                            param=f"messages.{index}.content", code="invalid_value")
@@ -491,7 +490,7 @@ def create_app(
     app.add_middleware(WebPage, metrics=metrics)
 
     def observe(handle: RequestHandle) -> None:
-        metrics.observe_generation(handle.seq.usage, handle.seq.finish_reason or "error")
+        metrics.observe_generation(handle.gen.usage, handle.gen.finish_reason or "error")
 
     async def start(planner, body, id_prefix: str) -> tuple[Any, RequestHandle, str, int]:
         """Check the model, plan off the event loop, queue the request: (plan, handle, response id, created)."""
@@ -549,7 +548,7 @@ def create_app(
                 "meta": props_meta()}
 
     def props_meta() -> dict[str, Any]:
-        return {"family": loaded.family.name, "runner_family": loaded.runner.family(),
+        return {"family": loaded.runner.family(),
                 "context_length": loaded.context_length, "quantization": loaded.quantization,
                 "format": getattr(loaded, "format", None), "vocab_size": engine.vocab_size,
                 "file": loaded.path.name, "multimodal": bool(loaded.runner.supports_multimodal())}
@@ -672,7 +671,7 @@ async def chat_stream(state: ServerState, handle: RequestHandle, plan: ChatPlan,
             finish = "tool_calls"
         yield chunk({}, finish=finish)
         if include_usage:
-            usage = last.usage or handle.seq.usage
+            usage = last.usage or handle.gen.usage
             yield sse({**base, "choices": [], "usage": usage_json(usage), "timings": timings_json(usage)})
         yield SSE_DONE
     except Exception as exc:  # mid-stream failure: tell the client in-band, then end the stream
@@ -707,7 +706,7 @@ async def completion_stream(state: ServerState, handle: RequestHandle, plan: Com
             offset += len(record.text)
         yield chunk("", finish=_finish_reason(last.finish_reason))
         if include_usage:
-            usage = last.usage or handle.seq.usage
+            usage = last.usage or handle.gen.usage
             yield sse({**base, "choices": [], "usage": usage_json(usage), "timings": timings_json(usage)})
         yield SSE_DONE
     except Exception as exc:

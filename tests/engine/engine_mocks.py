@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from runlm.runner import LmRunner, SessionSnapshot
+from runlm.runner import LmRunner, Session, SessionSnapshot
 
 PIECES: list[bytes] = [
     b"<eos>", b"<eot>", b"Hello", b" world", b"!", b"<", b"|", b"end", b"|>", b" ", b"a", b"b", b"c",
@@ -56,7 +56,8 @@ class ScriptedRunner(LmRunner):
     """After any prompt it 'wants' script[0], script[1], ...: that token gets a big logit on top of
     fixed noise, so greedy follows the script and sampling has a real distribution to draw from.
 
-    It counts the prompt tokens it actually ran, so tests can see prompt-cache reuse.
+    Each session remembers where its prompt ended (`session.state`). The runner counts the prompt
+    tokens it actually ran, so tests can see prompt-cache reuse.
     """
 
     def __init__(self, script: Sequence[int], vocab: int = len(PIECES), margin: float = 8.0,
@@ -65,9 +66,7 @@ class ScriptedRunner(LmRunner):
         self.vocab = vocab
         self.margin = margin
         self.delay_s = delay_s
-        self.max_context = max_context
-        self.tokens: list[int] = []
-        self.prompt_len = 0
+        self.context = max_context
         self.prefilled_tokens = 0  # tokens run through prefill, all calls together
         self.decode_calls = 0
         noise = torch.Generator().manual_seed(1234)
@@ -79,9 +78,12 @@ class ScriptedRunner(LmRunner):
     def vocab_size(self) -> int:
         return self.vocab
 
-    def _logits(self) -> torch.Tensor:
-        step = len(self.tokens) - self.prompt_len
-        logits = self.noise[len(self.tokens) % 512].clone()
+    def max_context(self) -> int:
+        return self.context
+
+    def _logits(self, session: Session) -> torch.Tensor:
+        step = len(session.tokens) - session.state
+        logits = self.noise[len(session.tokens) % 512].clone()
         if step < len(self.script):
             logits[self.script[step]] += self.margin
         else:
@@ -91,34 +93,28 @@ class ScriptedRunner(LmRunner):
         return logits
 
     def predict_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
-        return self.prefill_logits(prompt_ids)
+        return self.prefill(self.new_session(), prompt_ids)
 
-    def prefill_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
-        self.check_prompt(prompt_ids)
-        self.tokens = list(prompt_ids)
-        self.prompt_len = len(self.tokens)
-        self.prefilled_tokens += len(prompt_ids)
-        return self._logits()
+    def extend(self, session: Session, ids: Sequence[int], all_positions: bool = False) -> torch.Tensor:
+        """Prompt tokens (the whole prompt, or the suffix after a restored prefix)."""
+        self.check_tokens(ids)
+        self.prefilled_tokens += len(ids)
+        session.tokens = session.tokens + [int(t) for t in ids]
+        session.state = len(session.tokens)  # the prompt ends here
+        return self._logits(session)
 
-    def decode_logits(self, token: int) -> torch.Tensor:
+    def decode(self, session: Session, token: int) -> torch.Tensor:
         self.decode_calls += 1
-        self.tokens.append(int(token))
-        return self._logits()
+        session.tokens.append(int(token))
+        return self._logits(session)
 
-    def export_session(self) -> SessionSnapshot:
-        return SessionSnapshot(token_ids=list(self.tokens), cache=None, nbytes=100 * len(self.tokens),
+    def export(self, session: Session) -> SessionSnapshot:
+        return SessionSnapshot(token_ids=list(session.tokens), cache=None, nbytes=100 * len(session.tokens),
                                family="mock")
 
-    def restore_session(self, snap: SessionSnapshot) -> bool:
-        self.tokens = list(snap.token_ids)
+    def restore(self, session: Session, snap: SessionSnapshot, length: int | None = None) -> bool:
+        session.tokens = list(snap.token_ids[:length])
         return True
-
-    def prefill_logits_reusing(self, prompt: Sequence[int], snap: SessionSnapshot, reuse_len: int) -> torch.Tensor:
-        assert list(prompt[:reuse_len]) == snap.token_ids[:reuse_len]
-        self.tokens = list(prompt)
-        self.prompt_len = len(prompt)
-        self.prefilled_tokens += len(prompt) - reuse_len
-        return self._logits()
 
 
 def ids(*pieces: str) -> list[int]:

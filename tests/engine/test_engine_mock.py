@@ -206,7 +206,7 @@ def test_scheduler_streams_and_serialises_requests():
 
 def test_scheduler_queue_full_and_cancel_frees_the_slot():
     eng = engine([ID["a"]] * 200, delay_s=0.005, max_context=512)
-    sched = Scheduler(eng, max_queue=1)
+    sched = Scheduler(eng, max_queue=1, max_batch=1)
     try:
         req = GenerationRequest(prompt_ids=PROMPT, sampling=GREEDY, max_tokens=200)
         running = sched.submit(req)
@@ -254,16 +254,60 @@ def test_scheduler_cancel_mid_stream_stops_between_tokens():
 def test_scheduler_survives_runner_errors():
     eng = engine(ids("Hello", "<eos>"))
 
-    def boom(token):
+    def boom(session, token):
         raise RuntimeError("kernel exploded")
 
-    eng.runner.decode_logits = boom
+    eng.runner.decode = boom
     sched = Scheduler(eng, max_queue=2)
     try:
         with pytest.raises(RuntimeError, match="exploded"):
             sched.submit(GenerationRequest(prompt_ids=PROMPT, sampling=GREEDY)).result()
-        eng.runner.decode_logits = type(eng.runner).decode_logits.__get__(eng.runner)
+        del eng.runner.decode
         assert sched.submit(GenerationRequest(prompt_ids=PROMPT, sampling=GREEDY)).result().text == "Hello"
+    finally:
+        sched.close()
+
+
+def test_a_failing_request_fails_alone_while_the_batch_goes_on():
+    """One request's decode raising (batched or alone) ends that request; the others in flight finish."""
+    eng = engine([ID["a"]] * 6 + ids("<eos>"), delay_s=0.002)
+    poison = ID["x"]
+    real_decode = eng.runner.decode
+
+    def decode(session, token):
+        if poison in session.tokens:
+            raise RuntimeError("bad sequence")
+        return real_decode(session, token)
+
+    eng.runner.decode = decode
+    sched = Scheduler(eng, max_queue=4, max_batch=4)
+    try:
+        good = [sched.submit(GenerationRequest(prompt_ids=PROMPT, sampling=GREEDY)) for _ in range(2)]
+        bad = sched.submit(GenerationRequest(prompt_ids=PROMPT + [poison], sampling=GREEDY))
+        more = sched.submit(GenerationRequest(prompt_ids=PROMPT, sampling=GREEDY))
+        with pytest.raises(RuntimeError, match="bad sequence"):
+            bad.result()
+        assert [h.result().text for h in good + [more]] == ["aaaaaa"] * 3
+    finally:
+        sched.close()
+
+
+def test_a_sampler_failure_fails_that_request_only():
+    """An exception while turning a row of logits into a token (on_logits) must not end the worker."""
+    eng = engine([ID["a"]] * 4 + ids("<eos>"), delay_s=0.002)
+    sched = Scheduler(eng, max_queue=4, max_batch=4)
+    try:
+        doomed = sched.submit(GenerationRequest(prompt_ids=PROMPT, sampling=GREEDY))
+        fine = sched.submit(GenerationRequest(prompt_ids=PROMPT, sampling=GREEDY))
+
+        def explode(logits):
+            raise ValueError("sampler broke")
+
+        doomed.gen.on_logits = explode
+        with pytest.raises(ValueError, match="sampler broke"):
+            doomed.result()
+        assert fine.result().text == "aaaa"
+        assert sched.submit(GenerationRequest(prompt_ids=PROMPT, sampling=GREEDY)).result().text == "aaaa"
     finally:
         sched.close()
 

@@ -40,8 +40,7 @@ def test_prefill_logits_match_transformers(tiny, fmt):
     with torch.no_grad():
         want = reference(torch.tensor([ids])).logits[0]
     runner = loaded.runner
-    runner.reset()
-    got_all = runner.extend_all(ids)
+    got_all = runner.extend(runner.new_session(), ids, all_positions=True)
     assert (got_all - want).abs().max().item() <= TOL
     assert (runner.predict_logits(ids) - want[-1]).abs().max().item() <= TOL
 
@@ -116,7 +115,7 @@ def test_prefill_reusing_equals_full_prefill(tiny, reuse_kind):
     got = runner.prefill_logits_reusing(prompt, snap, shared)
     assert (got - want).abs().max().item() <= 1e-5
     # And decoding continues exactly as after a full prefill.
-    assert runner.tokens == prompt
+    assert runner.own_session.tokens == prompt
 
 
 def test_reusing_rejects_mismatched_prefix(tiny):
@@ -146,8 +145,7 @@ def test_decode_batch_equals_each_sequence_alone(tiny):
     sessions, alone = [], []
     for prompt in prompts:
         session = runner.new_session()
-        runner.use_session(session)
-        runner.prefill_logits(prompt)
+        runner.prefill(session, prompt)
         sessions.append(session)
         reference = load(directory / "model.gguf").runner
         reference.prefill_logits(prompt)
@@ -158,4 +156,4 @@ def test_decode_batch_equals_each_sequence_alone(tiny):
         for i, reference in enumerate(alone):
             single = reference.decode_logits(tokens[i])
             assert (batched[i] - single).abs().max().item() <= TOL, (step, i)  # batched matmul order differs
-    assert [s.tokens for s in sessions] == [r.tokens for r in alone]
+    assert [s.tokens for s in sessions] == [r.own_session.tokens for r in alone]

@@ -45,7 +45,7 @@ def test_packed_path_keeps_the_contract(tiny_dir, quant):
     cached = runner.generate(prompt, 14)
     assert cached == LmRunner.generate(runner, prompt, 14)  # the contract's re-prefill default
     if runner.family() in ("llama32", "gemma"):  # their decode step ran as one C++ call per block
-        assert all(layer._native for layer in runner.model.layers)
+        assert runner.fused_blocks == len(runner.model.layers)
     runner.prefill_logits(prompt)
     snap = runner.export_session()
     first = [runner.decode_logits(t) for t in (5, 6, 7)]
@@ -66,8 +66,7 @@ def test_packed_logits_close_to_f32_on_the_same_weights(tiny_dir, quant):
 
 
 def perplexity(runner, token_ids: list[int]) -> float:
-    runner.reset()
-    logits = runner.extend_all(token_ids)
+    logits = runner.extend(runner.new_session(), token_ids, all_positions=True)
     return math.exp(nll_of(logits[:-1], token_ids[1:]) / (len(token_ids) - 1))
 
 

@@ -42,8 +42,7 @@ def teacher_forced(loaded, reference, ids: list[int]) -> tuple[float, float]:
     runner = loaded.runner
     with torch.no_grad():
         want = reference(torch.tensor([ids])).logits[0]
-        runner.reset()
-        got = runner.extend_all(ids)
+        got = runner.extend(runner.new_session(), ids, all_positions=True)
     agreement = (want.argmax(-1) == got.argmax(-1)).float().mean().item()
     return agreement, (want - got).abs().max().item()
 
@@ -89,9 +88,7 @@ def test_gemma3_decode_across_window_matches_prefill(gemma3):
 
 
 def load_fresh_logits(loaded, ids):
-    model = loaded.runner.model
-    with torch.no_grad():
-        return model(torch.tensor(ids), model.new_cache(), 0)[-1]
+    return loaded.runner.prefill(loaded.runner.new_session(), ids)
 
 
 def test_gemma3_chat_uses_builtin_turn_format(gemma3_gguf):

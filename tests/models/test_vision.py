@@ -19,6 +19,7 @@ from runlm import load
 from runlm.cli import main
 from runlm.errors import InvalidInputError, UnsupportedOperationError
 from runlm.models.vision import multimodal_ids, preprocess, vision_from_mmproj
+from runlm.runner import ImageInput
 
 TOL = 1e-4
 PROMPT = "Describe <start_of_image> this image."
@@ -55,7 +56,7 @@ def test_preprocessing_equals_gemma3_image_processor(tiny_vl, size):
     want = hf_inputs(processor, "<start_of_image>", pixels)["pixel_values"]
     for fmt in ("hf", "model.gguf"):  # mean / std from preprocessor_config.json and from clip.vision.image_*
         config = _load(directory, fmt).runner.vision.config
-        got = preprocess(pixels.tobytes(), size[0], size[1], config)
+        got = preprocess(ImageInput(pixels.tobytes(), size[0], size[1]), config)
         assert got.shape == want.shape == (1, 3, IMAGE_SIZE, IMAGE_SIZE)
         assert (got - want).abs().max().item() == 0.0  # max abs diff: exactly 0
 
@@ -120,11 +121,13 @@ def test_multimodal_logits_match_transformers(tiny_vl, fmt):
     runner = _load(directory, fmt).runner
     assert runner.supports_multimodal()
     phases: list[str] = []
-    got = runner.prefill_multimodal(PROMPT, pixels.tobytes(), 100, 37, on_phase=phases.append, all_positions=True)
+    session = runner.new_session()
+    image_input = ImageInput(pixels.tobytes(), 100, 37)
+    got = runner.prefill_multimodal(session, PROMPT, image_input, on_phase=phases.append, all_positions=True)
     assert phases == ["vision", "prefill"]
     assert got.shape == want.shape
     assert (got - want).abs().max().item() <= TOL
-    assert runner.tokens == inputs["input_ids"][0].tolist()
+    assert session.tokens == inputs["input_ids"][0].tolist() == runner.multimodal_prompt_ids(PROMPT)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

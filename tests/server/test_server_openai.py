@@ -255,7 +255,7 @@ def test_models_props_health_tokenize(http, smollm2):
     assert models["object"] == "list" and models["data"][0]["id"] == MODEL
     props = http.get("/props").json()
     assert props["context_length"] == smollm2.context_length
-    assert props["quantization"] == smollm2.quantization and props["family"] == smollm2.family.name
+    assert props["quantization"] == smollm2.quantization and props["family"] == smollm2.family
     assert http.get("/health").json()["status"] == "ok"
     ids = http.post("/tokenize", json={"content": "Hello world"}).json()["tokens"]
     assert ids == smollm2.tokenizer.encode("Hello world", add_bos=False)

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_harness import LiveServer
 
-from runlm.runner import LmRunner
+from runlm.runner import LmRunner, Session
 from runlm.server import create_app
 
 MODEL = "fuzz-model"
@@ -29,9 +29,8 @@ class FastRunner(LmRunner):
     """Fixed pseudo-random logits with a bias toward end-of-text after a few tokens."""
 
     def __init__(self, vocab: int, eos: int, max_context: int = 256):
-        self.vocab, self.eos, self.max_context = vocab, eos, max_context
+        self.vocab, self.eos, self.context = vocab, eos, max_context
         self.noise = torch.randn(64, vocab, generator=torch.Generator().manual_seed(0))
-        self.n = 0
         self.delay_s = 0.0
 
     def family(self) -> str:
@@ -40,19 +39,21 @@ class FastRunner(LmRunner):
     def vocab_size(self) -> int:
         return self.vocab
 
+    def max_context(self) -> int:
+        return self.context
+
     def predict_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
-        return self.prefill_logits(prompt_ids)
+        return self.noise[len(prompt_ids) % 64]
 
-    def prefill_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
-        self.check_prompt(prompt_ids)
-        self.n = len(prompt_ids)
-        return self.noise[self.n % 64]
+    def extend(self, session: Session, ids: Sequence[int], all_positions: bool = False) -> torch.Tensor:
+        session.tokens = session.tokens + list(ids)
+        return self.noise[len(session.tokens) % 64]
 
-    def decode_logits(self, token: int) -> torch.Tensor:
+    def decode(self, session: Session, token: int) -> torch.Tensor:
         if self.delay_s:
             time.sleep(self.delay_s)
-        self.n += 1
-        logits = self.noise[self.n % 64].clone()
+        session.tokens.append(token)
+        logits = self.noise[len(session.tokens) % 64].clone()
         logits[self.eos] += 3.0
         return logits
 
@@ -62,7 +63,7 @@ def fuzz_server(smollm2_loaded):
     real = smollm2_loaded
     tok = real.tokenizer
     loaded = SimpleNamespace(runner=FastRunner(tok.vocab_size, tok.eos_id), tokenizer=tok,
-                             chat_template=real.chat_template, path=real.path, family=real.family,
+                             chat_template=real.chat_template, path=real.path, family_spec=real.family_spec, family=real.family,
                              quantization=real.quantization, format="gguf", context_length=256)
     server = LiveServer(create_app(loaded, model_name=MODEL, max_queue=8, default_max_tokens=4,
                                    max_body_bytes=64 * 1024))

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 
 from server_harness import LiveServer  # noqa: E402
 
-from runlm.runner import LmRunner  # noqa: E402
+from runlm.runner import LmRunner, Session  # noqa: E402
 from runlm.server import create_app  # noqa: E402
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -80,10 +80,8 @@ class ScriptedRunner(LmRunner):
         self.reply = reply
         self.delay_s = delay_s
         self.multimodal = multimodal
-        self.max_context = max_context
+        self.context = max_context
         self.calls = 0
-        self.script: list[int] = [self.end]
-        self.pos = 0
 
     def family(self) -> str:
         return "scripted"
@@ -91,29 +89,38 @@ class ScriptedRunner(LmRunner):
     def vocab_size(self) -> int:
         return self.vocab
 
+    def max_context(self) -> int:
+        return self.context
+
     def supports_multimodal(self) -> bool:
         return self.multimodal
 
-    def predict_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
-        return self.prefill_logits(prompt_ids)
+    def image_marker(self) -> str | None:
+        return "<start_of_image>" if self.multimodal else None
 
-    def prefill_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+    def predict_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+        return self.prefill(self.new_session(), prompt_ids)
+
+    def prefill(self, session: Session, prompt_ids: Sequence[int]) -> torch.Tensor:
+        """session.state: (the scripted reply's ids, how far it has gone)."""
         self.check_prompt(prompt_ids)
         self.calls += 1
         text = self.reply(self.tok.decode(list(prompt_ids)), self.calls)
-        self.script = self.tok.encode(text, add_bos=False) + [self.end]
-        self.pos = 0
-        return self._logits()
+        session.tokens = list(prompt_ids)
+        session.state = [self.tok.encode(text, add_bos=False) + [self.end], 0]
+        return self._logits(session)
 
-    def decode_logits(self, token: int) -> torch.Tensor:
+    def decode(self, session: Session, token: int) -> torch.Tensor:
         if self.delay_s:
             time.sleep(self.delay_s)
-        self.pos += 1
-        return self._logits()
+        session.tokens.append(token)
+        session.state[1] += 1
+        return self._logits(session)
 
-    def _logits(self) -> torch.Tensor:
+    def _logits(self, session: Session) -> torch.Tensor:
+        script, pos = session.state
         logits = torch.zeros(self.vocab)
-        logits[self.script[min(self.pos, len(self.script) - 1)]] = 60.0
+        logits[script[min(pos, len(script) - 1)]] = 60.0
         return logits
 
 
@@ -121,7 +128,7 @@ def scripted_server(real, reply: Callable[[str, int], str], *, name: str = "scri
     runner_kw = {k: kw.pop(k) for k in ("delay_s", "multimodal") if k in kw}
     runner = ScriptedRunner(real.tokenizer, reply, **runner_kw)
     loaded = SimpleNamespace(runner=runner, tokenizer=real.tokenizer, chat_template=real.chat_template,
-                             path=real.path, family=real.family, quantization=real.quantization, format="gguf",
+                             path=real.path, family_spec=real.family_spec, family=real.family, quantization=real.quantization, format="gguf",
                              context_length=4096)
     server = LiveServer(create_app(loaded, model_name=name, **kw))
     server.runner = runner

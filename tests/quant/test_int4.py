@@ -1,4 +1,4 @@
-"""Packed int4 linears (runlm.quant.packed) against the float32 dequantized matmul x @ dequantize(...).T.
+"""Packed int4 linears (runlm.quant.int4) against the float32 dequantized matmul x @ dequantize(...).T.
 
 Tolerances (relative Frobenius error of the output):
 * bfloat16 kernel (the fast one): < 1e-2. Sources: bf16 activations, scale/zero rounded to bf16, bf16 output;
