@@ -147,7 +147,7 @@ def test_generate_multimodal_equals_transformers_greedy(tiny_vl, fmt):
     assert got == want.tolist() == streamed
     assert phases == ["vision", "prefill"]
     # Decoding ran on the cached path: the session holds the prompt and every fed token.
-    assert len(runner.tokens) == inputs["input_ids"].shape[1] + n - 1
+    assert len(runner.own_session.tokens) == inputs["input_ids"].shape[1] + n - 1
     # The session goes on with decode_logits like any prefilled one.
     with torch.no_grad():
         context = torch.cat([inputs["input_ids"][0], want]).tolist()

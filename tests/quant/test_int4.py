@@ -29,7 +29,7 @@ from runlm.quant import (
     make_linear,
     pack_linear,
 )
-from runlm.quant import packed as packed_mod
+from runlm.quant import int4 as packed_mod
 
 BF16_TOL = 1e-2
 F32_TOL = 1e-5
