@@ -75,6 +75,11 @@ def lookup(name: str) -> CatalogModel:
     return model
 
 
+def name_for_file(filename: str) -> str | None:
+    """The catalog name of a model file (a server lets clients ask for "smollm2-135m" by that name)."""
+    return next((m.name for m in CATALOG.values() if m.filename == filename), None)
+
+
 def is_pulled(name: str) -> bool:
     return model_path(name).is_file()
 

@@ -63,7 +63,7 @@ def fuzz_server(smollm2_loaded):
     real = smollm2_loaded
     tok = real.tokenizer
     loaded = SimpleNamespace(runner=FastRunner(tok.vocab_size, tok.eos_id), tokenizer=tok,
-                             chat_template=real.chat_template, path=real.path, family_spec=real.family_spec, family=real.family,
+                             chat_template=real.chat_template, path=real.path,
                              quantization=real.quantization, format="gguf", context_length=256)
     server = LiveServer(create_app(loaded, model_name=MODEL, max_queue=8, default_max_tokens=4,
                                    max_body_bytes=64 * 1024))

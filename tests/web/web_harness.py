@@ -128,7 +128,7 @@ def scripted_server(real, reply: Callable[[str, int], str], *, name: str = "scri
     runner_kw = {k: kw.pop(k) for k in ("delay_s", "multimodal") if k in kw}
     runner = ScriptedRunner(real.tokenizer, reply, **runner_kw)
     loaded = SimpleNamespace(runner=runner, tokenizer=real.tokenizer, chat_template=real.chat_template,
-                             path=real.path, family_spec=real.family_spec, family=real.family, quantization=real.quantization, format="gguf",
+                             path=real.path, quantization=real.quantization, format="gguf",
                              context_length=4096)
     server = LiveServer(create_app(loaded, model_name=name, **kw))
     server.runner = runner

@@ -1,0 +1,370 @@
+"""OpenAI's wire format: requests planned into GenerationRequests, results and stream records shaped back.
+
+Nothing here runs a model or touches the app: every function takes the ServerState and a parsed body
+(or a finished result) and returns plain data, so each can be tested on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runlm.engine import Completion, GenerationRequest, StreamRecord, Usage
+from runlm.engine.grammar import GrammarConstraint, grammar_for_json_schema
+from runlm.engine.tools import ToolCallStreamFilter, tool_call_schema
+from runlm.errors import RunlmError
+from runlm.runner import ImageInput
+from runlm.sampling import SamplingParams, TokenLogprob
+from runlm.server.errors import APIError
+from runlm.server.images import fetch_image
+from runlm.server.schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    ResponseFormat,
+    SamplingFields,
+)
+from runlm.server.state import ServerState
+from runlm.server.tools import ToolPlan, add_tools_prompt, plan_tools, template_message
+
+MIN_LOGPROB = -9999.0  # what OpenAI reports for probabilities that underflow
+RESERVED_TEMPLATE_KWARGS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
+
+# -- tokens, log-probs, usage ---------------------------------------------------------------------
+
+
+def token_bytes(tokenizer: Any, token_id: int) -> bytes:
+    return tokenizer.token_to_bytes(token_id)
+
+
+def token_text(tokenizer: Any, token_id: int) -> str:
+    return token_bytes(tokenizer, token_id).decode("utf-8", errors="replace")
+
+
+def _lp(value: float) -> float:
+    return max(float(value), MIN_LOGPROB)
+
+
+def chat_logprob_entry(tokenizer: Any, lp: TokenLogprob) -> dict[str, Any]:
+    def one(token_id: int, value: float) -> dict[str, Any]:
+        data = token_bytes(tokenizer, token_id)
+        return {"token": data.decode("utf-8", errors="replace"), "logprob": _lp(value), "bytes": list(data)}
+
+    entry = one(lp.token_id, lp.logprob)
+    entry["top_logprobs"] = [one(t.token_id, t.logprob) for t in lp.top]
+    return entry
+
+
+def completion_logprobs(tokenizer: Any, lps: list[TokenLogprob], offset: int) -> dict[str, Any]:
+    tokens, values, tops, offsets = [], [], [], []
+    for lp in lps:
+        text = token_text(tokenizer, lp.token_id)
+        tokens.append(text)
+        values.append(_lp(lp.logprob))
+        tops.append({token_text(tokenizer, t.token_id): _lp(t.logprob) for t in lp.top})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def usage_json(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def timings_json(usage: Usage) -> dict[str, Any]:
+    """llama.cpp-style timings, for people comparing the two."""
+    prompt_run = max(0, usage.prompt_tokens - usage.cached_tokens)
+    return {
+        "cache_n": usage.cached_tokens,
+        "prompt_n": prompt_run,
+        "prompt_ms": usage.prefill_s * 1000,
+        "prompt_per_second": prompt_run / usage.prefill_s if usage.prefill_s > 0 else 0.0,
+        "predicted_n": usage.completion_tokens,
+        "predicted_ms": usage.decode_s * 1000,
+        "predicted_per_second": usage.decode_tokens_per_s,
+        "queued_ms": usage.queued_s * 1000,
+        "ttft_ms": usage.ttft_s * 1000,
+    }
+
+
+def finish_reason(reason: str | None) -> str:
+    return reason if reason in ("stop", "length", "tool_calls") else "stop"
+
+
+# -- request -> GenerationRequest --------------------------------------------------------------------
+
+
+def sampling_from(body: SamplingFields, vocab: int, logprobs: bool, top_logprobs: int) -> SamplingParams:
+    bias: dict[int, float] = {}
+    for key, value in (body.logit_bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise APIError(400, f"logit_bias: key {key!r} is not a token id", param="logit_bias",
+                           code="invalid_value") from None
+        if not 0 <= token < vocab:
+            raise APIError(400, f"logit_bias: token id {token} is outside the vocabulary [0, {vocab})",
+                           param="logit_bias", code="invalid_value")
+        bias[token] = float(value)
+    params = SamplingParams(
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=body.top_k or 0,
+        min_p=body.min_p or 0.0,
+        typical_p=1.0 if body.typical_p is None else body.typical_p,
+        repeat_penalty=body.repeat_penalty or 1.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        presence_penalty=body.presence_penalty or 0.0,
+        penalty_last_n=64 if body.repeat_last_n is None else body.repeat_last_n,
+        seed=body.seed,
+        logit_bias=bias,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+    )
+    return params.validate(vocab)
+
+
+def stop_list(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [s for s in ([stop] if isinstance(stop, str) else stop) if s]
+
+
+def schema_from_format(fmt: ResponseFormat | None) -> tuple[bool, Any]:
+    """(constrained?, schema) for a response_format."""
+    if fmt is None or fmt.type == "text":
+        return False, None
+    if fmt.type == "json_object":
+        return True, fmt.schema_ or {"type": "object"}
+    spec = fmt.json_schema
+    if spec is None and fmt.schema_ is None:
+        raise APIError(400, "response_format.json_schema is required when type is 'json_schema'",
+                       param="response_format.json_schema", code="invalid_value")
+    schema = spec.schema_ if spec is not None else fmt.schema_
+    return True, schema if schema is not None else {}
+
+
+def json_grammar(state: ServerState, schema: Any) -> GrammarConstraint:
+    tok = state.tokenizer
+    eos = sorted(tok.stop_ids or ([tok.eos_id] if tok.eos_id is not None else []))
+    return GrammarConstraint(grammar_for_json_schema(schema), tok, state.engine.vocab_size, eos)
+
+
+def message_text(state: ServerState, message: ChatMessage, index: int, images: list[ImageInput]) -> str | None:
+    """The message's text; each image part becomes the model's image marker and its pixels go to `images`."""
+    if message.content is None or isinstance(message.content, str):
+        return message.content
+    parts = []
+    for j, part in enumerate(message.content):
+        where = f"messages.{index}.content.{j}"
+        if part.type == "text":
+            parts.append(part.text or "")
+        elif part.type == "image_url" and part.image_url is not None:
+            marker = state.loaded.runner.image_marker()
+            if marker is None:
+                raise APIError(400, f"{where}: this model has no vision tower and cannot take images",
+                               param=f"messages.{index}.content", code="invalid_value")
+            images.append(fetch_image(part.image_url.url, where, state.allow_remote_images))
+            parts.append(marker)
+        else:
+            raise APIError(400, f"{where}: content of type {part.type!r} is not supported (text and image_url are)",
+                           param=f"messages.{index}.content", code="invalid_value")
+    return "\n".join(parts)
+
+
+@dataclass
+class ChatPlan:
+    request: GenerationRequest
+    tools: ToolPlan
+
+
+def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
+    """Render the messages through the chat template and build the generation request."""
+    template = state.loaded.chat_template
+    if template is None:
+        raise APIError(400, "this model has no chat template: use /v1/completions with a raw prompt",
+                       param="messages", code="no_chat_template")
+    tools = plan_tools(body, template)
+    images: list[ImageInput] = []
+    messages = [template_message(m, message_text(state, m, i, images), tools) for i, m in enumerate(body.messages)]
+    add_tools_prompt(messages, tools)
+    extra = body.chat_template_kwargs or {}
+    reserved = sorted(set(extra) & RESERVED_TEMPLATE_KWARGS)
+    if reserved:
+        raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)}",
+                       param="chat_template_kwargs", code="invalid_value")
+    try:
+        prompt = template.render(messages, add_generation_prompt=True,
+                                 tools=tools.tools if tools.active and tools.template_aware else None, **extra)
+    except Exception as exc:  # the template's own checks (role order...) are about the client's input
+        raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages",
+                       code="invalid_value") from exc
+    grammar = None
+    if tools.forced is not None or tools.required:
+        grammar = json_grammar(state, tool_call_schema(tools.tools, tools.forced))
+    else:
+        constrained, schema = schema_from_format(body.response_format)
+        if constrained:
+            grammar = json_grammar(state, schema)
+    top = body.top_logprobs or 0
+    if top and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
+    request = GenerationRequest(
+        prompt_ids=state.tokenizer.encode_prompt(prompt),
+        max_tokens=body.max_completion_tokens or body.max_tokens or state.default_max_tokens,
+        sampling=sampling_from(body, state.engine.vocab_size, body.logprobs, top),
+        stop=stop_list(body.stop),
+        ignore_eos=body.ignore_eos,
+        grammar=grammar,
+        use_prompt_cache=body.cache_prompt,
+    )
+    if len(images) > 1:
+        raise APIError(400, "only one image per request is supported", param="messages", code="invalid_value")
+    if images:
+        try:
+            state.engine.with_image(request, prompt, images[0])
+        except RunlmError as exc:
+            raise APIError(400, str(exc), param="messages", code="invalid_value") from exc
+    return ChatPlan(request, tools)
+
+
+@dataclass
+class CompletionPlan:
+    request: GenerationRequest
+    echo_text: str
+
+
+def plan_completion(state: ServerState, body: CompletionRequest) -> CompletionPlan:
+    if body.suffix:
+        raise APIError(400, "suffix (fill-in-the-middle) is not supported", param="suffix", code="unsupported")
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = state.tokenizer.encode_prompt(prompt)
+        echo_text = prompt
+    else:
+        ids = list(prompt)
+        state.engine.check_prompt(ids)
+        echo_text = state.tokenizer.decode(ids) if body.echo else ""
+    constrained, schema = schema_from_format(body.response_format)
+    request = GenerationRequest(
+        prompt_ids=ids,
+        max_tokens=body.max_tokens or state.default_max_tokens,
+        sampling=sampling_from(body, state.engine.vocab_size, body.logprobs is not None, body.logprobs or 0),
+        stop=stop_list(body.stop),
+        ignore_eos=body.ignore_eos,
+        grammar=json_grammar(state, schema) if constrained else None,
+        use_prompt_cache=body.cache_prompt,
+    )
+    return CompletionPlan(request, echo_text if body.echo else "")
+
+
+# -- whole responses ------------------------------------------------------------------------------
+
+
+def _envelope(state: ServerState, obj: str, rid: str, created: int, model: str) -> dict[str, Any]:
+    return {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": state.fingerprint}
+
+
+def chat_response(state: ServerState, plan: ChatPlan, body: ChatCompletionRequest, result: Completion, rid: str,
+                  created: int) -> dict[str, Any]:
+    filt = ToolCallStreamFilter(plan.tools.active, plan.tools.names)
+    content = filt.push(result.text)
+    rest, calls = filt.finish()
+    content += rest
+    message: dict[str, Any] = {"role": "assistant", "content": content if (content or not calls) else None}
+    finish = finish_reason(result.finish_reason)
+    if calls:
+        message["tool_calls"] = [c.to_openai() for c in calls]
+        finish = "tool_calls"
+    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+    if body.logprobs:
+        choice["logprobs"] = {"content": [chat_logprob_entry(state.tokenizer, lp) for lp in result.logprobs]}
+    return {**_envelope(state, "chat.completion", rid, created, body.model), "choices": [choice],
+            "usage": usage_json(result.usage), "timings": timings_json(result.usage)}
+
+
+def completion_response(state: ServerState, plan: CompletionPlan, body: CompletionRequest, result: Completion,
+                        rid: str, created: int) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "text": plan.echo_text + result.text,
+                              "finish_reason": finish_reason(result.finish_reason), "logprobs": None}
+    if body.logprobs is not None:
+        choice["logprobs"] = completion_logprobs(state.tokenizer, result.logprobs, len(plan.echo_text))
+    return {**_envelope(state, "text_completion", rid, created, body.model), "choices": [choice],
+            "usage": usage_json(result.usage), "timings": timings_json(result.usage)}
+
+
+# -- streams: what each record becomes (server.sse sends it) ------------------------------------------
+
+
+class ChatChunks:
+    """chat.completion.chunk events: a role delta, content deltas, tool calls at the end, finish, usage."""
+
+    def __init__(self, state: ServerState, plan: ChatPlan, body: ChatCompletionRequest, rid: str, created: int):
+        self.tokenizer = state.tokenizer
+        self.base = _envelope(state, "chat.completion.chunk", rid, created, body.model)
+        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        self.filter = ToolCallStreamFilter(plan.tools.active, plan.tools.names)
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return {**self.base, "choices": [choice]} | ({"usage": None} if self.include_usage else {})
+
+    def opening(self) -> list[dict[str, Any]]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def on_record(self, record: StreamRecord) -> list[dict[str, Any]]:
+        text = self.filter.push(record.text)
+        lps = {"content": [chat_logprob_entry(self.tokenizer, record.logprob)]} if record.logprob is not None else None
+        return [self._chunk({"content": text} if text else {}, logprobs=lps)] if text or lps else []
+
+    def closing(self, last: StreamRecord, usage: Usage) -> list[dict[str, Any]]:
+        events = []
+        rest, calls = self.filter.finish()
+        if rest:
+            events.append(self._chunk({"content": rest}))
+        finish = finish_reason(last.finish_reason)
+        if calls:
+            events.append(self._chunk({"tool_calls": [c.to_openai(index=i) for i, c in enumerate(calls)]}))
+            finish = "tool_calls"
+        events.append(self._chunk({}, finish=finish))
+        if self.include_usage:
+            events.append({**self.base, "choices": [], "usage": usage_json(usage), "timings": timings_json(usage)})
+        return events
+
+
+class CompletionChunks:
+    """text_completion events: the echoed prompt, text deltas with their log-probs, finish, usage."""
+
+    def __init__(self, state: ServerState, plan: CompletionPlan, body: CompletionRequest, rid: str, created: int):
+        self.tokenizer = state.tokenizer
+        self.base = _envelope(state, "text_completion", rid, created, body.model)
+        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        self.logprobs = body.logprobs is not None
+        self.echo_text = plan.echo_text
+        self.offset = len(plan.echo_text)
+
+    def _chunk(self, text: str, finish: str | None = None, lps: Any = None) -> dict[str, Any]:
+        return {**self.base, "choices": [{"index": 0, "text": text, "logprobs": lps, "finish_reason": finish}]}
+
+    def opening(self) -> list[dict[str, Any]]:
+        return [self._chunk(self.echo_text)] if self.echo_text else []
+
+    def on_record(self, record: StreamRecord) -> list[dict[str, Any]]:
+        lps = None
+        if self.logprobs and record.logprob is not None:
+            lps = completion_logprobs(self.tokenizer, [record.logprob], self.offset)
+        self.offset += len(record.text)
+        return [self._chunk(record.text, lps=lps)] if record.text or lps else []
+
+    def closing(self, last: StreamRecord, usage: Usage) -> list[dict[str, Any]]:
+        events = [self._chunk("", finish=finish_reason(last.finish_reason))]
+        if self.include_usage:
+            events.append({**self.base, "choices": [], "usage": usage_json(usage), "timings": timings_json(usage)})
+        return events

@@ -1,0 +1,60 @@
+"""What every route shares: the model, its engine and scheduler, the served names, the metrics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from runlm import catalog
+from runlm.engine import Engine, Scheduler
+from runlm.server.errors import APIError
+from runlm.server.metrics import Metrics
+from runlm.text import Tokenizer
+
+
+@dataclass
+class ServerState:
+    loaded: Any  # a runlm.LoadedModel (tests pass a stand-in with the same fields)
+    engine: Engine
+    scheduler: Scheduler
+    metrics: Metrics
+    model_name: str
+    aliases: set[str]
+    default_max_tokens: int | None
+    prompt_cache_mb: float = 0
+    allow_remote_images: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.loaded.tokenizer
+
+    @property
+    def fingerprint(self) -> str:
+        return f"runlm-0.1.0-{self.loaded.quantization}"
+
+    def check_model(self, name: str) -> None:
+        if name not in self.aliases:
+            raise APIError(404, f"model {name!r} is not served here; this server serves {self.model_name!r} "
+                                "(see GET /v1/models)", param="model", code="model_not_found")
+
+    def model_meta(self) -> dict[str, Any]:
+        loaded = self.loaded
+        return {"family": loaded.runner.family(), "context_length": loaded.context_length,
+                "quantization": loaded.quantization, "format": loaded.format, "vocab_size": self.engine.vocab_size,
+                "file": loaded.path.name, "multimodal": bool(loaded.runner.supports_multimodal())}
+
+
+def served_names(loaded: Any, model_name: str | None) -> tuple[str, set[str]]:
+    """The name the server answers to, and every alias a client may use (file name, stem, catalog name)."""
+    catalog_name = catalog.name_for_file(loaded.path.name)
+    name = model_name or catalog_name or loaded.path.stem
+    return name, {name, loaded.path.name, loaded.path.stem} | ({catalog_name} if catalog_name else set())
+
+
+def get_state(request: Request) -> ServerState:
+    """FastAPI dependency: the state create_app put on the app."""
+    return request.app.state.runlm
