@@ -11,16 +11,18 @@ from runlm.errors import (
     UnsupportedOperationError,
 )
 from runlm.loading import LoadedModel, load
-from runlm.runner import LmRunner, SessionSnapshot
+from runlm.runner import ImageInput, LmRunner, Session, SessionSnapshot
 
 __all__ = [
     "CatalogError",
     "ContextOverflowError",
+    "ImageInput",
     "InvalidInputError",
     "LmRunner",
     "LoadedModel",
     "ModelLoadError",
     "RunlmError",
+    "Session",
     "SessionSnapshot",
     "TokenizerError",
     "UnsupportedArchitectureError",

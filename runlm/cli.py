@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
+import threading
+import time
+import webbrowser
 from collections.abc import Sequence
 
+import torch
+
+from runlm import catalog
+from runlm.bench import run_bench
+from runlm.engine import Engine, GenerationRequest, ImageInput
 from runlm.errors import RunlmError
+from runlm.loading import load
+from runlm.models.vision import image_to_rgb
+from runlm.sampling import SamplingParams
 
 
 def _add_model(parser: argparse.ArgumentParser) -> None:
@@ -15,7 +28,7 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         "--dtype",
         default="auto",
         choices=["auto", "f32", "bf16"],
-        help="auto: packed int4 where GGUF allows it, else f32 (the reference)",
+        help="auto: GGUF weights kept as stored, run by runlm's kernels; f32: the float32 reference",
     )
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     parser.add_argument("--ctx", type=int, default=None, help="context length (default: the model's)")
@@ -95,10 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace, model: str | None = None):
-    import torch
-
-    from runlm import load
-
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     name = model if model is not None else args.model
@@ -108,9 +117,6 @@ def _load(args: argparse.Namespace, model: str | None = None):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from runlm.engine import ImageInput
-    from runlm.models.vision import image_to_rgb
-
     image = ImageInput(*image_to_rgb(args.image)) if args.image is not None else None  # fail before the load
     loaded = _load(args)
     prompt = args.prompt
@@ -131,16 +137,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _engine(loaded):
-    from runlm.engine import Engine
-
     return Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length)
 
 
 def _stream_reply(engine, text: str, args: argparse.Namespace, image=None) -> str:
     """Print the reply to a rendered prompt as it is produced; return its text."""
-    from runlm.engine import GenerationRequest
-    from runlm.sampling import SamplingParams
-
     if args.max_tokens < 1:
         raise RunlmError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
@@ -183,11 +184,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def _chat_web(args: argparse.Namespace) -> int:
     """Serve the chat page on loopback and open it in a browser once the server answers (after the load)."""
-    import socket
-    import threading
-    import time
-    import webbrowser
-
     url = f"http://127.0.0.1:{args.port}/"
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # fail now, not after loading the model
         try:
@@ -234,8 +230,6 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from runlm import catalog
-
     name = args.name or catalog.DEFAULT_MODEL
     path = catalog.pull(name, progress=True, force=args.force)
     print(path)
@@ -243,8 +237,6 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from runlm import catalog
-
     for model in catalog.CATALOG.values():
         mark = "pulled" if catalog.is_pulled(model.name) else "-"
         default = " (default)" if model.name == catalog.DEFAULT_MODEL else ""
@@ -253,9 +245,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import os
-
-    from runlm.server import serve
+    from runlm.server import serve  # optional: the [server] extra
 
     loaded = _load(args)
     serve(
@@ -272,8 +262,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from runlm.bench import run_bench
-
     return run_bench(args)
 
 

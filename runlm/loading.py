@@ -58,7 +58,7 @@ def resolve_model(name_or_path: str | Path | None) -> Path:
 
 
 DTYPES = {
-    # name: (dense weight / activation dtype, keep Q4_0 / Q4_1 / Q4_K packed as int4)
+    # name: (dense weight / activation dtype, keep GGUF weights as stored for the kernels)
     "auto": (torch.float32, True),
     "f32": (torch.float32, False),
     "bf16": (torch.bfloat16, True),
@@ -77,7 +77,7 @@ def load(
     `device` None picks "cuda" when PyTorch sees a GPU, else "cpu". runlm's packed kernels are
     CPU-only, so elsewhere weights are dequantized once (bf16 for "auto").
 
-    dtype "f32" is the float32 reference; "auto" keeps 4-bit GGUF weights packed. A vision
+    dtype "f32" is the float32 reference; "auto" keeps GGUF weights as stored (packed). A vision
     tower is found by itself (an HF directory's vision_config, an mmproj*.gguf next to a GGUF)
     or given as `mmproj`, llama.cpp's vision projector GGUF.
     """

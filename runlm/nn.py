@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runlm.quant import kernels
+
 
 class RMSNorm(nn.Module):
     """RMSNorm computed in float32; `offset=1.0` gives Gemma's (1 + weight) form."""
@@ -19,21 +21,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32 and x.device.type == "cpu" and _native_kernels():
+        if x.dtype == torch.float32 and x.device.type == "cpu" and kernels.available():
             return torch.ops.runlm.rms_norm(x, self.scale, self.eps)  # one call instead of six small ops
         return F.rms_norm(x.float(), self.scale.shape, self.scale, self.eps).to(x.dtype)
-
-
-def _native_kernels() -> bool:
-    global _NATIVE
-    if _NATIVE is None:
-        from runlm.quant import kernels
-
-        _NATIVE = kernels.available()
-    return _NATIVE
-
-
-_NATIVE: bool | None = None  # whether runlm's C++ ops are built; asked once (the build happens on first use)
 
 
 # -- rotary position embeddings --------------------------------------------------
@@ -309,43 +299,55 @@ class Attention(nn.Module):
         # RoPE + cache write + attention in one C++ call for single-token steps (set by models.fused at load).
         self.fused_attention = False
 
-    def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rope_tables, cache, start, image_group=None
-    ) -> torch.Tensor:
-        """x: [B, T, hidden]. One sequence: `cache` is its layer cache and `start` an int. A batch of
-        sequences (continuous batching): lists of caches and starts, positions [B, T]."""
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(qkv, normed q and k, v) for x [B, T, hidden], heads split out."""
         b, t, _ = x.shape
         hq, hkv = self.n_heads, self.n_kv_heads
         qkv = self.qkv(x).view(b, t, hq + 2 * hkv, self.head_dim)
         qk, v = qkv[:, :, : hq + hkv], qkv[:, :, hq + hkv :]
         if self.q_norm is not None:
             qk = torch.cat([self.q_norm(qk[:, :, :hq]), self.k_norm(qk[:, :, hq:])], dim=2)
+            qkv = torch.cat([qk, v], dim=2)
+        return qkv, qk, v
+
+    def _split_heads(self, qk: torch.Tensor, v: torch.Tensor, cos, sin):
+        qk = apply_rope(qk, cos, sin)  # queries and keys rotated in one go
+        hq = self.n_heads
+        return qk[:, :, :hq].transpose(1, 2), qk[:, :, hq:].transpose(1, 2), v.transpose(1, 2)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, rope_tables, cache, start: int, image_group=None
+    ) -> torch.Tensor:
+        """One sequence: x [1, T, hidden] at positions start..start+T-1 over its layer cache."""
+        b, t, _ = x.shape
+        qkv, qk, v = self._project(x)
         cos, sin = rope_tables[id(self.rope)]
         if t == 1 and self.fused_attention and image_group is None:
-            if self.q_norm is not None:
-                qkv = torch.cat([qk, v], dim=2)
-            if not isinstance(cache, list):
-                out = cache.decode_attention(qkv, cos, sin, start, hq, hkv, self.scale)
-                return self.o_proj(out.view(1, 1, -1))
-            outs = [  # continuous batching: each sequence at its own position over its own cache
-                seq_cache.decode_attention(qkv[i], cos[i], sin[i], seq_start, hq, hkv, self.scale)
-                for i, (seq_cache, seq_start) in enumerate(zip(cache, start))
+            out = cache.decode_attention(qkv, cos, sin, start, self.n_heads, self.n_kv_heads, self.scale)
+            return self.o_proj(out.view(1, 1, -1))
+        q, k, v = self._split_heads(qk, v, cos, sin)
+        keys, values, key_pos = cache.update(k, v, start)
+        out = attention(q, keys, values, positions, key_pos, self.scale, self.window, self.softcap, image_group)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def forward_batch(self, x: torch.Tensor, positions: torch.Tensor, rope_tables, caches: list, starts: list[int]):
+        """B sequences, one new token each (x [B, 1, hidden], positions [B, 1]), each over its own cache."""
+        b = x.shape[0]
+        qkv, qk, v = self._project(x)
+        cos, sin = rope_tables[id(self.rope)]
+        if self.fused_attention:
+            outs = [
+                seq_cache.decode_attention(qkv[i], cos[i], sin[i], start, self.n_heads, self.n_kv_heads, self.scale)
+                for i, (seq_cache, start) in enumerate(zip(caches, starts))
             ]
             return self.o_proj(torch.stack(outs).view(b, 1, -1))
-        qk = apply_rope(qk, cos, sin)  # queries and keys rotated in one go
-        q, k, v = qk[:, :, :hq].transpose(1, 2), qk[:, :, hq:].transpose(1, 2), v.transpose(1, 2)
-        if not isinstance(cache, list):
-            keys, values, key_pos = cache.update(k, v, start)
-            out = attention(q, keys, values, positions, key_pos, self.scale, self.window, self.softcap, image_group)
-        else:  # each sequence attends over its own cache, at its own position
-            outs = []
-            for i, (seq_cache, seq_start) in enumerate(zip(cache, start)):
-                keys, values, key_pos = seq_cache.update(k[i : i + 1], v[i : i + 1], seq_start)
-                outs.append(
-                    attention(q[i : i + 1], keys, values, positions[i], key_pos, self.scale, self.window, self.softcap)
-                )
-            out = torch.cat(outs)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        q, k, v = self._split_heads(qk, v, cos, sin)
+        outs = []
+        for i, (seq_cache, start) in enumerate(zip(caches, starts)):
+            keys, values, key_pos = seq_cache.update(k[i : i + 1], v[i : i + 1], start)
+            outs.append(attention(q[i : i + 1], keys, values, positions[i], key_pos, self.scale, self.window,
+                                  self.softcap))
+        return self.o_proj(torch.cat(outs).transpose(1, 2).reshape(b, 1, -1))
 
 
 class GatedMLP(nn.Module):
@@ -375,6 +377,10 @@ class PreNormBlock(nn.Module):
         h = h + self.attn(self.attn_norm(h), positions, rope_tables, cache, start, image_group)
         return h + self.mlp(self.mlp_norm(h))
 
+    def forward_batch(self, h, positions, rope_tables, caches, starts):
+        h = h + self.attn.forward_batch(self.attn_norm(h), positions, rope_tables, caches, starts)
+        return h + self.mlp(self.mlp_norm(h))
+
 
 class SandwichBlock(nn.Module):
     """Norms before and after both attention and MLP, as Gemma 2/3 do."""
@@ -389,4 +395,8 @@ class SandwichBlock(nn.Module):
         if self.fused_decode is not None and h.shape[0] == h.shape[1] == 1 and image_group is None:
             return self.fused_decode(h, rope_tables, cache, start)
         h = h + self.post_attn(self.attn(self.pre_attn(h), positions, rope_tables, cache, start, image_group))
+        return h + self.post_mlp(self.mlp(self.pre_mlp(h)))
+
+    def forward_batch(self, h, positions, rope_tables, caches, starts):
+        h = h + self.post_attn(self.attn.forward_batch(self.pre_attn(h), positions, rope_tables, caches, starts))
         return h + self.post_mlp(self.mlp(self.pre_mlp(h)))

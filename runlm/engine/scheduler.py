@@ -12,6 +12,7 @@ tokens, and a request cancelled while it waits leaves the queue at once.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import queue
 import threading
 import time
@@ -115,8 +116,6 @@ def release_openmp_pools() -> bool:
     on 2 cores, the worker decoded SmolLM2 at 45 tok/s against 120+ with the main pool released. Returns whether
     the call was made (False where the runtime is not libgomp).
     """
-    import ctypes
-
     try:
         pause = ctypes.CDLL("libgomp.so.1").omp_pause_resource_all
     except (OSError, AttributeError):

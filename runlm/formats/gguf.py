@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from runlm.errors import ModelLoadError
 from runlm.formats import WeightSource
@@ -88,8 +89,6 @@ class GGUFFile:
 
     def tensor(self, name: str):
         """The tensor dequantized to a float32 torch tensor of its logical shape."""
-        from runlm.quant import dequantize
-
         raw = self.raw(name)
         try:
             return dequantize(raw.type_name, raw.data, raw.shape)
@@ -136,8 +135,6 @@ _U64 = struct.Struct("<Q")
 
 
 def _parse(buf: np.ndarray) -> tuple[dict[str, Any], dict[str, _TensorInfo]]:
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
     mem = memoryview(buf)
     pos = 4
     (version,) = struct.unpack_from("<I", mem, pos)

@@ -161,7 +161,7 @@ class DecoderLM(nn.Module):
         positions = torch.tensor(starts, device=h.device)[:, None]
         tables = {id(rope): rope.tables(positions, h.dtype) for rope in self.ropes}
         for index, layer in enumerate(self.layers):
-            h = layer(h, positions, tables, [cache[index] for cache in caches], starts)
+            h = layer.forward_batch(h, positions, tables, [cache[index] for cache in caches], starts)
         logits = self.head(self.norm(h[:, -1])).float()
         cap = self.config.final_softcap
         return torch.tanh(logits / cap) * cap if cap is not None else logits

@@ -1,4 +1,4 @@
-"""GGML quantized tensors: reference dequantization and packed fast-path linear layers."""
+"""GGML quantized tensors: reference dequantization, runlm's kernels on GGUF blocks, torch's int4 as the fallback."""
 
 from __future__ import annotations
 

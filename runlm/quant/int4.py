@@ -30,6 +30,7 @@ from torch import nn
 
 from runlm.errors import InvalidInputError
 from runlm.quant.dequant import dequantize, int4_groups, normalize_type_name
+from runlm.quant.kernels import concat_gguf_linears
 
 INT4_TYPES: frozenset[str] = frozenset({"Q4_0", "Q4_1", "Q4_K"})
 GROUP_SIZE = 32
@@ -180,8 +181,6 @@ def concat_linears(modules: Sequence[nn.Module]) -> nn.Module:
         raise InvalidInputError(f"cannot concatenate linears with different in_features {sorted(in_features)}")
     if len(modules) == 1:
         return modules[0]
-    from runlm.quant.kernels import concat_gguf_linears
-
     merged = concat_gguf_linears(modules)
     if merged is not None:
         return merged

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils import cpp_extension
 
 from runlm.errors import InvalidInputError, ModelLoadError
 from runlm.quant.dequant import BLOCK_LAYOUTS, dequantize, normalize_type_name
@@ -127,8 +128,6 @@ def _load() -> None:
         raise RuntimeError(f"disabled by {ENV_VAR}={os.environ.get(ENV_VAR)}")
     start = time.perf_counter()
     if not _op_registered():
-        from torch.utils import cpp_extension
-
         if not _SOURCE.is_file():
             raise FileNotFoundError(f"kernel source {_SOURCE} is missing")
         cflags = list(_CFLAGS) + (["-DRUNLM_SCALAR"] if variant == "scalar" else [])

@@ -7,6 +7,7 @@ builds, so ids match the reference tokenizer of the model family.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -15,10 +16,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as _Backend
 
+from runlm.catalog import runlm_home
 from runlm.errors import TokenizerError
+from runlm.formats.gguf import GGUFFile
 
 # llama.cpp token types (gguf.TokenType)
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
@@ -169,12 +173,6 @@ def _cached_backend(
 ) -> _Backend:
     """build(), kept on disk as tokenizer JSON: a SentencePiece vocabulary of 262k pieces takes seconds to turn into
     BPE merges, and the built tokenizer loads from its file in about a second."""
-    import hashlib
-
-    import numpy as np
-
-    from runlm.catalog import runlm_home
-
     digest = hashlib.sha256(b"runlm-spm-v1\x00")
     digest.update("\x00".join(tokens).encode("utf-8", "surrogatepass"))
     digest.update(np.asarray(types, dtype=np.int64).tobytes())
@@ -267,8 +265,6 @@ class Tokenizer:
     def from_gguf(cls, metadata: Mapping[str, Any] | str | Path) -> Tokenizer:
         """The tokenizer a GGUF's `tokenizer.ggml.*` metadata describes (or a GGUF file's path)."""
         if isinstance(metadata, (str, Path)):
-            from runlm.formats.gguf import GGUFFile
-
             metadata = GGUFFile(metadata).metadata
         model = metadata.get("tokenizer.ggml.model")
         tokens = metadata.get("tokenizer.ggml.tokens")
