@@ -17,15 +17,19 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from runlm.engine import Engine, GenerationRequest, Scheduler
 from runlm.formats.gguf import GGUFFile
 from runlm.loading import load, resolve_model
+from runlm.quant import kernels
+from runlm.quant.int4 import pack_linear
 from runlm.sampling import SamplingParams
 from runlm.text import Tokenizer
 
@@ -203,6 +207,8 @@ def worker(spec: dict) -> dict:
 
 
 def run_bench(args) -> int:
+    if args.kernels:
+        return run_kernel_bench(args)
     if args.streams or args.prompt_cache:
         return run_engine_bench(args)
 
@@ -366,6 +372,57 @@ def run_engine_bench(args) -> int:
             f"{second.usage.ttft_s:.3f} |"
         )
         print(f"speed-up: {first.usage.ttft_s / max(second.usage.ttft_s, 1e-9):.1f}x")
+    return 0
+
+
+# -- the kernels: one matmul per weight type and shape --------------------------------------------
+
+
+def best_ms(fn: Callable[[], object], budget_s: float = 0.25) -> float:
+    """The fastest of repeated calls (at least 3, for up to budget_s), in ms."""
+    fn()
+    times: list[float] = []
+    stop = time.perf_counter() + budget_s
+    while len(times) < 3 or (time.perf_counter() < stop and len(times) < 200):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e3
+
+
+def run_kernel_bench(args, max_rows: int = 8192) -> int:
+    """For one tensor of each (type, shape) of the model: M=1 (decode) and M=17 / 128 (prefill) timings of
+    runlm's kernel, a float32 GEMM on the dequantized weight, and torch's int4 kernel where it applies."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    gguf = GGUFFile(resolve_model(args.model))
+    picked: dict[tuple[str, tuple[int, ...]], str] = {}
+    for name in gguf.tensor_names():
+        raw = gguf.raw(name)
+        if raw.type_name in kernels.KERNEL_TYPES and len(raw.shape) == 2:
+            picked.setdefault((raw.type_name, raw.shape), name)
+    print(f"model: {gguf.path.name}   threads: {torch.get_num_threads()}   kernels: {kernels.build_info()}")
+    print(f"machine: {machine()}   (ms, best of repeated runs; rows capped at {max_rows})")
+    print("| tensor | type | shape | M | kernel | f32 GEMM | int4 bf16 | module (path) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (type_name, shape), name in sorted(picked.items()):
+        raw = gguf.raw(name)
+        rows = min(shape[0], max_rows)
+        data = np.asarray(raw.data)[:rows]
+        module = kernels.GGUFLinear.from_raw(type_name, data, (rows, shape[1]))
+        weight = module.dequantized()
+        int4 = pack_linear(type_name, data, (rows, shape[1]), torch.bfloat16)
+        for m in (1, 17, 128):
+            x = torch.randn(m, shape[1])
+            t_auto = best_ms(lambda: module(x))  # noqa: B023 - timed right here
+            saved, module.dense_min_rows = module.dense_min_rows, 1 << 30
+            t_kernel = best_ms(lambda: module(x))  # noqa: B023
+            module.dense_min_rows = saved
+            t_f32 = best_ms(lambda: F.linear(x, weight))  # noqa: B023
+            t_int4 = f"{best_ms(lambda: int4(x.bfloat16())):.3f}" if int4 is not None else "-"  # noqa: B023
+            route = "dense" if m >= saved else "kernel"
+            print(f"| {name} | {type_name} | {rows}x{shape[1]} | {m} | {t_kernel:.3f} | {t_f32:.3f} | {t_int4} | "
+                  f"{t_auto:.3f} ({route}) |")
     return 0
 
 

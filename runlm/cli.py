@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--prompt-cache", action="store_true", help="time to first token with and without a cached prefix"
     )
+    bench.add_argument(
+        "--kernels", action="store_true", help="one matmul per weight type and shape: kernel vs f32 vs torch int4"
+    )
     return parser
 
 

@@ -9,8 +9,6 @@ Tolerances (relative Frobenius error of the output):
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 import torch
@@ -220,28 +218,3 @@ def test_make_linear_picks_packed_or_dense():
     )
     dense = make_linear("Q8_0", q8, (32, 64), torch.bfloat16)
     assert isinstance(dense, DenseLinear) and dense.weight.dtype == torch.bfloat16
-
-
-def test_microbenchmark_print():
-    """Not an assertion: timings of 1x576 @ 576x49152 (SmolLM2's LM-head shape), shown with -s."""
-    n, k = 49152, 576
-    data = random_blocks("Q4_0", n, k, seed=40)
-    weight = dequantize("Q4_0", data, (n, k))
-    modules = {
-        "dense f32": DenseLinear(weight),
-        "dense bf16": DenseLinear(weight, torch.bfloat16),
-        "int4 bf16": pack_linear("Q4_0", data, (n, k), torch.bfloat16),
-    }
-    x = torch.randn(1, k)
-    lines = []
-    with torch.inference_mode():
-        for label, module in modules.items():
-            module(x)
-            best = float("inf")
-            for _ in range(3):
-                start = time.perf_counter()
-                for _ in range(5):
-                    module(x)
-                best = min(best, (time.perf_counter() - start) / 5)
-            lines.append(f"{label}: {best * 1e3:.2f} ms")
-    print(f"\n1x{k} @ {k}x{n} ({torch.get_num_threads()} threads): " + ", ".join(lines))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -31,7 +30,7 @@ from reference.quant_blocks import random_blocks, rel_err
 
 from runlm.errors import InvalidInputError, ModelLoadError
 from runlm.formats.gguf import GGUFFile
-from runlm.quant import dequantize, kernels, pack_linear
+from runlm.quant import dequantize, kernels
 
 EXACT_TOL = 2e-6
 TOL_32 = 1.5e-2
@@ -357,88 +356,3 @@ print("reported ok")
 """
     result = _run(code, "", TORCH_EXTENSIONS_DIR=str(tmp_path), CXX="/nonexistent/c++")
     assert result.returncode == 0 and "reported ok" in result.stdout, result.stderr[-3000:]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Micro-benchmark (printed, not asserted)
-
-
-def _best_ms(fn, budget_s: float = 0.25) -> float:
-    fn()
-    times = []
-    stop = time.perf_counter() + budget_s
-    while len(times) < 3 or (time.perf_counter() < stop and len(times) < 200):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times) * 1e3
-
-
-def _benchmark_rows(path, name: str) -> list[str]:
-    raw = GGUFFile(path).raw(name)
-    module = kernels.GGUFLinear.from_raw(raw.type_name, raw.data, raw.shape)
-    weight = module.dequantized()
-    int4 = pack_linear(raw.type_name, raw.data, raw.shape, torch.bfloat16)
-    x = torch.randn(1, raw.shape[1])
-    shape = "x".join(map(str, raw.shape))
-    rows = []
-    for n_threads in (1, 2):
-        torch.set_num_threads(n_threads)
-        t_kernel = _best_ms(lambda: module(x))
-        t_dense = _best_ms(lambda: F.linear(x, weight))
-        t_int4 = f"{_best_ms(lambda: int4(x)):9.3f}" if int4 is not None else f"{'-':>9}"
-        rows.append(f"{raw.type_name:5} {shape:>14} {n_threads:>3} {t_kernel:8.3f} {t_dense:8.3f} {t_int4}")
-    return rows
-
-
-def _prefill_rows(path, name: str, rows: int) -> str:
-    raw = GGUFFile(path).raw(name)
-    module = kernels.GGUFLinear.from_raw(raw.type_name, raw.data, raw.shape)
-    weight = module.dequantized()
-    x = torch.randn(rows, raw.shape[1])
-    t_auto = _best_ms(lambda: module(x))
-    t_deq = _best_ms(lambda: F.linear(x, module.dequantized()))
-    t_torch_deq = _best_ms(lambda: F.linear(x, dequantize(raw.type_name, raw.data, raw.shape)))
-    t_f32 = _best_ms(lambda: F.linear(x, weight))
-    saved, module.dense_min_rows = module.dense_min_rows, 1 << 30
-    t_kernel = _best_ms(lambda: module(x))
-    module.dense_min_rows = saved
-    path_name = "dense" if rows >= saved else "kernel"
-    shape = "x".join(map(str, raw.shape))
-    return (
-        f"{raw.type_name:5} {shape:>14} {rows:>4} {t_kernel:8.3f} {t_deq:8.3f} {t_torch_deq:10.3f} {t_f32:8.3f}"
-        f" {t_auto:8.3f} ({path_name})"
-    )
-
-
-def test_benchmark(smollm2_gguf, gemma3_gguf):
-    cases = [
-        (smollm2_gguf, "blk.0.ffn_gate.weight"),  # Q4_1 1536x576
-        (smollm2_gguf, "blk.0.ffn_down.weight"),  # Q4_1 576x1536
-        (smollm2_gguf, "token_embd.weight"),  # Q8_0 49152x576 (tied head)
-        (gemma3_gguf, "blk.0.ffn_gate.weight"),  # Q5_0 2048x640
-        (gemma3_gguf, "blk.0.attn_output.weight"),  # Q4_K 640x1024
-        (gemma3_gguf, "blk.2.ffn_down.weight"),  # Q4_K 640x2048
-        (gemma3_gguf, "blk.0.ffn_down.weight"),  # Q6_K 640x2048
-    ]
-    threads = torch.get_num_threads()
-    lines = [
-        "",
-        "M=1 matmul, best of repeated runs, ms (OMP_WAIT_POLICY=PASSIVE recommended on a shared machine)",
-        f"{'type':5} {'shape':>14} {'thr':>3} {'kernel':>8} {'f32':>8} {'int4bf16':>9}",
-    ]
-    try:
-        for path, name in cases:
-            lines.extend(_benchmark_rows(path, name))
-        lines += [
-            "",
-            f"prefill, {threads} thread(s), ms: 8-bit kernel | C++ dequantize + f32 GEMM | runlm.quant.dequantize +"
-            " f32 GEMM | f32 GEMM of a stored f32 weight | GGUFLinear (path it takes)",
-            f"{'type':5} {'shape':>14} {'M':>4} {'kernel':>8} {'deq+f32':>8} {'tdeq+f32':>10} {'f32':>8} {'module':>8}",
-        ]
-        for path, name in cases[:1] + cases[3:4] + cases[5:]:
-            for rows in (17, 128):
-                lines.append(_prefill_rows(path, name, rows))
-    finally:
-        torch.set_num_threads(threads)
-    print("\n".join(lines))
