@@ -22,3 +22,14 @@ def test_bench_runs_each_peer_with_repeats(smollm2_gguf, tmp_path):
     (ours,) = [r for r in report["results"] if r["peer"] == "runlm"]
     assert ours["decode_tok_s"] > 0 and ours["prefill_tok_s"] > 0 and ours["load_s"] > 0
     assert 1 < ours["ppl"] < 1000  # a real model on real English: nowhere near uniform (49152)
+
+
+def test_bench_kernels_times_each_weight_type(smollm2_gguf, capsys):
+    from runlm.cli import main
+
+    assert main(["bench", "-m", str(smollm2_gguf), "--kernels", "--threads", "1"]) == 0
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| blk.")
+            or line.startswith("| token_embd")]
+    assert {row[2].strip() for row in rows} == {"Q4_1", "Q8_0"}  # SmolLM2's two weight types
+    assert {row[4].strip() for row in rows} == {"1", "17", "128"}
+    assert all(float(row[5]) > 0 and float(row[6]) > 0 for row in rows)
