@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 
 import pytest
-from web_harness import CHROMIUM_ARGS, LiveServer, PageProblems, find_chromium, wait_until
+from web_harness import CHROMIUM_ARGS, LiveServer, PageProblems, expect, find_chromium
 
 from runlm.server import create_app
 
@@ -53,13 +53,13 @@ def open_page(browser):
                 else None)
         page.goto("/")
         if wait_model:
-            wait_until(page, "!!document.querySelector('#model-meta').textContent")
+            expect(page.locator("#model-meta")).not_to_be_empty()
         return page
 
     yield make
-    problems = [p for w in watchers for p in w.unexpected()]
-    for context in contexts:
+    for context in contexts:  # every event a page sent before it closed has been delivered once close returns
         context.close()
+    problems = [p for w in watchers for p in w.unexpected()]
     assert not problems, problems
     assert not offsite, f"the page reached beyond its server: {offsite}"
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-import time
+import threading
 
 import pytest
 
@@ -19,20 +19,41 @@ def _free_port() -> int:
 def test_chat_web_opens_the_page_once_the_server_listens(monkeypatch):
     port = _free_port()
     opened: list[str] = []
-    monkeypatch.setattr("webbrowser.open", lambda url: opened.append(url) or True)
+    browser_opened = threading.Event()
+    refusals: list[OSError] = []
+    refused_twice = threading.Event()
+    connect = socket.create_connection
+
+    def probe(address, *args, **kwargs):  # the opener's check that the server listens, watched
+        try:
+            return connect(address, *args, **kwargs)
+        except OSError as exc:
+            if address == ("127.0.0.1", port):
+                refusals.append(exc)
+                if len(refusals) >= 2:
+                    refused_twice.set()
+            raise
+
+    def open_browser(url):
+        opened.append(url)
+        browser_opened.set()
+        return True
+
+    monkeypatch.setattr(socket, "create_connection", probe)
+    monkeypatch.setattr("webbrowser.open", open_browser)
     seen = {}
 
     def fake_serve(args):  # stands in for loading the model and running uvicorn
         seen.update(host=args.host, port=args.port, api_key=args.api_key, model=args.model)
-        time.sleep(0.5)  # "loading the model"
+        # "Loading the model": the opener finds nothing listening, and tries again rather than opening the page
+        # (a second refusal means the first one was answered by a retry).
+        assert refused_twice.wait(20), "the opener never checked whether the server listens"
         assert not opened, "the browser was opened before the server listened"
         with socket.socket() as server:
             server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             server.bind(("127.0.0.1", port))
             server.listen()  # the kernel completes the probe's handshake from the backlog
-            deadline = time.monotonic() + 5
-            while not opened and time.monotonic() < deadline:
-                time.sleep(0.05)
+            browser_opened.wait(20)
         return 0
 
     monkeypatch.setattr(cli, "cmd_serve", fake_serve)

@@ -15,25 +15,35 @@ import time
 
 import httpx
 import pytest
-from web_harness import REPO, last_user_text, scripted_server, wait_until
+from web_harness import REPO, exactly, expect, last_user_text, scripted_server, server_until
+
+ANSWER = "article.msg.assistant .body"
+CHAT = "**/v1/chat/completions"
 
 
 def answer_done(page, count: int) -> None:
-    """Wait for the count-th answer to finish (its figures shown, the Stop button gone)."""
-    wait_until(
-        page, "n => document.querySelectorAll('article.msg.assistant').length >= n && "
-        "!document.querySelector('article.msg.assistant[aria-busy=true]') && "
-        "document.getElementById('stop').hidden", arg=count)
+    """Wait for the count-th answer to finish (its figures shown, the Stop button gone).
+
+    Sending, regenerating and resending mark the new answer busy (and show Stop) before the key or click returns,
+    so these hold only once it has ended; the answer is final from then on."""
+    expect(page.locator("article.msg.assistant")).to_have_count(count)
+    expect(page.locator("article.msg.assistant[aria-busy=true]")).to_have_count(0)
+    expect(page.locator("#stop")).to_be_hidden()
 
 
 def answers(page) -> list[str]:
-    return page.eval_on_selector_all("article.msg.assistant .body", "els => els.map(e => e.innerText)")
+    """The answers' texts as they are now: read them only once answer_done has returned."""
+    return page.eval_on_selector_all(ANSWER, "els => els.map(e => e.innerText)")
 
 
-def stat(page, name: str, index: int = -1) -> str | None:
-    texts = page.eval_on_selector_all("article.msg.assistant", f"""els => els.map(e => {{
-        const s = e.querySelector('.stat[data-stat="{name}"]'); return s ? s.textContent : null; }})""")
-    return texts[index] if texts else None
+def expect_answers(page, *texts: str) -> None:
+    """Wait until the answers read exactly `texts` (as innerText, so paragraphs and line breaks count)."""
+    expect(page.locator(ANSWER)).to_have_text([exactly(t) for t in texts], use_inner_text=True)
+
+
+def stat(page, name: str):
+    """The last answer's figure `name` (a locator: expect it to show what it should)."""
+    return page.locator("article.msg.assistant").last.locator(f'.stat[data-stat="{name}"]')
 
 
 def set_settings(page, **values: str) -> None:
@@ -41,6 +51,7 @@ def set_settings(page, **values: str) -> None:
     for field, value in values.items():
         page.fill(f"#set-{field.replace('_', '-')}", value)
     page.click("#settings-toggle")
+    expect(page.locator("#settings")).to_be_hidden()
 
 
 def send(page, text: str) -> None:
@@ -59,10 +70,10 @@ def chat_bodies(page) -> list[dict]:
 
 def test_streamed_exchange_with_figures_cache_hit_and_reload(real_server, open_page):
     page = open_page(real_server.base_url)
-    assert page.inner_text("#model-name") == "smollm2-135m"
-    meta = page.inner_text("#model-meta")
-    assert "8k context" in meta and "Q4_1" in meta, meta
-    assert page.is_hidden("#attach")  # SmolLM2 reads no images
+    expect(page.locator("#model-name")).to_have_text("smollm2-135m")
+    expect(page.locator("#model-meta")).to_contain_text("8k context")
+    expect(page.locator("#model-meta")).to_contain_text("Q4_1")
+    expect(page.locator("#attach")).to_be_hidden()  # SmolLM2 reads no images
     bodies = chat_bodies(page)
     set_settings(page, system="Answer in one short sentence.", temperature="0", top_p="0.9", max_tokens="12",
                  seed="7")
@@ -73,12 +84,14 @@ def test_streamed_exchange_with_figures_cache_hit_and_reload(real_server, open_p
             if (b) window.__lengths.push(b.textContent.length);
         }).observe(document.getElementById('messages'), {childList: true, subtree: true, characterData: true});
     }""")
-    send(page, "What is the capital of France?")
+    with page.expect_request(CHAT) as first_request:
+        send(page, "What is the capital of France?")
     answer_done(page, 1)
     lengths = page.evaluate("window.__lengths")
     grown = sorted({n for n in lengths if n > 0})
     assert len(grown) >= 3, lengths  # the answer appeared piece by piece, not at once
     (body,) = bodies
+    assert body == first_request.value.post_data_json
     assert body["model"] == "smollm2-135m" and body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
     assert (body["temperature"], body["top_p"], body["max_tokens"], body["seed"]) == (0, 0.9, 12, 7)
@@ -86,57 +99,62 @@ def test_streamed_exchange_with_figures_cache_hit_and_reload(real_server, open_p
     assert body["messages"][1] == {"role": "user", "content": "What is the capital of France?"}
     first = answers(page)[0]
     assert first.strip()
-    tokens = int(re.fullmatch(r"(\d+) tokens?", stat(page, "tokens")).group(1))
+    expect(stat(page, "tokens")).to_have_text(re.compile(r"^\d+ tokens?$"))
+    tokens = int(stat(page, "tokens").text_content().split()[0])
     assert 0 < tokens <= 12
-    assert re.fullmatch(r"TTFT \d+(\.\d+)? m?s", stat(page, "ttft"))
-    assert stat(page, "tps").endswith("tok/s")
-    assert stat(page, "cache") is not None
+    expect(stat(page, "ttft")).to_have_text(re.compile(r"^TTFT \d+(\.\d+)? m?s$"))
+    expect(stat(page, "tps")).to_have_text(re.compile(r"tok/s$"))
+    expect(stat(page, "cache")).to_have_count(1)
 
-    send(page, "And of Italy?")
+    with page.expect_request(CHAT):
+        send(page, "And of Italy?")
     answer_done(page, 2)
-    assert stat(page, "cache").startswith("cache hit"), stat(page, "cache")  # the first turn's prefix was reused
+    expect(stat(page, "cache")).to_have_text(re.compile(r"^cache hit"))  # the first turn's prefix was reused
+    assert len(bodies) == 2
     assert [m["role"] for m in bodies[1]["messages"]] == ["system", "user", "assistant", "user"]
     assert bodies[1]["messages"][2]["content"] == first.strip() or bodies[1]["messages"][2]["content"].strip()
     (REPO / "artifacts").mkdir(exist_ok=True)
     page.screenshot(path=str(REPO / "artifacts" / "web-chat.png"))
 
     page.reload()
-    wait_until(page, "!!document.querySelector('#model-meta').textContent")
-    titles = page.eval_on_selector_all(".conv-open", "els => els.map(e => e.textContent)")
-    assert titles == ["What is the capital of France?"]
-    assert page.get_attribute(".conv-open", "aria-current") == "true"
-    assert page.eval_on_selector_all(".user-text", "els => els.map(e => e.textContent)") == [
-        "What is the capital of France?", "And of Italy?"]
-    assert answers(page)[0] == first and stat(page, "cache").startswith("cache hit")
+    expect(page.locator("#model-meta")).not_to_be_empty()
+    expect(page.locator(".conv-open")).to_have_text([exactly("What is the capital of France?")])
+    expect(page.locator(".conv-open")).to_have_attribute("aria-current", "true")
+    expect(page.locator(".user-text")).to_have_text([exactly("What is the capital of France?"),
+                                                     exactly("And of Italy?")])
+    expect(page.locator(ANSWER).first).to_have_text(exactly(first), use_inner_text=True)
+    expect(stat(page, "cache")).to_have_text(re.compile(r"^cache hit"))
 
 
 def test_stop_aborts_and_the_server_takes_the_next_request_at_once(real_server, open_page):
     page = open_page(real_server.base_url)
     set_settings(page, temperature="0", max_tokens="300")
     send(page, "Count from 1 to 100, separated by commas.")
-    wait_until(page, "() => { const b = document.querySelector('article.msg.assistant .body');"
-               " return b && b.innerText.length >= 6; }")
+    expect(page.locator(ANSWER)).to_have_text(re.compile(r"[\s\S]{6}"), use_inner_text=True)
     page.click("#stop")
     stopped_at = time.monotonic()
     answer_done(page, 1)
-    assert stat(page, "finish") == "stopped"
+    expect(stat(page, "finish")).to_have_text("stopped")
     partial = answers(page)[0]
     assert partial.strip()
     with httpx.Client(base_url=real_server.base_url, timeout=10) as c:
-        while c.get("/health").json()["busy"]:
-            assert time.monotonic() - stopped_at < 2.0, "the generation kept its slot after Stop"
-            time.sleep(0.05)
-        assert 'runlm_generations_total{finish_reason="cancelled"}' in c.get("/metrics").text
-    assert page.is_visible("#send") and page.is_hidden("#stop")
+        server_until(lambda: not c.get("/health").json()["busy"], "the generation kept its slot after Stop",
+                     deadline=stopped_at + 2.0)
+        # The worker frees the slot first, then counts the generation: wait for the count, too.
+        server_until(lambda: 'runlm_generations_total{finish_reason="cancelled"}' in c.get("/metrics").text,
+                     "the stopped generation was not counted as cancelled")
+    expect(page.locator("#send")).to_be_visible()
+    expect(page.locator("#stop")).to_be_hidden()
     set_settings(page, max_tokens="3")
     started = time.monotonic()
     send(page, "Say hi.")
     answer_done(page, 2)
     assert time.monotonic() - started < 15
-    ttft = stat(page, "ttft")
+    expect(stat(page, "ttft")).to_have_text(re.compile(r"^TTFT \d+(\.\d+)? m?s$"))
+    ttft = stat(page, "ttft").text_content()
     value, unit = re.fullmatch(r"TTFT (\d+(?:\.\d+)?) (m?s)", ttft).groups()
     assert float(value) / (1000 if unit == "ms" else 1) < 5.0, ttft  # not queued behind the stopped one
-    assert answers(page)[0] == partial  # the stopped answer stays as it was
+    expect(page.locator(ANSWER).first).to_have_text(exactly(partial), use_inner_text=True)  # stays as it was
 
 
 # -- scripted answers ----------------------------------------------------------------------------------------------
@@ -157,21 +175,30 @@ def test_html_in_model_output_renders_as_text(xss_server, open_page):
     page = open_page(xss_server.base_url, permissions=["clipboard-read", "clipboard-write"])
     send(page, "Show me some HTML.")
     answer_done(page, 1)
-    body = "article.msg.assistant .body"
+    body = page.locator(ANSWER)
+    # The answer has rendered, as text, before anything is said about what did not run.
+    for shown in ("<script>window.__pwned = 1</script>", '<img src=x onerror="window.__pwned = 2">', "<b>bold?</b>"):
+        expect(body).to_contain_text(re.compile(re.escape(shown)), use_inner_text=True)
+    expect(body.locator("strong")).to_have_text(exactly("bold"))
+    expect(body.locator("p code")).to_have_text(exactly("code"))
+    code = "def add(a, b):\n    return a + b  # the sum"
+    expect(body.locator(".code-block pre code")).to_have_text(exactly(code), use_inner_text=True)
+    expect(body.locator(".code-block .tok-keyword")).to_have_text([exactly("def"), exactly("return")])
+    expect(body.locator(".code-block .tok-comment")).to_have_text(exactly("# the sum"))
     assert page.evaluate("window.__pwned") is None
-    assert page.eval_on_selector(body, "b => b.querySelectorAll('script, img, iframe, b, object, svg').length") == 0
-    assert page.eval_on_selector(body, "b => [...b.querySelectorAll('a')].map(a => a.href)") == []
-    text = page.inner_text(body)
-    assert "<script>window.__pwned = 1</script>" in text
-    assert '<img src=x onerror="window.__pwned = 2">' in text and "<b>bold?</b>" in text
-    assert page.inner_text(f"{body} strong") == "bold" and page.inner_text(f"{body} p code") == "code"
-    code = page.inner_text(f"{body} .code-block pre code")
-    assert code == "def add(a, b):\n    return a + b  # the sum"
-    keywords = page.eval_on_selector_all(f"{body} .code-block .tok-keyword", "els => els.map(e => e.textContent)")
-    assert keywords == ["def", "return"]
-    assert page.inner_text(f"{body} .code-block .tok-comment") == "# the sum"
-    page.click(f"{body} .copy-code")
-    assert page.inner_text(f"{body} .copy-code") == "Copied"
+    assert body.evaluate("b => b.querySelectorAll('script, img, iframe, b, object, svg').length") == 0
+    assert body.evaluate("b => [...b.querySelectorAll('a')].map(a => a.href)") == []
+    # The button says "Copied" once the clipboard holds the code, and goes back to "Copy" 1.5 s later: record
+    # what it says rather than hope to look within that window.
+    copy = body.locator(".copy-code")
+    copy.evaluate("""b => {
+        window.__copyLabels = [];
+        new MutationObserver(() => window.__copyLabels.push(b.textContent))
+            .observe(b, {childList: true, characterData: true, subtree: true});
+    }""")
+    copy.click()
+    page.wait_for_function("() => window.__copyLabels.length > 0")
+    assert page.evaluate("window.__copyLabels[0]") == "Copied"
     assert page.evaluate("navigator.clipboard.readText()") == code
 
     # Stored conversations are model output too: tamper with one and reload.
@@ -182,11 +209,11 @@ def test_html_in_model_output_renders_as_text(xss_server, open_page):
         localStorage.setItem('runlm.chat.v1', JSON.stringify(s));
     }""")
     page.reload()
-    wait_until(page, "document.querySelectorAll('article.msg').length === 4")
-    page.wait_for_timeout(200)
+    expect(page.locator("article.msg")).to_have_count(4)
+    expect(page.locator(".user-text").last).to_have_text(exactly('<img src=x onerror="window.__pwned=5">'))
+    expect(page.locator(ANSWER).last).to_contain_text(re.compile(re.escape("<svg onload=")), use_inner_text=True)
     assert page.evaluate("window.__pwned") is None
     assert page.eval_on_selector("#messages", "m => m.querySelectorAll('script, img, iframe, svg').length") == 0
-    assert "<svg onload=" in answers(page)[1]
 
 
 @pytest.fixture(scope="module")
@@ -201,26 +228,27 @@ def test_regenerate_and_edit_the_last_turn(echo_server, open_page):
     n0 = echo_server.runner.calls
     send(page, "alpha")
     answer_done(page, 1)
-    assert answers(page) == [f"Reply {n0 + 1} to: alpha"]
+    expect_answers(page, f"Reply {n0 + 1} to: alpha")
     page.click("button[aria-label='Regenerate the last answer']")
-    wait_until(page, "n => document.querySelector('article.msg.assistant .body').innerText"
-               ".startsWith('Reply ' + n)", arg=n0 + 2)
+    expect(page.locator(ANSWER)).to_have_text(re.compile(f"^Reply {n0 + 2}"), use_inner_text=True)
     answer_done(page, 1)
-    assert answers(page) == [f"Reply {n0 + 2} to: alpha"]
+    expect_answers(page, f"Reply {n0 + 2} to: alpha")
     page.click("button[aria-label='Edit and resend your last message']")
     editor = page.locator("textarea[aria-label='Edit your message']")
-    assert editor.input_value() == "alpha"
+    expect(editor).to_have_value("alpha")
     editor.fill("beta")
     editor.press("Enter")
-    wait_until(page, "n => document.querySelector('article.msg.assistant .body').innerText"
-               ".startsWith('Reply ' + n)", arg=n0 + 3)
+    expect(page.locator(ANSWER)).to_have_text(re.compile(f"^Reply {n0 + 3}"), use_inner_text=True)
     answer_done(page, 1)
-    assert page.eval_on_selector_all(".user-text", "els => els.map(e => e.textContent)") == ["beta"]
-    assert answers(page) == [f"Reply {n0 + 3} to: beta"]
-    # Esc leaves the editor without changing anything
+    expect(page.locator(".user-text")).to_have_text([exactly("beta")])
+    expect_answers(page, f"Reply {n0 + 3} to: beta")
+    # Esc leaves the editor without changing anything: the turn shows again as it was, with nothing sent
     page.click("button[aria-label='Edit and resend your last message']")
-    page.locator("textarea[aria-label='Edit your message']").press("Escape")
-    assert page.eval_on_selector_all(".user-text", "els => els.map(e => e.textContent)") == ["beta"]
+    editor.press("Escape")
+    expect(editor).to_have_count(0)
+    expect(page.locator(".user-text")).to_have_text([exactly("beta")])
+    answer_done(page, 1)
+    expect_answers(page, f"Reply {n0 + 3} to: beta")
     assert echo_server.runner.calls == n0 + 3
 
 
@@ -231,27 +259,26 @@ def test_sidebar_switches_renames_and_deletes_conversations(echo_server, open_pa
     answer_done(page, 1)
     set_settings(page, temperature="0.2")
     page.click("#new-chat")
-    assert page.is_visible(".empty") and page.input_value("#set-temperature") == "0.2"  # new chats inherit
+    expect(page.locator(".empty")).to_be_visible()
+    expect(page.locator("#set-temperature")).to_have_value("0.2")  # new chats inherit
     set_settings(page, temperature="1.1")
     send(page, "second topic")
     answer_done(page, 1)
-    assert page.eval_on_selector_all(".conv-open", "els => els.map(e => e.textContent)") == [
-        "second topic", "first topic"]
+    titles = page.locator(".conv-open")
+    expect(titles).to_have_text([exactly("second topic"), exactly("first topic")])
     page.click(".conv-open >> text=first topic")
-    assert page.eval_on_selector_all(".user-text", "els => els.map(e => e.textContent)") == ["first topic"]
-    assert page.input_value("#set-temperature") == "0.2"  # settings belong to the conversation
+    expect(page.locator(".user-text")).to_have_text([exactly("first topic")])
+    expect(page.locator("#set-temperature")).to_have_value("0.2")  # settings belong to the conversation
     page.click("button[aria-label='Rename conversation: first topic']")
     page.fill(".conv-title-input", "Renamed")
     page.press(".conv-title-input", "Enter")
-    assert page.eval_on_selector_all(".conv-open", "els => els.map(e => e.textContent)") == [
-        "second topic", "Renamed"]
+    expect(titles).to_have_text([exactly("second topic"), exactly("Renamed")])
     page.click("button[aria-label='Delete conversation: second topic']")
-    assert page.eval_on_selector_all(".conv-open", "els => els.map(e => e.textContent)") == ["Renamed"]
+    expect(titles).to_have_text([exactly("Renamed")])
     page.reload()
-    page.wait_for_selector(".user-text")
-    assert page.eval_on_selector_all(".conv-open", "els => els.map(e => e.textContent)") == ["Renamed"]
-    assert page.eval_on_selector_all(".user-text", "els => els.map(e => e.textContent)") == ["first topic"]
-    assert page.input_value("#set-temperature") == "0.2"
+    expect(titles).to_have_text([exactly("Renamed")])
+    expect(page.locator(".user-text")).to_have_text([exactly("first topic")])
+    expect(page.locator("#set-temperature")).to_have_value("0.2")
 
 
 @pytest.fixture(scope="module")
@@ -263,28 +290,26 @@ def slow_server(smollm2_loaded):
 
 def test_keyboard_alone_enter_shift_enter_escape_and_labelled_controls(slow_server, open_page):
     page = open_page(slow_server.base_url)
-    assert page.evaluate("document.activeElement.id") == "prompt"
+    prompt = page.locator("#prompt")
+    expect(prompt).to_be_focused()
     page.keyboard.type("first line")
     page.keyboard.press("Shift+Enter")
     page.keyboard.type("second line")
-    assert page.input_value("#prompt") == "first line\nsecond line"
+    expect(prompt).to_have_value("first line\nsecond line")
     page.keyboard.press("Enter")
-    page.wait_for_selector(".user-text")
-    assert page.inner_text(".user-text") == "first line\nsecond line" and page.input_value("#prompt") == ""
-    wait_until(page, "() => { const b = document.querySelector('article.msg.assistant .body');"
-               " return b && b.innerText.length > 20; }")
+    expect(page.locator(".user-text")).to_have_text(exactly("first line\nsecond line"), use_inner_text=True)
+    expect(prompt).to_have_value("")
+    expect(page.locator(ANSWER)).to_have_text(re.compile(r"[\s\S]{21}"), use_inner_text=True)
     page.keyboard.press("Escape")
     answer_done(page, 1)
-    assert stat(page, "finish") == "stopped"
+    expect(stat(page, "finish")).to_have_text("stopped")
     assert len(answers(page)[0]) < len("word " * 300) - 20
     with httpx.Client(base_url=slow_server.base_url, timeout=10) as c:
-        deadline = time.monotonic() + 2
-        while c.get("/health").json()["busy"]:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-    assert page.evaluate("document.activeElement.id") == "prompt"
+        server_until(lambda: not c.get("/health").json()["busy"], "the generation kept its slot after Esc",
+                     timeout=2.0)
+    expect(prompt).to_be_focused()
     page.keyboard.press("Tab")
-    assert page.evaluate("document.activeElement.id") == "send"
+    expect(page.locator("#send")).to_be_focused()
     unlabelled = page.evaluate("""() => [...document.querySelectorAll('button, input, textarea, select')]
         .filter(e => !(e.getAttribute('aria-label') || (e.labels && e.labels.length) || e.textContent.trim()))
         .map(e => e.outerHTML.slice(0, 80))""")
@@ -305,27 +330,29 @@ def test_api_key_is_asked_once_kept_for_the_tab_and_never_in_a_url(key_server, o
     requests: list = []
     page = open_page(key_server.base_url, wait_model=False, allow_console=("401",))
     page.on("request", lambda r: requests.append(r))
-    page.wait_for_selector("#key-dialog[open]")
+    dialog = page.locator("#key-dialog")
+    expect(page.locator("#key-dialog[open]")).to_be_visible()
     page.fill("#api-key", "wrong")
     page.press("#api-key", "Enter")
-    page.wait_for_selector("#key-error:not([hidden])")
-    assert "did not accept" in page.inner_text("#key-error")
-    assert page.is_visible("#key-dialog")
+    expect(page.locator("#key-error")).to_be_visible()
+    expect(page.locator("#key-error")).to_contain_text("did not accept")
+    expect(dialog).to_be_visible()
     page.fill("#api-key", "s3cret")
     page.press("#api-key", "Enter")
-    wait_until(page, "document.getElementById('model-name').textContent === 'keyed'")
-    assert not page.is_visible("#key-dialog")
-    send(page, "hello")
+    expect(page.locator("#model-name")).to_have_text(exactly("keyed"))
+    expect(dialog).to_be_hidden()
+    with page.expect_request(CHAT) as chat:
+        send(page, "hello")
     answer_done(page, 1)
-    assert answers(page) == ["Welcome back."]
+    expect_answers(page, "Welcome back.")
     assert page.evaluate("sessionStorage.getItem('runlm.apiKey')") == "s3cret"
     assert "s3cret" not in page.evaluate("JSON.stringify(localStorage)")
     assert all("s3cret" not in r.url for r in requests)
-    chat = [r for r in requests if r.url.endswith("/v1/chat/completions")]
-    assert chat and chat[-1].headers.get("authorization") == "Bearer s3cret"
+    assert chat.value.headers.get("authorization") == "Bearer s3cret"
     page.reload()
-    wait_until(page, "document.getElementById('model-name').textContent === 'keyed'")
-    assert not page.is_visible("#key-dialog") and answers(page) == ["Welcome back."]
+    expect(page.locator("#model-name")).to_have_text(exactly("keyed"))
+    expect(dialog).to_be_hidden()
+    expect_answers(page, "Welcome back.")
 
 
 # -- phone width -----------------------------------------------------------------------------------------------------
@@ -358,19 +385,26 @@ def test_phone_width_has_no_horizontal_scroll(echo_server, open_page):
     page = open_page(echo_server.base_url, viewport={"width": 375, "height": 740}, has_touch=True)
     page.evaluate("s => localStorage.setItem('runlm.chat.v1', JSON.stringify(s))", LONG)
     page.reload()
-    page.wait_for_selector("article.msg.assistant .code-block")
+    expect(page.locator("article.msg.assistant .code-block")).to_be_visible()
+    expect(page.locator("#model-meta")).not_to_be_empty()  # the header's text is in before it is measured
     assert page.evaluate(OVERFLOW_JS) == {"page": 0, "messages": 0, "bad": []}
-    assert not page.is_visible("#sidebar") and page.is_visible("#open-sidebar")
+    sidebar = page.locator("#sidebar")
+    expect(sidebar).to_be_hidden()
+    expect(page.locator("#open-sidebar")).to_be_visible()
     page.click("#open-sidebar")
-    wait_until(page, "getComputedStyle(document.getElementById('sidebar')).visibility === 'visible'")
-    assert page.evaluate("document.getElementById('sidebar').getBoundingClientRect().right") <= 375
+    expect(sidebar).to_be_visible()
+    # it slides in: measure where it ends up, not somewhere along the way
+    sidebar.evaluate("s => Promise.all(s.getAnimations().map(a => a.finished)).then(() => null)")
+    assert sidebar.evaluate("s => s.getBoundingClientRect().right") <= 375
     page.click(".conv-open")
-    wait_until(page, "getComputedStyle(document.getElementById('sidebar')).visibility === 'hidden'")
+    expect(sidebar).to_be_hidden()  # hidden (visibility) once it has slid out
     send(page, "short question " + "q" * 90)
     answer_done(page, 2)
     page.click("#settings-toggle")
+    expect(page.locator("#settings")).to_be_visible()
     assert page.evaluate(OVERFLOW_JS) == {"page": 0, "messages": 0, "bad": []}
     page.click("#settings-toggle")
+    expect(page.locator("#settings")).to_be_hidden()
     (REPO / "artifacts").mkdir(exist_ok=True)
     page.screenshot(path=str(REPO / "artifacts" / "web-chat-phone.png"))
 
@@ -407,24 +441,24 @@ def test_image_attach_by_picker_and_drop_when_the_model_reads_images(vision_serv
         body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
         route.fulfill(status=200, headers={"content-type": "text/event-stream"}, body=body)
 
-    page.route("**/v1/chat/completions", fake_completion)
-    assert page.is_visible("#attach")
+    page.route(CHAT, fake_completion)
+    expect(page.locator("#attach")).to_be_visible()
     red = _png((220, 20, 20))
     with page.expect_file_chooser() as chooser:
         page.click("#attach")
     chooser.value.set_files([{"name": "red.png", "mimeType": "image/png", "buffer": red}])
-    page.wait_for_selector(".attachment img")
+    expect(page.locator(".attachment img")).to_be_visible()
     send(page, "What is this?")
     answer_done(page, 1)
-    assert answers(page) == ["A red square."]
-    assert page.is_hidden("#attachments")
+    expect_answers(page, "A red square.")
+    expect(page.locator("#attachments")).to_be_hidden()
     (body,) = sent
     image_part, text_part = body["messages"][-1]["content"]
     assert text_part == {"type": "text", "text": "What is this?"}
     url = image_part["image_url"]["url"]
     assert image_part["type"] == "image_url" and url.startswith("data:image/png;base64,")
     assert base64.b64decode(url.split(",", 1)[1]) == red
-    assert page.get_attribute("article.msg.user img", "src") == url
+    expect(page.locator("article.msg.user img")).to_have_attribute("src", url)
 
     blue = _png((20, 20, 220))
     page.evaluate("""b64 => {
@@ -434,7 +468,7 @@ def test_image_attach_by_picker_and_drop_when_the_model_reads_images(vision_serv
         window.dispatchEvent(new DragEvent('dragenter', {dataTransfer: dt, bubbles: true}));
         window.dispatchEvent(new DragEvent('drop', {dataTransfer: dt, bubbles: true, cancelable: true}));
     }""", base64.b64encode(blue).decode())
-    page.wait_for_selector(".attachment img")
+    expect(page.locator(".attachment img")).to_be_visible()
     send(page, "And this?")
     answer_done(page, 2)
     msgs = sent[1]["messages"]

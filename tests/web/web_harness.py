@@ -1,5 +1,10 @@
 """Helpers for the chat page's browser tests: finding Chromium, watching a page for errors, and a scripted
 runner that says exactly what a test needs (HTML in the answer, a slow answer to stop, one reply per request).
+
+The page changes asynchronously (streams, fetches, timers, the clipboard): the tests wait for whatever they check
+with Playwright's `expect` (exported here), which retries until the condition holds, up to the same 20 s as every
+other page action, or with `page.wait_for_function` for a condition only JavaScript can see; never with pauses.
+Only the server's own state (/health, /metrics) is polled, by `server_until`.
 """
 
 from __future__ import annotations
@@ -22,6 +27,13 @@ from server_harness import LiveServer  # noqa: E402
 from runlm.runner import LmRunner, Session  # noqa: E402
 from runlm.server import create_app  # noqa: E402
 
+try:
+    from playwright.sync_api import expect
+except ImportError:  # then the `browser` fixture skips the browser tests (or fails them, in CI) with the reason
+    expect = None
+else:
+    expect.set_options(timeout=20_000)
+
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 REPO = Path(__file__).resolve().parents[2]
@@ -35,20 +47,20 @@ def find_chromium() -> str | None:
     return None
 
 
-def wait_until(page, js: str, arg=None, timeout: float = 20.0):
-    """Poll a JavaScript expression or function until it is truthy; return its value.
+def exactly(text: str) -> re.Pattern:
+    """A pattern for Playwright's `expect(...).to_have_text` that matches `text` exactly: a plain string there is
+    compared after collapsing whitespace, a pattern is not."""
+    return re.compile("^" + re.escape(text) + "$")
 
-    Playwright's wait_for_function compiles its predicate with `new Function` inside the page, which the
-    page's Content-Security-Policy (no 'unsafe-eval') forbids; evaluate() goes through the debugger instead.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = page.evaluate(js, arg)
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout} s waiting for: {js}")
-        time.sleep(0.025)
+
+def server_until(check: Callable[[], bool], message: str, *, timeout: float = 20.0,
+                 deadline: float | None = None) -> None:
+    """Poll a condition on the server itself (its /health, its /metrics), which Playwright's `expect` cannot see,
+    until it holds; fail with `message` once `deadline` (time.monotonic()) or `timeout` seconds have passed."""
+    deadline = time.monotonic() + timeout if deadline is None else deadline
+    while not check():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.02)
 
 
 class PageProblems:
