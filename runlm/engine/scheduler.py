@@ -259,9 +259,9 @@ class Scheduler:
             self.engine.finish(handle.gen)
         except Exception:  # the prompt cache is an optimisation: never a reason to lose the worker
             pass
-        handle._finish()
-        if handle.on_done is not None:
+        if handle.on_done is not None:  # before the caller hears the end: its metrics are then already counted
             try:
                 handle.on_done(handle)
             except Exception:  # a metrics hook must never kill the worker
                 pass
+        handle._finish()
