@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -79,6 +79,7 @@ class StreamRecord:
     logprob: TokenLogprob | None = None
     finish_reason: str | None = None
     usage: Usage | None = None
+    index: int = 0  # which of a request's n choices this record belongs to
 
 
 @dataclass
@@ -114,6 +115,7 @@ class Generation:
         self._first_token_at = 0.0
         self.session: Session | None = None  # made by Engine.start
         self.prefilled = False
+        self.index = 0  # the choice this generation is, when a request asks for n of them
 
     @property
     def finished(self) -> bool:
@@ -142,7 +144,7 @@ class Generation:
             self.usage.ttft_s = now - self.submitted_at
         self.usage.completion_tokens = len(self.generated)
         self.usage.decode_s = now - self._first_token_at
-        record = StreamRecord(token_id=token, logprob=logprob)
+        record = StreamRecord(token_id=token, logprob=logprob, index=self.index)
         if token in self.stop_ids:
             record.text = self._flush()
             return self._finish(record, "stop")
@@ -160,7 +162,7 @@ class Generation:
         return record
 
     def cancel(self) -> StreamRecord:
-        return self._finish(StreamRecord(), "cancelled")
+        return self._finish(StreamRecord(index=self.index), "cancelled")
 
     def fail(self) -> None:
         """The request failed (the error goes to its caller); nothing more is generated."""
@@ -180,6 +182,24 @@ class Generation:
 
 
 StepResult = tuple[Generation, "StreamRecord | Exception"]
+SEED_SPAN = 2**64  # torch's manual_seed takes [-2**63, 2**64)
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of choice `index` of a request seeded with `seed`: seed + index (wrapped into torch's range), so
+    the n choices differ and the same seed gives the same n answers again. None stays None (fresh entropy each)."""
+    if seed is None:
+        return None
+    value = seed + index
+    return value - SEED_SPAN if value >= SEED_SPAN else value
+
+
+def merged_usage(usages: Sequence[Usage]) -> Usage:
+    """One request's usage over its n choices: the prompt counted once, the completion tokens summed."""
+    first = usages[0]
+    return Usage(prompt_tokens=first.prompt_tokens, completion_tokens=sum(u.completion_tokens for u in usages),
+                 cached_tokens=first.cached_tokens, queued_s=first.queued_s, prefill_s=first.prefill_s,
+                 decode_s=max(u.decode_s for u in usages), ttft_s=min(u.ttft_s for u in usages))
 
 
 class Engine:
@@ -221,6 +241,21 @@ class Engine:
         self.check_prompt(request.prompt_ids)
         return Generation(request, self.tokenizer, self.vocab_size, self.max_new_tokens(request), submitted_at)
 
+    def new_choices(self, request: GenerationRequest, n: int, submitted_at: float | None = None) -> list[Generation]:
+        """`n` generations of one request (OpenAI's `n`), for `start_group`: choice i samples with
+        `choice_seed(seed, i)` and follows a grammar of its own (a matcher advances with its tokens)."""
+        if not isinstance(n, int) or n < 1:
+            raise InvalidInputError(f"n must be a positive integer, got {n!r}")
+        gens = []
+        for i in range(n):
+            choice = request if i == 0 else replace(
+                request, sampling=replace(request.sampling, seed=choice_seed(request.sampling.seed, i)),
+                grammar=request.grammar.copy() if request.grammar is not None else None)
+            gen = self.new_generation(choice, submitted_at)
+            gen.index = i
+            gens.append(gen)
+        return gens
+
     def with_image(self, request: GenerationRequest, prompt_text: str, image: ImageInput) -> GenerationRequest:
         """Turn a text request into an image + text one (the runner must take images)."""
         request.prompt_ids = self.runner.multimodal_prompt_ids(prompt_text)
@@ -231,6 +266,33 @@ class Engine:
     # -- model work ----------------------------------------------------------------------
     def start(self, gen: Generation) -> StreamRecord:
         """Prefill the prompt in a new session, reusing the longest cached prefix; the first record."""
+        return gen.on_logits(self._prefill(gen))
+
+    def start_group(self, gens: Sequence[Generation]) -> list[StreamRecord]:
+        """Prefill once for the n choices of one request (`new_choices`): the first prefills, the others
+        restore a snapshot of its session and draw their own first token from the same logits. A runner
+        that cannot export or restore a session prefills each choice instead. One record per generation."""
+        first, *rest = gens
+        logits = self._prefill(first)
+        snap = None
+        if rest:
+            try:
+                snap = self.runner.export(first.session)
+            except Exception:  # a runner that cannot snapshot prefills every choice
+                snap = None
+        rows = [logits]
+        for gen in rest:
+            gen.mark_started()
+            gen.session = self.runner.new_session()
+            if snap is not None and self.runner.restore(gen.session, snap):
+                gen.mark_prefilled(len(snap.token_ids))
+                rows.append(logits)
+            else:
+                rows.append(self._prefill(gen))
+        return [gen.on_logits(row) for gen, row in zip(gens, rows)]
+
+    def _prefill(self, gen: Generation) -> torch.Tensor:
+        """Make `gen` a session holding its prompt (from the prompt cache where it can); the last logits."""
         gen.mark_started()
         gen.session = self.runner.new_session()
         request = gen.request
@@ -247,7 +309,7 @@ class Engine:
             else:
                 logits = self.runner.prefill(gen.session, request.prompt_ids)
         gen.mark_prefilled(reused)
-        return gen.on_logits(logits)
+        return logits
 
     def step(self, gens: Sequence[Generation]) -> list[StepResult]:
         """One decode step for every generation given, in one batched forward: a record or an error each.

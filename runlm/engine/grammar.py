@@ -106,6 +106,12 @@ class GrammarConstraint:
                     eos_ids: list[int]) -> GrammarConstraint:
         return cls(grammar_for_json_schema(schema), tokenizer, n_vocab, eos_ids)
 
+    def copy(self) -> GrammarConstraint:
+        """An independent matcher in the same state (each of a request's n choices advances its own)."""
+        twin = object.__new__(GrammarConstraint)
+        twin.n_vocab, twin.eos_ids, twin.matcher = self.n_vocab, list(self.eos_ids), self.matcher.deep_copy()
+        return twin
+
     def allowed(self) -> torch.Tensor:
         """Bool mask [n_vocab] of tokens the grammar accepts next (EOS only once the value is complete)."""
         words = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)

@@ -114,6 +114,7 @@ class ScriptedRunner(LmRunner):
 
     def restore(self, session: Session, snap: SessionSnapshot, length: int | None = None) -> bool:
         session.tokens = list(snap.token_ids[:length])
+        session.state = len(session.tokens)  # a restored session's prompt ends where the snapshot does
         return True
 
 
