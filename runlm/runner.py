@@ -227,6 +227,14 @@ class LmRunner(ABC):
         Returns the last position's logits [vocab], or every position's [T, vocab]."""
         raise UnsupportedOperationError(f"{self.family()} runner has no vision tower: this model cannot take images")
 
+    # -- embeddings ------------------------------------------------------------------------
+    def hidden_states(self, ids: Sequence[int]) -> torch.Tensor:
+        """The final norm's output at every position of `ids`, before the LM head: [T, hidden] float32.
+
+        What embeddings are pooled from. Logits cannot give it back, so a runner with only the three
+        required calls cannot embed."""
+        raise UnsupportedOperationError(f"{self.family()} runner does not expose hidden states: it cannot embed")
+
     # -- the seed's calls, on the runner's own session --------------------------------------
     @property
     def own_session(self) -> Session:

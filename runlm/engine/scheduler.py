@@ -6,7 +6,8 @@ runs ONE decode step (`Engine.step`) for every generation in flight, each at its
 its own session; generations join and leave at token boundaries. Every runner batches this way (the
 contract's `decode_batch` steps sessions one by one where a runner has nothing faster). A request
 that fails ends alone and the worker keeps serving the others. Cancellation is checked between
-tokens, and a request cancelled while it waits leaves the queue at once.
+tokens, and a request cancelled while it waits leaves the queue at once. Other model work (embeddings)
+is handed to the worker with `run(fn)` and runs between decode steps, one call per loop.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, TypeVar
 
 from runlm.engine.core import Completion, Engine, Generation, GenerationRequest, StreamRecord, Usage
 from runlm.errors import RunlmError
@@ -33,6 +35,7 @@ class SchedulerClosedError(RunlmError):
 
 
 _END = object()
+T = TypeVar("T")
 
 
 class RequestHandle:
@@ -133,6 +136,7 @@ class Scheduler:
         self.max_batch = max(1, int(max_batch))
         self.active: list[RequestHandle] = []  # in flight, each with its generation's session
         self._waiting: deque[RequestHandle] = deque()
+        self._calls: deque[tuple[Callable[[], Any], Future]] = deque()  # run(fn): model work besides decoding
         self._cond = threading.Condition()
         self._closed = False
         release_openmp_pools()  # the loading thread's pool would slow every step of the worker's
@@ -184,6 +188,22 @@ class Scheduler:
             self._cond.notify()
         return handle
 
+    def run(self, fn: Callable[[], T]) -> Future[T]:
+        """Run `fn` on the worker between decode steps; the future gets its result or its exception.
+
+        For model work that is not a generation (embeddings): the runner is not thread-safe, so whatever
+        touches it runs on this one thread. Calls wait in a bounded line of their own (QueueFullError).
+        """
+        future: Future[T] = Future()
+        with self._cond:
+            if self._closed:
+                raise SchedulerClosedError("the server is shutting down")
+            if len(self._calls) >= self.max_queue + self.max_batch:
+                raise QueueFullError(f"the server is busy: {len(self._calls)} calls are already waiting; retry later")
+            self._calls.append((fn, future))
+            self._cond.notify()
+        return future
+
     def _drop(self, handle: RequestHandle) -> bool:
         handle._put(handle.gen.cancel())
         handle._finish()
@@ -194,11 +214,15 @@ class Scheduler:
         with self._cond:
             self._closed = True
             waiting, self._waiting = list(self._waiting), deque()
+            calls, self._calls = list(self._calls), deque()
             for handle in self.active:
                 handle.cancel()
             self._cond.notify_all()
         for h in waiting:
             self._drop(h)
+        for _, future in calls:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(SchedulerClosedError("the server is shutting down"))
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
@@ -206,17 +230,29 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._waiting and not self.active and not self._closed:
+                while not self._waiting and not self.active and not self._calls and not self._closed:
                     self._cond.wait()
                 if self._closed and not self.active:
                     return
+                call = self._calls.popleft() if self._calls else None
                 handle = None
                 if self._waiting and len(self.active) < self.max_batch and not self._closed:
                     handle = self._waiting.popleft()
+            if call is not None:
+                self._run_call(*call)
             if handle is not None:
                 self._admit(handle)
             if self.active:
                 self._step()
+
+    @staticmethod
+    def _run_call(fn: Callable[[], Any], future: Future) -> None:
+        if not future.set_running_or_notify_cancel():  # the caller gave up while it waited
+            return
+        try:
+            future.set_result(fn())
+        except Exception as exc:  # delivered to the caller; the worker lives on
+            future.set_exception(exc)
 
     def _admit(self, handle: RequestHandle) -> None:
         """Prefill a new request in a session of its own; it joins the batch at the next step."""

@@ -148,6 +148,17 @@ class DecoderLM(nn.Module):
             logits = torch.tanh(logits / cap) * cap
         return logits[0]
 
+    def hidden_states(self, ids: torch.Tensor, cache: list) -> torch.Tensor:
+        """The final norm's output for ids [T] from position 0 on an empty cache: [T, hidden].
+
+        The stack as forward_embeds runs it, without the LM head: embeddings pool these rows."""
+        h = self.embed_tokens(ids)[None]
+        positions = torch.arange(0, h.shape[1], device=h.device)
+        tables = {id(rope): rope.tables(positions, h.dtype) for rope in self.ropes}
+        for layer, layer_cache in zip(self.layers, cache):
+            h = layer(h, positions, tables, layer_cache, 0)
+        return self.norm(h)[0]
+
     def forward(self, ids: torch.Tensor, cache: list, start: int, last_only: bool = True) -> torch.Tensor:
         return self.forward_embeds(self.embed_tokens(ids)[None], cache, start, last_only)
 
@@ -223,6 +234,14 @@ class CachedRunner(LmRunner):
         logits = self.model(ids_tensor, session.state, start, last_only=not all_positions).cpu()
         session.tokens.extend(int(t) for t in ids)
         return logits if all_positions else logits[-1]
+
+    @torch.inference_mode()
+    def hidden_states(self, ids: Sequence[int]) -> torch.Tensor:
+        """One forward over a throwaway cache (no session is touched): [T, hidden] float32 on the CPU."""
+        self.check_prompt(ids)
+        self.check_fits(len(ids))
+        ids_tensor = torch.tensor([int(t) for t in ids], dtype=torch.long, device=self.device)
+        return self.model.hidden_states(ids_tensor, self.model.new_cache()).float().cpu()
 
     @torch.inference_mode()
     def decode_batch(self, sessions: Sequence[Session], tokens: Sequence[int]) -> torch.Tensor:

@@ -25,5 +25,7 @@ FAMILY = register_family(
         config_from_gguf=lambda gguf: ModelConfig(**gguf_common_config(gguf)),
         build=_build,
         runner=Qwen3Runner,
+        # Qwen3-Embedding checkpoints are saved from Qwen3Model: its names have no `model.` prefix.
+        hf_prefixes=(("", ""), ("model.", "")),
     )
 )

@@ -11,7 +11,7 @@ import torch
 from engine_mocks import ID, MockTokenizer, ScriptedRunner, ids
 
 from runlm.engine import Engine, GenerationRequest, PromptCache, QueueFullError, Scheduler, StopStringFilter
-from runlm.engine.scheduler import release_openmp_pools
+from runlm.engine.scheduler import SchedulerClosedError, release_openmp_pools
 from runlm.errors import ContextOverflowError, InvalidInputError
 from runlm.runner import SessionSnapshot
 from runlm.sampling import SamplingParams
@@ -336,3 +336,24 @@ def test_engine_is_usable_from_one_thread_at_a_time():
     t.start()
     t.join()
     assert out[0].text == "Hello" and out[0].token_ids == ids("Hello", "<eos>")
+
+
+def test_scheduler_run_executes_on_the_worker_between_decode_steps():
+    """Model work besides generation (embeddings) runs on the worker thread while a generation is in flight,
+    and an exception in it reaches its caller without touching the generation."""
+    eng = engine([ID["a"]] * 200, delay_s=0.002, max_context=512)
+    sched = Scheduler(eng, max_queue=2)
+    try:
+        handle = sched.submit(GenerationRequest(prompt_ids=PROMPT, sampling=GREEDY, max_tokens=200))
+        stream = iter(handle)
+        next(stream)  # the generation has started
+        on_worker = sched.run(lambda: threading.current_thread().name).result(timeout=10)
+        assert on_worker == "runlm-worker" and not handle.done.is_set()
+        failing = sched.run(lambda: 1 / 0)
+        assert isinstance(failing.exception(timeout=10), ZeroDivisionError)
+        handle.cancel()
+        assert [r for r in stream][-1].finish_reason == "cancelled"
+    finally:
+        sched.close()
+    with pytest.raises(SchedulerClosedError):
+        sched.run(lambda: None)

@@ -286,3 +286,47 @@ def build_gemma3(directory: Path, seed: int = 2):
         "post_feedforward_layernorm": "post_ffw_norm",
     }
     return _finish(model, config, directory, "gemma3", names, False, True, extra)
+
+
+ST_MODULES = [
+    {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+]
+
+
+def build_qwen3_embedding(directory: Path, seed: int = 3):
+    """A Qwen3-Embedding-style sentence-transformers directory, laid out as that model ships: a Qwen3Model
+    (no LM head, no `model.` prefix), a tokenizer whose post-processor appends <|endoftext|>, and
+    modules.json naming last-token pooling (legacy `pooling_mode_*` keys) then Normalize."""
+    from tokenizers import processors
+    from transformers import Qwen3Config, Qwen3Model
+
+    config = Qwen3Config(**TINY_DIMS, num_hidden_layers=2, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    torch.manual_seed(seed)
+    model = Qwen3Model(config).eval()
+    _randomize(model, seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(directory), safe_serialization=True)
+    tok = tiny_tokenizer()
+    end = tok.token_to_id("<|endoftext|>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A <|endoftext|>", pair="$A <|endoftext|> $B:1 <|endoftext|>:1", special_tokens=[("<|endoftext|>", end)]
+    )
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "padding_side": "left", "add_bos_token": False,
+        "chat_template": CHATML, "tokenizer_class": "PreTrainedTokenizerFast",
+    }))
+    (directory / "modules.json").write_text(json.dumps(ST_MODULES))
+    (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256, "do_lower_case": False}))
+    (directory / "1_Pooling").mkdir(exist_ok=True)
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": config.hidden_size, "pooling_mode_cls_token": False,
+        "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
+        "pooling_mode_lasttoken": True, "include_prompt": True,
+    }))
+    (directory / "2_Normalize").mkdir(exist_ok=True)
+    return model
