@@ -2,7 +2,7 @@
 
 from runlm.engine.core import Completion, Engine, Generation, GenerationRequest, StreamRecord, Usage
 from runlm.engine.prompt_cache import PromptCache
-from runlm.engine.scheduler import QueueFullError, RequestHandle, Scheduler
+from runlm.engine.scheduler import QueueFullError, RequestGroup, RequestHandle, Scheduler
 from runlm.engine.stops import StopStringFilter
 from runlm.engine.tools import ToolCall, parse_tool_calls
 from runlm.runner import ImageInput
@@ -15,6 +15,7 @@ __all__ = [
     "ImageInput",
     "PromptCache",
     "QueueFullError",
+    "RequestGroup",
     "RequestHandle",
     "Scheduler",
     "StopStringFilter",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import itertools
 import queue
 import threading
 import time
@@ -22,7 +23,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from runlm.engine.core import Completion, Engine, Generation, GenerationRequest, StreamRecord, Usage
+from runlm.engine.core import Completion, Engine, Generation, GenerationRequest, StreamRecord, Usage, merged_usage
 from runlm.errors import RunlmError
 
 
@@ -39,16 +40,27 @@ T = TypeVar("T")
 
 
 class RequestHandle:
-    """The caller's side of a submitted request: iterate (sync or async) for records, or cancel."""
+    """The caller's side of a submitted request: iterate (sync or async) for records, or cancel.
 
-    def __init__(self, gen: Generation, loop: asyncio.AbstractEventLoop | None):
+    The handles of one request's n choices (a RequestGroup) share one queue (`share_with`), so their
+    records arrive interleaved in the order they were made.
+    """
+
+    def __init__(self, gen: Generation, loop: asyncio.AbstractEventLoop | None,
+                 share_with: RequestHandle | None = None):
         self.gen = gen
         self._loop = loop
-        self._async_q: asyncio.Queue | None = asyncio.Queue() if loop is not None else None
-        self._sync_q: queue.Queue | None = queue.Queue() if loop is None else None
+        self._async_q: asyncio.Queue | None
+        self._sync_q: queue.Queue | None
+        if share_with is not None:
+            self._async_q, self._sync_q = share_with._async_q, share_with._sync_q
+        else:
+            self._async_q = asyncio.Queue() if loop is not None else None
+            self._sync_q = queue.Queue() if loop is None else None
         self._cancel = threading.Event()
         self.done = threading.Event()
         self.on_done: Callable[[RequestHandle], None] | None = None
+        self.group: list[RequestHandle] | None = None  # the sibling handles, admitted together
 
     # -- worker side ---------------------------------------------------------------------
     def _put(self, item: Any) -> None:
@@ -72,6 +84,10 @@ class RequestHandle:
     @property
     def cancelled(self) -> bool:
         return self._cancel.is_set()
+
+    @property
+    def usage(self) -> Usage:
+        return self.gen.usage
 
     def __iter__(self) -> Iterator[StreamRecord]:
         if self._sync_q is None:
@@ -100,6 +116,60 @@ class RequestHandle:
 
     async def aresult(self) -> Completion:
         return _gather([r async for r in self])
+
+
+class RequestGroup:
+    """The caller's side of a request for n choices: one stream of records tagged with their choice
+    `index`, interleaved as the batch makes them; `result()` gives one Completion per choice."""
+
+    def __init__(self, handles: list[RequestHandle]):
+        self.handles = handles
+
+    def cancel(self) -> None:
+        for handle in self.handles:
+            handle.cancel()
+
+    @property
+    def usage(self) -> Usage:
+        """The prompt counted once, the choices' completion tokens summed."""
+        return merged_usage([h.gen.usage for h in self.handles])
+
+    def __iter__(self) -> Iterator[StreamRecord]:
+        q = self.handles[0]._sync_q
+        if q is None:
+            raise TypeError("this group was submitted with an event loop: use `async for`")
+        ended = 0
+        while ended < len(self.handles):
+            item = q.get()
+            if item is _END:
+                ended += 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+
+    async def __aiter__(self) -> AsyncIterator[StreamRecord]:
+        q = self.handles[0]._async_q
+        if q is None:
+            raise TypeError("this group was submitted without an event loop: use `for`")
+        ended = 0
+        while ended < len(self.handles):
+            item = await q.get()
+            if item is _END:
+                ended += 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+
+    def _split(self, records: list[StreamRecord]) -> list[Completion]:
+        return [_gather([r for r in records if r.index == i]) for i in range(len(self.handles))]
+
+    def result(self) -> list[Completion]:
+        return self._split(list(self))
+
+    async def aresult(self) -> list[Completion]:
+        return self._split([r async for r in self])
 
 
 def _gather(records: list[StreamRecord]) -> Completion:
@@ -188,6 +258,37 @@ class Scheduler:
             self._cond.notify()
         return handle
 
+    def submit_group(
+        self,
+        request: GenerationRequest,
+        n: int,
+        loop: asyncio.AbstractEventLoop | None = None,
+        on_done: Callable[[RequestHandle], None] | None = None,
+    ) -> RequestGroup:
+        """Enqueue one request for `n` choices (Engine.new_choices): admitted together, prefilled once
+        (Engine.start_group), then decoded side by side in the batch. A group larger than the free batch
+        slots waits for them, or runs alone above `max_batch` when nothing else is in flight."""
+        gens = self.engine.new_choices(request, n, submitted_at=time.perf_counter())
+        first = RequestHandle(gens[0], loop)
+        handles = [first] + [RequestHandle(g, loop, share_with=first) for g in gens[1:]]
+        for handle in handles:
+            handle.on_done = on_done
+            handle.group = handles
+        with self._cond:
+            if self._closed:
+                raise SchedulerClosedError("the server is shutting down")
+            if any(h.cancelled for h in self._waiting):
+                self._waiting = deque(h for h in self._waiting if not h.cancelled or self._drop(h))
+            free = max(0, self.max_batch - len(self.active))
+            if self._waiting and len(self._waiting) + n > self.max_queue + free:
+                raise QueueFullError(
+                    f"the server is busy: {len(self._waiting)} requests are already waiting (max_queue "
+                    f"{self.max_queue}); retry later"
+                )
+            self._waiting.extend(handles)
+            self._cond.notify()
+        return RequestGroup(handles)
+
     def run(self, fn: Callable[[], T]) -> Future[T]:
         """Run `fn` on the worker between decode steps; the future gets its result or its exception.
 
@@ -235,15 +336,31 @@ class Scheduler:
                 if self._closed and not self.active:
                     return
                 call = self._calls.popleft() if self._calls else None
-                handle = None
-                if self._waiting and len(self.active) < self.max_batch and not self._closed:
-                    handle = self._waiting.popleft()
+                admitted = self._next_admission() if not self._closed else []
             if call is not None:
                 self._run_call(*call)
-            if handle is not None:
-                self._admit(handle)
+            if len(admitted) == 1:
+                self._admit(admitted[0])
+            elif admitted:
+                self._admit_group(admitted)
             if self.active:
                 self._step()
+
+    def _next_admission(self) -> list[RequestHandle]:
+        """The next waiting request if the batch has room for it: one handle, or all of a group's that
+        still wait (a group fits when its choices fit the free slots, or when nothing else runs)."""
+        if not self._waiting:
+            return []
+        head = self._waiting[0]
+        size = 1
+        if head.group is not None:
+            for handle in itertools.islice(self._waiting, 1, None):
+                if handle.group is not head.group:
+                    break
+                size += 1
+        if self.active and len(self.active) + size > self.max_batch:
+            return []
+        return [self._waiting.popleft() for _ in range(size)]
 
     @staticmethod
     def _run_call(fn: Callable[[], Any], future: Future) -> None:
@@ -270,6 +387,29 @@ class Scheduler:
             self._end(handle)
         else:
             self.active.append(handle)
+
+    def _admit_group(self, handles: list[RequestHandle]) -> None:
+        """Prefill a request's choices once (the engine forks the session); they join the batch together."""
+        for handle in [h for h in handles if h.cancelled]:
+            handles.remove(handle)
+            self._drop(handle)
+        if len(handles) <= 1:
+            for handle in handles:
+                self._admit(handle)
+            return
+        try:
+            records = self.engine.start_group([h.gen for h in handles])
+        except Exception as exc:  # every choice gets the error; the worker lives on
+            for handle in handles:
+                handle.gen.fail()
+                self._end(handle, exc)
+            return
+        for handle, record in zip(handles, records):
+            handle._put(record)
+            if handle.gen.finished:
+                self._end(handle)
+            else:
+                self.active.append(handle)
 
     def _step(self) -> None:
         """One batched decode step for every generation in flight."""

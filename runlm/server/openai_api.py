@@ -10,13 +10,13 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from runlm.engine import Completion, RequestHandle
+from runlm.engine import RequestGroup, RequestHandle
 from runlm.server.openai_shapes import (
     ChatChunks,
     CompletionChunks,
@@ -31,25 +31,51 @@ from runlm.server.state import ServerState, get_state
 
 router = APIRouter()
 DISCONNECT_POLL_S = 0.25
+Result = TypeVar("Result", covariant=True)
+
+
+class Pending(Protocol[Result]):
+    """What `collect` waits on: a RequestHandle (one Completion) or a RequestGroup (one per choice)."""
+
+    def cancel(self) -> None: ...
+
+    async def aresult(self) -> Result: ...
+
+
+async def plan_request(state: ServerState, planner: Callable, body: Any) -> Any:
+    """Check the model and plan the request off the event loop (templates and tokenizing cost CPU)."""
+    state.check_model(body.model)
+    return await run_in_threadpool(planner, state, body)
+
+
+def metrics_hook(state: ServerState) -> Callable[[RequestHandle], None]:
+    def observe(handle: RequestHandle) -> None:
+        state.metrics.observe_generation(handle.gen.usage, handle.gen.finish_reason or "error")
+
+    return observe
 
 
 async def submit(state: ServerState, planner: Callable, body: Any, id_prefix: str) -> tuple[Any, RequestHandle, str]:
     """Check the model, plan off the event loop, queue the request: (plan, handle, response id)."""
-    state.check_model(body.model)
-    plan = await run_in_threadpool(planner, state, body)
-
-    def observe(handle: RequestHandle) -> None:
-        state.metrics.observe_generation(handle.gen.usage, handle.gen.finish_reason or "error")
-
-    handle = state.scheduler.submit(plan.request, loop=asyncio.get_running_loop(), on_done=observe)
+    plan = await plan_request(state, planner, body)
+    handle = state.scheduler.submit(plan.request, loop=asyncio.get_running_loop(), on_done=metrics_hook(state))
     return plan, handle, f"{id_prefix}-{uuid.uuid4().hex}"
 
 
-async def collect(handle: RequestHandle, request: Request) -> Completion:
-    """Wait for a whole generation; a client that hangs up cancels it."""
+async def submit_choices(state: ServerState, planner: Callable, body: Any, id_prefix: str,
+                         n: int) -> tuple[Any, RequestGroup, str]:
+    """`submit` for a request that asks for `n` choices: prefilled once, decoded side by side."""
+    plan = await plan_request(state, planner, body)
+    group = state.scheduler.submit_group(plan.request, n, loop=asyncio.get_running_loop(),
+                                         on_done=metrics_hook(state))
+    return plan, group, f"{id_prefix}-{uuid.uuid4().hex}"
+
+
+async def collect(handle: Pending[Result], request: Request) -> Result:
+    """Wait for a whole generation (or all of a group's); a client that hangs up cancels it."""
 
     async def watch() -> None:
-        while not handle.done.is_set():
+        while True:
             await asyncio.sleep(DISCONNECT_POLL_S)
             if await request.is_disconnected():
                 handle.cancel()
@@ -69,20 +95,20 @@ def streaming(events) -> StreamingResponse:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: ServerState = Depends(get_state)):
-    plan, handle, rid = await submit(state, plan_chat, body, "chatcmpl")
+    plan, group, rid = await submit_choices(state, plan_chat, body, "chatcmpl", body.n or 1)
     created = int(time.time())
     if body.stream:
-        return streaming(event_stream(handle, ChatChunks(state, plan, body, rid, created)))
-    return chat_response(state, plan, body, await collect(handle, request), rid, created)
+        return streaming(event_stream(group, ChatChunks(state, plan, body, rid, created)))
+    return chat_response(state, plan, body, await collect(group, request), rid, created)
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request, state: ServerState = Depends(get_state)):
-    plan, handle, rid = await submit(state, plan_completion, body, "cmpl")
+    plan, group, rid = await submit_choices(state, plan_completion, body, "cmpl", body.n or 1)
     created = int(time.time())
     if body.stream:
-        return streaming(event_stream(handle, CompletionChunks(state, plan, body, rid, created)))
-    return completion_response(state, plan, body, await collect(handle, request), rid, created)
+        return streaming(event_stream(group, CompletionChunks(state, plan, body, rid, created)))
+    return completion_response(state, plan, body, await collect(group, request), rid, created)
 
 
 def model_card(state: ServerState) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runlm.engine import Completion, GenerationRequest, StreamRecord, Usage
+from runlm.engine.core import merged_usage
 from runlm.engine.grammar import GrammarConstraint, grammar_for_json_schema
 from runlm.engine.tools import ToolCallStreamFilter, tool_call_schema
 from runlm.errors import RunlmError
@@ -272,8 +273,8 @@ def _envelope(state: ServerState, obj: str, rid: str, created: int, model: str) 
     return {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": state.fingerprint}
 
 
-def chat_response(state: ServerState, plan: ChatPlan, body: ChatCompletionRequest, result: Completion, rid: str,
-                  created: int) -> dict[str, Any]:
+def chat_choice(state: ServerState, plan: ChatPlan, body: ChatCompletionRequest, result: Completion,
+                index: int) -> dict[str, Any]:
     filt = ToolCallStreamFilter(plan.tools.active, plan.tools.names)
     content = filt.push(result.text)
     rest, calls = filt.finish()
@@ -283,64 +284,89 @@ def chat_response(state: ServerState, plan: ChatPlan, body: ChatCompletionReques
     if calls:
         message["tool_calls"] = [c.to_openai() for c in calls]
         finish = "tool_calls"
-    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+    choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish, "logprobs": None}
     if body.logprobs:
         choice["logprobs"] = {"content": [chat_logprob_entry(state.tokenizer, lp) for lp in result.logprobs]}
-    return {**_envelope(state, "chat.completion", rid, created, body.model), "choices": [choice],
-            "usage": usage_json(result.usage), "timings": timings_json(result.usage)}
+    return choice
 
 
-def completion_response(state: ServerState, plan: CompletionPlan, body: CompletionRequest, result: Completion,
-                        rid: str, created: int) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": 0, "text": plan.echo_text + result.text,
-                              "finish_reason": finish_reason(result.finish_reason), "logprobs": None}
-    if body.logprobs is not None:
-        choice["logprobs"] = completion_logprobs(state.tokenizer, result.logprobs, len(plan.echo_text))
-    return {**_envelope(state, "text_completion", rid, created, body.model), "choices": [choice],
-            "usage": usage_json(result.usage), "timings": timings_json(result.usage)}
+def chat_response(state: ServerState, plan: ChatPlan, body: ChatCompletionRequest, results: list[Completion],
+                  rid: str, created: int) -> dict[str, Any]:
+    """A chat.completion with one choice per result (`n`); usage counts the prompt once."""
+    usage = merged_usage([r.usage for r in results])
+    return {**_envelope(state, "chat.completion", rid, created, body.model),
+            "choices": [chat_choice(state, plan, body, r, i) for i, r in enumerate(results)],
+            "usage": usage_json(usage), "timings": timings_json(usage)}
+
+
+def completion_response(state: ServerState, plan: CompletionPlan, body: CompletionRequest,
+                        results: list[Completion], rid: str, created: int) -> dict[str, Any]:
+    """A text_completion with one choice per result (`n`); usage counts the prompt once."""
+    choices = []
+    for index, result in enumerate(results):
+        choice: dict[str, Any] = {"index": index, "text": plan.echo_text + result.text,
+                                  "finish_reason": finish_reason(result.finish_reason), "logprobs": None}
+        if body.logprobs is not None:
+            choice["logprobs"] = completion_logprobs(state.tokenizer, result.logprobs, len(plan.echo_text))
+        choices.append(choice)
+    usage = merged_usage([r.usage for r in results])
+    return {**_envelope(state, "text_completion", rid, created, body.model), "choices": choices,
+            "usage": usage_json(usage), "timings": timings_json(usage)}
 
 
 # -- streams: what each record becomes (server.sse sends it) ------------------------------------------
 
 
 class ChatChunks:
-    """chat.completion.chunk events: a role delta, content deltas, tool calls at the end, finish, usage."""
+    """chat.completion.chunk events: a role delta, content deltas, tool calls at the end, finish, usage.
+
+    With `n` choices each chunk carries its choice's index; the choices' chunks interleave as the batch
+    makes them, and each choice's tool calls and finish come at the end.
+    """
 
     def __init__(self, state: ServerState, plan: ChatPlan, body: ChatCompletionRequest, rid: str, created: int):
         self.tokenizer = state.tokenizer
         self.base = _envelope(state, "chat.completion.chunk", rid, created, body.model)
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        self.filter = ToolCallStreamFilter(plan.tools.active, plan.tools.names)
+        n = body.n or 1
+        self.filters = [ToolCallStreamFilter(plan.tools.active, plan.tools.names) for _ in range(n)]
+        self.finish_reasons: list[str | None] = [None] * n
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None,
+               index: int = 0) -> dict[str, Any]:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return {**self.base, "choices": [choice]} | ({"usage": None} if self.include_usage else {})
 
     def opening(self) -> list[dict[str, Any]]:
-        return [self._chunk({"role": "assistant", "content": ""})]
+        return [self._chunk({"role": "assistant", "content": ""}, index=i) for i in range(len(self.filters))]
 
     def on_record(self, record: StreamRecord) -> list[dict[str, Any]]:
-        text = self.filter.push(record.text)
+        if record.finish_reason is not None:
+            self.finish_reasons[record.index] = record.finish_reason
+        text = self.filters[record.index].push(record.text)
         lps = {"content": [chat_logprob_entry(self.tokenizer, record.logprob)]} if record.logprob is not None else None
-        return [self._chunk({"content": text} if text else {}, logprobs=lps)] if text or lps else []
+        return [self._chunk({"content": text} if text else {}, logprobs=lps, index=record.index)] if text or lps else []
 
     def closing(self, last: StreamRecord, usage: Usage) -> list[dict[str, Any]]:
         events = []
-        rest, calls = self.filter.finish()
-        if rest:
-            events.append(self._chunk({"content": rest}))
-        finish = finish_reason(last.finish_reason)
-        if calls:
-            events.append(self._chunk({"tool_calls": [c.to_openai(index=i) for i, c in enumerate(calls)]}))
-            finish = "tool_calls"
-        events.append(self._chunk({}, finish=finish))
+        for index, filt in enumerate(self.filters):
+            rest, calls = filt.finish()
+            if rest:
+                events.append(self._chunk({"content": rest}, index=index))
+            finish = finish_reason(self.finish_reasons[index] or last.finish_reason)
+            if calls:
+                events.append(self._chunk({"tool_calls": [c.to_openai(index=i) for i, c in enumerate(calls)]},
+                                          index=index))
+                finish = "tool_calls"
+            events.append(self._chunk({}, finish=finish, index=index))
         if self.include_usage:
             events.append({**self.base, "choices": [], "usage": usage_json(usage), "timings": timings_json(usage)})
         return events
 
 
 class CompletionChunks:
-    """text_completion events: the echoed prompt, text deltas with their log-probs, finish, usage."""
+    """text_completion events: the echoed prompt, text deltas with their log-probs, finish, usage (each
+    chunk tagged with its choice's index when there are `n`)."""
 
     def __init__(self, state: ServerState, plan: CompletionPlan, body: CompletionRequest, rid: str, created: int):
         self.tokenizer = state.tokenizer
@@ -348,23 +374,28 @@ class CompletionChunks:
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         self.logprobs = body.logprobs is not None
         self.echo_text = plan.echo_text
-        self.offset = len(plan.echo_text)
+        n = body.n or 1
+        self.offsets = [len(plan.echo_text)] * n
+        self.finish_reasons: list[str | None] = [None] * n
 
-    def _chunk(self, text: str, finish: str | None = None, lps: Any = None) -> dict[str, Any]:
-        return {**self.base, "choices": [{"index": 0, "text": text, "logprobs": lps, "finish_reason": finish}]}
+    def _chunk(self, text: str, finish: str | None = None, lps: Any = None, index: int = 0) -> dict[str, Any]:
+        return {**self.base, "choices": [{"index": index, "text": text, "logprobs": lps, "finish_reason": finish}]}
 
     def opening(self) -> list[dict[str, Any]]:
-        return [self._chunk(self.echo_text)] if self.echo_text else []
+        return [self._chunk(self.echo_text, index=i) for i in range(len(self.offsets))] if self.echo_text else []
 
     def on_record(self, record: StreamRecord) -> list[dict[str, Any]]:
+        if record.finish_reason is not None:
+            self.finish_reasons[record.index] = record.finish_reason
         lps = None
         if self.logprobs and record.logprob is not None:
-            lps = completion_logprobs(self.tokenizer, [record.logprob], self.offset)
-        self.offset += len(record.text)
-        return [self._chunk(record.text, lps=lps)] if record.text or lps else []
+            lps = completion_logprobs(self.tokenizer, [record.logprob], self.offsets[record.index])
+        self.offsets[record.index] += len(record.text)
+        return [self._chunk(record.text, lps=lps, index=record.index)] if record.text or lps else []
 
     def closing(self, last: StreamRecord, usage: Usage) -> list[dict[str, Any]]:
-        events = [self._chunk("", finish=finish_reason(last.finish_reason))]
+        events = [self._chunk("", finish=finish_reason(reason or last.finish_reason), index=i)
+                  for i, reason in enumerate(self.finish_reasons)]
         if self.include_usage:
             events.append({**self.base, "choices": [], "usage": usage_json(usage), "timings": timings_json(usage)})
         return events

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 INT64_MIN, UINT64_MAX = -(2**63), 2**64 - 1
+MAX_CHOICES = 16  # `n`: the choices of one request decode side by side, each holding a session
 
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 Unit = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -121,7 +122,7 @@ class SamplingFields(Strict):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Temperature | None = None
     top_p: Unit | None = None
-    n: Annotated[int, Field(ge=1, le=1)] | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: StopString | Annotated[list[StopString], Field(max_length=16)] | None = None

@@ -3,16 +3,18 @@
 Each API supplies a shaper with `opening()`, `on_record(record)` and `closing(last, usage)`, each
 returning the JSON events to send. A failure mid-stream is reported in-band as an OpenAI-shaped
 error event (the status line is long gone), and the request is cancelled when the client leaves.
+Typed streams (the Responses API) name each event in an `event:` line, build their own error events
+(`failure`) and end without chat completions' `[DONE]`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from runlm.engine import RequestHandle, StreamRecord, Usage
-from runlm.server.errors import api_error_from, error_body
+from runlm.engine import StreamRecord, Usage
+from runlm.server.errors import APIError, api_error_from, error_body
 
 DONE = "data: [DONE]\n\n"
 
@@ -25,25 +27,47 @@ class EventShaper(Protocol):
     def closing(self, last: StreamRecord, usage: Usage) -> list[dict[str, Any]]: ...
 
 
-def sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+class RecordSource(Protocol):
+    """A RequestHandle, or a RequestGroup whose choices' records arrive interleaved (each with its index)."""
+
+    @property
+    def usage(self) -> Usage: ...
+
+    def cancel(self) -> None: ...
+
+    def __aiter__(self) -> AsyncIterator[StreamRecord]: ...
 
 
-async def event_stream(handle: RequestHandle, shaper: EventShaper) -> AsyncIterator[str]:
+def sse(obj: Any, typed: bool = False) -> str:
+    """One event; a typed one also names itself (its "type") in an `event:` line, as the Responses API does."""
+    head = f"event: {obj['type']}\n" if typed else ""
+    return f"{head}data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def openai_failure(err: APIError) -> list[dict[str, Any]]:
+    return [error_body(err.status, err.message, err.param, err.code, err.type)]
+
+
+async def event_stream(handle: RecordSource, shaper: EventShaper, *, typed: bool = False,
+                       failure: Callable[[APIError], list[dict[str, Any]]] = openai_failure) -> AsyncIterator[str]:
+    """The stream of one request. `typed`: events carry a "type" sent as their `event:` line, and the
+    stream ends without `[DONE]`; `failure` makes the in-band events that report a mid-stream error."""
     last = StreamRecord()
     try:
         for event in shaper.opening():
-            yield sse(event)
+            yield sse(event, typed)
         async for record in handle:
             last = record
             for event in shaper.on_record(record):
-                yield sse(event)
-        for event in shaper.closing(last, last.usage or handle.gen.usage):
-            yield sse(event)
-        yield DONE
+                yield sse(event, typed)
+        for event in shaper.closing(last, handle.usage):
+            yield sse(event, typed)
+        if not typed:
+            yield DONE
     except Exception as exc:  # mid-stream failure: tell the client in-band, then end the stream
-        err = api_error_from(exc)
-        yield sse(error_body(err.status, err.message, err.param, err.code, err.type))
-        yield DONE
+        for event in failure(api_error_from(exc)):
+            yield sse(event, typed)
+        if not typed:
+            yield DONE
     finally:
         handle.cancel()

@@ -281,7 +281,7 @@ BAD_CHAT = [
      "logit_bias"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "logit_bias": {"abc": 5}}, 400, "logit_bias"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 3}, 400, "n"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 17}, 400, "n"),
     ({"model": MODEL}, 400, "messages"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, 400,
      "tool_choice"),
