@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--parallel", type=int, default=8, help="sequences decoded together (continuous batching)")
     serve.add_argument("--mmproj", default=None, help="llama.cpp vision projector GGUF for a GGUF model")
     serve.add_argument("--allow-remote-images", action="store_true", help="fetch http(s) image_url parts")
+    serve.add_argument("--pooling", choices=("mean", "last"), default=None,
+                       help="how embeddings pool token states (default: as the model declares, else mean)")
 
     bench = sub.add_parser("bench", help="speed, memory and perplexity side by side with peers")
     _add_model(bench)
@@ -207,7 +209,7 @@ def _chat_web(args: argparse.Namespace) -> int:
     threading.Thread(target=open_when_listening, name="runlm-open-browser", daemon=True).start()
     serve_args = argparse.Namespace(
         **vars(args), host="127.0.0.1", api_key=None, prompt_cache_mb=256, max_queue=16, parallel=8,
-        mmproj=None, allow_remote_images=False,
+        mmproj=None, allow_remote_images=False, pooling=None,
     )
     return cmd_serve(serve_args)
 
@@ -260,6 +262,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_batch=args.parallel,
         allow_remote_images=args.allow_remote_images,
+        pooling=args.pooling,
     )
     return 0
 

@@ -17,7 +17,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from runlm.engine import Engine, Scheduler
-from runlm.server import llamacpp_api, openai_api
+from runlm.engine.embeddings import check_pooling
+from runlm.server import embeddings_api, llamacpp_api, openai_api
 from runlm.server.errors import install_error_handlers
 from runlm.server.metrics import Metrics
 from runlm.server.middleware import GuardMiddleware
@@ -41,22 +42,26 @@ def create_app(
     default_max_tokens: int | None = None,
     max_batch: int = 8,
     allow_remote_images: bool = False,
+    pooling: str | None = None,
 ) -> FastAPI:
     """A FastAPI app serving one loaded model (a runlm.LoadedModel).
 
     `api_key` (or env RUNLM_API_KEY when None; "" turns it off) guards every route but /health.
     `max_queue` requests may wait behind the running ones; more get 429. `default_max_tokens` caps
-    requests that set no max_tokens (None: up to the context's end).
+    requests that set no max_tokens (None: up to the context's end). `pooling` ("mean" or "last") sets how
+    embeddings pool token states; None pools as the model's files declare (mean where they say nothing).
     """
     if api_key is None:
         api_key = os.environ.get("RUNLM_API_KEY") or None
+    pooling = check_pooling(pooling) if pooling is not None else None
     engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length,
                     prompt_cache_mb=prompt_cache_mb)
     scheduler = Scheduler(engine, max_queue=max_queue, max_batch=max_batch)
     metrics = Metrics()
     name, aliases = served_names(loaded, model_name)
     state = ServerState(loaded, engine, scheduler, metrics, name, aliases, default_max_tokens,
-                        prompt_cache_mb=prompt_cache_mb, allow_remote_images=allow_remote_images)
+                        prompt_cache_mb=prompt_cache_mb, allow_remote_images=allow_remote_images,
+                        pooling=pooling)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -72,6 +77,7 @@ def create_app(
     app.add_middleware(WebPage, metrics=metrics)
     app.include_router(openai_api.router)
     app.include_router(llamacpp_api.router)
+    app.include_router(embeddings_api.router)
     return app
 
 

@@ -1,7 +1,10 @@
-"""Every error the server sends is OpenAI-shaped: {"error": {"message", "type", "param", "code"}}.
+"""Every error the server sends is JSON in the shape of the API that was called.
 
-Bad input is a 4xx with a message that says what to change; only a bug in runlm may give a 500, and
-even that is JSON in the same shape.
+OpenAI's {"error": {"message", "type", "param", "code"}} by default; Anthropic's {"type": "error",
+"error": {"type", "message"}} under /v1/messages; Ollama's {"error": "..."} under /api/. The path alone
+picks the shape (`error_body_for`), so route code, the exception handlers and the middleware all raise
+or send one APIError. Bad input is a 4xx with a message that says what to change; only a bug in runlm
+may give a 500, and even that is JSON in the same shape.
 """
 
 from __future__ import annotations
@@ -53,9 +56,37 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
                       "param": _clean(param), "code": code}}
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
-                   type_: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code, type_), status_code=status, headers=headers)
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+                    429: "rate_limit_error", 503: "overloaded_error"}
+
+
+def anthropic_error_body(err: APIError) -> dict:
+    """Anthropic's error shape (also the data of a stream's `error` event)."""
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(err.status, "api_error"),
+                                       "message": _clean(err.message)}}
+
+
+def ollama_error_body(err: APIError) -> dict:
+    return {"error": _clean(err.message)}
+
+
+def openai_error_body(err: APIError) -> dict:
+    return error_body(err.status, err.message, err.param, err.code, err.type)
+
+
+# Path prefix -> the error shape of the API served there; anything else is OpenAI-shaped.
+ERROR_SHAPES = (("/v1/messages", anthropic_error_body), ("/api/", ollama_error_body))
+
+
+def error_body_for(path: str, err: APIError) -> dict:
+    """The error body in the shape of the API that `path` belongs to."""
+    shape = next((shape for prefix, shape in ERROR_SHAPES if path.startswith(prefix)), openai_error_body)
+    return shape(err)
+
+
+def shaped_error_response(path: str, err: APIError) -> JSONResponse:
+    return JSONResponse(error_body_for(path, err), status_code=err.status, headers=err.headers)
 
 
 def api_error_from(exc: BaseException) -> APIError:
@@ -100,7 +131,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         if not errors:
-            return error_response(400, "invalid request body")
+            return shaped_error_response(request.url.path, APIError(400, "invalid request body"))
         first = errors[0]
         param = _loc(tuple(first.get("loc", ()))) or None
         kind = first.get("type", "")
@@ -115,26 +146,25 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"{param}: {first.get('msg', 'invalid value')}" if param else first.get("msg", "invalid")
         if len(errors) > 1:
             message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
-        return error_response(400, message, param=param, code="invalid_value")
+        return shaped_error_response(request.url.path, APIError(400, message, param=param, code="invalid_value"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}"
-        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+        return shaped_error_response(request.url.path,
+                                     APIError(exc.status_code, message, headers=getattr(exc, "headers", None)))
 
     @app.exception_handler(APIError)
     async def _api(request: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param, exc.code, exc.type, headers=exc.headers)
+        return shaped_error_response(request.url.path, exc)
 
     @app.exception_handler(RunlmError)
     async def _runlm(request: Request, exc: RunlmError) -> JSONResponse:
-        err = api_error_from(exc)
-        return error_response(err.status, err.message, err.param, err.code, err.type, headers=err.headers)
+        return shaped_error_response(request.url.path, api_error_from(exc))
 
     @app.exception_handler(Exception)
     async def _any(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        err = api_error_from(exc)
-        return error_response(err.status, err.message, err.param, err.code, err.type, headers=err.headers)
+        return shaped_error_response(request.url.path, api_error_from(exc))

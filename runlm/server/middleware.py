@@ -1,4 +1,5 @@
-"""Bearer auth, a request-body size limit and request counting, as one plain ASGI middleware.
+"""Key auth (a bearer token, or Anthropic's x-api-key header), a request-body size limit and request
+counting, as one plain ASGI middleware.
 
 Plain ASGI (not BaseHTTPMiddleware) so streaming responses and client disconnects pass straight
 through. The body is read up front, at most `max_body_bytes` of it, so an oversized upload is refused
@@ -12,7 +13,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from runlm.server.errors import error_body
+from runlm.server.errors import APIError, error_body_for
 from runlm.server.metrics import Metrics
 
 Scope = dict[str, Any]
@@ -20,12 +21,14 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 OPEN_PATHS = frozenset({"/health"})
-KNOWN_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize",
-                "/detokenize", "/props", "/openapi.json", "/docs")
+KNOWN_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/embeddings", "/v1/messages",
+                "/api/chat", "/api/generate", "/api/embed", "/api/tags", "/api/show", "/api/ps", "/api/version",
+                "/health", "/metrics", "/tokenize", "/detokenize", "/props", "/openapi.json", "/docs")
 
 
-async def _send_error(send: Send, status: int, message: str, code: str, headers: list | None = None) -> None:
-    body = json.dumps(error_body(status, message, code=code)).encode()
+async def _send_error(send: Send, path: str, status: int, message: str, code: str,
+                      headers: list | None = None) -> None:
+    body = json.dumps(error_body_for(path, APIError(status, message, code=code))).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             *(headers or [])]})
@@ -65,8 +68,8 @@ class GuardMiddleware:
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         if self.api_key is not None and path not in OPEN_PATHS and not self._authorized(scope):
-            await _send_error(send, 401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
-                              "invalid_api_key", [(b"www-authenticate", b"Bearer")])
+            await _send_error(send, path, 401, "missing or invalid API key: send 'Authorization: Bearer <key>' "
+                              "(or 'x-api-key: <key>')", "invalid_api_key", [(b"www-authenticate", b"Bearer")])
             return
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
@@ -74,10 +77,10 @@ class GuardMiddleware:
             try:
                 declared = int(length)
             except ValueError:
-                await _send_error(send, 400, "invalid Content-Length header", "invalid_value")
+                await _send_error(send, path, 400, "invalid Content-Length header", "invalid_value")
                 return
             if declared > self.max_body_bytes:
-                await self._too_large(send)
+                await self._too_large(send, path)
                 return
         if scope.get("method") not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
@@ -90,7 +93,7 @@ class GuardMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
-                await self._too_large(send)
+                await self._too_large(send, path)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -107,13 +110,17 @@ class GuardMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _too_large(self, send: Send) -> None:
-        await _send_error(send, 413, f"the request body is larger than the limit of {self.max_body_bytes} bytes",
+    async def _too_large(self, send: Send, path: str) -> None:
+        await _send_error(send, path, 413, f"the request body is larger than the limit of {self.max_body_bytes} bytes",
                           "request_too_large")
 
     def _authorized(self, scope: Scope) -> bool:
+        """A bearer token (OpenAI, Ollama clients) or an x-api-key header (Anthropic's) holding the key."""
         for name, value in scope.get("headers") or []:
             if name == b"authorization":
                 scheme, _, token = value.partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key)
+                if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key):
+                    return True
+            elif name == b"x-api-key" and hmac.compare_digest(value.strip(), self.api_key):
+                return True
         return False

@@ -174,3 +174,18 @@ class TokenizeRequest(Strict):
 
 class DetokenizeRequest(Strict):
     tokens: list[Annotated[int, Field(ge=0)]]
+
+
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on inputs per request
+
+
+class EmbeddingRequest(Strict):
+    model: str
+    input: (Annotated[str, Field(min_length=1)]
+            | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
+            | TokenIds
+            | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)])
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    user: str | None = None

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from fastapi import Request
 
 from runlm import catalog
 from runlm.engine import Engine, Scheduler
+from runlm.engine.embeddings import Pooling, declared_pooling
 from runlm.server.errors import APIError
 from runlm.server.metrics import Metrics
 from runlm.text import Tokenizer
@@ -26,6 +28,7 @@ class ServerState:
     default_max_tokens: int | None
     prompt_cache_mb: float = 0
     allow_remote_images: bool = False
+    pooling: Pooling | None = None  # embeddings: None pools as the model's files declare
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -40,6 +43,11 @@ class ServerState:
         if name not in self.aliases:
             raise APIError(404, f"model {name!r} is not served here; this server serves {self.model_name!r} "
                                 "(see GET /v1/models)", param="model", code="model_not_found")
+
+    @cached_property
+    def embedding_pooling(self) -> Pooling:
+        """How embeddings are pooled: as the server was told, else as the model declares (mean by default)."""
+        return self.pooling or declared_pooling(self.loaded.path, self.loaded.metadata)
 
     def model_meta(self) -> dict[str, Any]:
         loaded = self.loaded
