@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from runlm.engine.tools import tools_system_prompt
+from runlm.engine.tools import ToolCall, ToolCallStreamFilter, tools_system_prompt
 from runlm.server.errors import APIError
 from runlm.server.schemas import ChatCompletionRequest, ChatMessage, ToolChoiceFunction
 
@@ -96,3 +96,11 @@ def add_tools_prompt(messages: list[dict[str, Any]], plan: ToolPlan) -> None:
         messages[0] = {**messages[0], "content": messages[0]["content"] + "\n\n" + note}
     else:
         messages.insert(0, {"role": "system", "content": note})
+
+
+def split_reply(plan: ToolPlan, text: str) -> tuple[str, list[ToolCall]]:
+    """A whole reply split into (content, tool calls), as a stream's ToolCallStreamFilter would split it."""
+    filt = ToolCallStreamFilter(plan.active, plan.names)
+    content = filt.push(text)
+    rest, calls = filt.finish()
+    return content + rest, calls
