@@ -18,10 +18,11 @@ from fastapi import FastAPI
 
 from runlm.engine import Engine, Scheduler
 from runlm.engine.embeddings import check_pooling
-from runlm.server import anthropic_api, embeddings_api, llamacpp_api, openai_api
+from runlm.server import anthropic_api, embeddings_api, llamacpp_api, openai_api, responses_api
 from runlm.server.errors import install_error_handlers
 from runlm.server.metrics import Metrics
 from runlm.server.middleware import GuardMiddleware
+from runlm.server.responses_shapes import DEFAULT_STORED_RESPONSES, ResponseStore
 from runlm.server.state import ServerState, served_names
 from runlm.server.web import WebPage
 
@@ -43,6 +44,7 @@ def create_app(
     max_batch: int = 8,
     allow_remote_images: bool = False,
     pooling: str | None = None,
+    stored_responses: int = DEFAULT_STORED_RESPONSES,
 ) -> FastAPI:
     """A FastAPI app serving one loaded model (a runlm.LoadedModel).
 
@@ -50,6 +52,7 @@ def create_app(
     `max_queue` requests may wait behind the running ones; more get 429. `default_max_tokens` caps
     requests that set no max_tokens (None: up to the context's end). `pooling` ("mean" or "last") sets how
     embeddings pool token states; None pools as the model's files declare (mean where they say nothing).
+    `stored_responses` bounds the in-memory store behind /v1/responses' previous_response_id (LRU).
     """
     if api_key is None:
         api_key = os.environ.get("RUNLM_API_KEY") or None
@@ -71,6 +74,7 @@ def create_app(
     app = FastAPI(title="runlm", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-compatible API over a local runlm model")
     app.state.runlm = state
+    app.state.responses = ResponseStore(stored_responses)
     install_error_handlers(app)
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes, metrics=metrics)
     # The chat page at / (outside the key guard: it holds no secrets and asks for the key on a 401).
@@ -79,6 +83,7 @@ def create_app(
     app.include_router(llamacpp_api.router)
     app.include_router(embeddings_api.router)
     app.include_router(anthropic_api.router)
+    app.include_router(responses_api.router)
     return app
 
 

@@ -1,0 +1,58 @@
+"""OpenAI's Responses API routes: create (whole or streamed), retrieve and delete stored responses.
+
+Creation is chat completions underneath (server.responses_shapes plans the request with `plan_chat`),
+submitted and collected by the same helpers as the chat route; finished responses with `store: true`
+go into the app's ResponseStore, where `previous_response_id`, GET and DELETE find them.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from fastapi import APIRouter, Depends, Request
+
+from runlm.server.openai_api import collect, streaming, submit
+from runlm.server.responses_shapes import (
+    ResponseEvents,
+    ResponsesRequest,
+    ResponseStore,
+    finish_response,
+    not_found,
+    output_items,
+    plan_response,
+)
+from runlm.server.sse import event_stream
+from runlm.server.state import ServerState, get_state
+
+router = APIRouter()
+
+
+def get_store(request: Request) -> ResponseStore:
+    """FastAPI dependency: the store create_app put on the app."""
+    return request.app.state.responses
+
+
+@router.post("/v1/responses")
+async def create_response(body: ResponsesRequest, request: Request, state: ServerState = Depends(get_state),
+                          store: ResponseStore = Depends(get_store)):
+    plan, handle, _ = await submit(state, partial(plan_response, store=store), body, "resp")
+    if body.stream:
+        events = ResponseEvents(plan, store)
+        return streaming(event_stream(handle, events, typed=True, failure=events.failure))
+    result = await collect(handle, request)
+    return finish_response(plan, output_items(plan, result.text), result.finish_reason, result.usage, store)
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(response_id: str, store: ResponseStore = Depends(get_store)):
+    entry = store.get(response_id)
+    if entry is None:
+        raise not_found(response_id)
+    return entry.response
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, store: ResponseStore = Depends(get_store)):
+    if not store.delete(response_id):
+        raise not_found(response_id)
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
