@@ -73,6 +73,9 @@ def rope_inv_freq(spec: RopeSpec, freq_factors: torch.Tensor | None = None) -> t
     raise NotImplementedError(f"rope scaling type {kind!r} is not supported")
 
 
+ROPE_BLOCK = 1024  # positions per block of the RoPE tables
+
+
 class Rope(nn.Module):
     """cos/sin tables grown on demand; applied with the rotate-half convention."""
 
@@ -85,12 +88,15 @@ class Rope(nn.Module):
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin for positions [T] or [B, T], with a head axis to broadcast over [B, T, H, D]."""
         needed = int(positions.max()) + 1
-        if needed > self.cos.shape[0]:
-            size = max(needed, 2 * self.cos.shape[0], 256)
-            angles = torch.arange(size, dtype=torch.float32, device=self.inv_freq.device)[:, None] * self.inv_freq
+        while needed > self.cos.shape[0]:
+            # Whole blocks of positions, each computed alike: a position's value never depends on how large the
+            # table was when it was made (vectorized cos / sin treat a tensor's tail differently).
+            first = self.cos.shape[0]
+            ids = torch.arange(first, first + ROPE_BLOCK, dtype=torch.float32, device=self.inv_freq.device)
+            angles = ids[:, None] * self.inv_freq
             # rotate_half(x) * sin == roll(x, D/2) * [-sin, sin]: one roll instead of slice, negate and cat.
-            self.cos = torch.cat([angles.cos(), angles.cos()], dim=-1)
-            self.sin = torch.cat([-angles.sin(), angles.sin()], dim=-1)
+            self.cos = torch.cat([self.cos, torch.cat([angles.cos(), angles.cos()], dim=-1)])
+            self.sin = torch.cat([self.sin, torch.cat([-angles.sin(), angles.sin()], dim=-1)])
         return self.cos[positions].unsqueeze(-2).to(dtype), self.sin[positions].unsqueeze(-2).to(dtype)
 
 
@@ -113,14 +119,13 @@ class FullKVCache:
     def reset(self) -> None:
         self.length = 0
 
-    def prepare_decode(self, start: int) -> tuple[int, int]:
-        """Room for one token at `start`: (its slot, the number of positions attention reads)."""
-        self.reserve(start + 1)
-        return start, start + 1
+    def prepare(self, start: int, count: int) -> None:
+        """Room for `count` positions from `start`, which a fused call then writes."""
+        self.reserve(start + count)
 
-    def commit(self, end: int) -> None:
-        """The cache now holds positions 0..end-1 (after a fused call wrote them)."""
-        self.length = end
+    def commit(self, start: int, count: int) -> None:
+        """A fused call wrote positions start..start+count-1."""
+        self.length = start + count
 
     def reserve(self, needed: int) -> None:
         capacity = self.k.shape[2]
@@ -143,9 +148,9 @@ class FullKVCache:
 
     def decode_attention(self, qkv, cos, sin, start: int, n_heads: int, n_kv_heads: int, scale: float):
         """One new token: RoPE, cache write and attention in one C++ call; returns [n_heads * head_dim]."""
-        self.prepare_decode(start)
+        self.prepare(start, 1)
         out = torch.ops.runlm.decode_attention(qkv, cos, sin, self.k, self.v, start, n_heads, n_kv_heads, scale)
-        self.commit(start + 1)
+        self.commit(start, 1)
         return out
 
     def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,67 +168,71 @@ class FullKVCache:
 
 
 class SlidingKVCache:
-    """A ring of the last `window` positions: memory never grows past the window."""
+    """A ring of the last `window` positions: memory never grows past the window.
+
+    Position p lives in slot p % window, so which position a slot holds follows from the length alone (the
+    newest `window` positions below it): nothing per slot to keep in step with the writes.
+    """
 
     def __init__(self, n_kv: int, head_dim: int, window: int, dtype: torch.dtype, device: torch.device):
         self.window = window
         self.k = torch.zeros(1, n_kv, window, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
-        self.pos = torch.full((window,), -1, dtype=torch.long, device=device)  # position held by each slot
         self.length = 0
 
     def reset(self) -> None:
         self.length = 0
-        self.pos.fill_(-1)
 
-    def prepare_decode(self, start: int) -> tuple[int, int]:
-        """The ring slot for one token at `start` (marked as holding it), and the live slots attention reads."""
-        slot = start % self.window
-        self.pos[slot] = start
-        return slot, min(start + 1, self.window)
+    def positions(self) -> torch.Tensor:
+        """The position each slot holds, -1 for a slot that holds none yet."""
+        slots = torch.arange(self.window, device=self.k.device)
+        newest = self.length - 1
+        held = newest - torch.remainder(newest - slots, self.window)
+        return torch.where(held >= 0, held, torch.full_like(held, -1))
 
-    def commit(self, end: int) -> None:
-        self.length = end
+    def prepare(self, start: int, count: int) -> None:
+        """Nothing to make room for: a fused call writes the ring itself."""
+
+    def commit(self, start: int, count: int) -> None:
+        """A fused call wrote positions start..start+count-1 (the ring kept the newest `window`)."""
+        self.length = start + count
 
     def update(self, k: torch.Tensor, v: torch.Tensor, start: int):
         """Attend over the ring's live entries plus the new ones, then keep the newest `window`."""
         t = k.shape[2]
         end = start + t
-        if t == 1 and start == self.length:
+        if t == 1:
             slot = start % self.window
             self.k[:, :, slot] = k[:, :, 0]
             self.v[:, :, slot] = v[:, :, 0]
-            self.pos[slot] = start
             self.length = end
             live = min(end, self.window)
             # Decode: every live slot is inside the window, and order does not matter to softmax.
             return self.k[:, :, :live], self.v[:, :, :live], None
-        live = self.pos >= 0
+        held = self.positions()
+        live = held >= 0
         keys = torch.cat([self.k[:, :, live], k], dim=2)
         values = torch.cat([self.v[:, :, live], v], dim=2)
-        key_pos = torch.cat([self.pos[live], torch.arange(start, end, device=self.pos.device)])
+        key_pos = torch.cat([held[live], torch.arange(start, end, device=held.device)])
         keep = min(t, self.window)
-        new_pos = torch.arange(end - keep, end, device=self.pos.device)
-        slots = new_pos % self.window
+        slots = torch.arange(end - keep, end, device=held.device) % self.window
         self.k[:, :, slots] = k[:, :, t - keep :]
         self.v[:, :, slots] = v[:, :, t - keep :]
-        self.pos[slots] = new_pos
         self.length = end
         return keys, values, key_pos
 
     def snapshot(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.k.clone(), self.v.clone(), self.pos.clone()
+        return self.k.clone(), self.v.clone(), torch.tensor(self.length)
 
     def restore(self, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor], length: int) -> bool:
-        """Restore a prefix of `length` tokens; impossible once its positions left the ring."""
-        k, v, pos = state
-        needed_from = max(0, length - self.window)
-        present = (pos >= needed_from) & (pos < length)
-        if int(present.sum()) != length - needed_from:
+        """Restore a prefix of `length` tokens; impossible once its positions left the ring (a snapshot longer
+        than the window can only be restored whole)."""
+        k, v, stored = state
+        stored = int(stored)
+        if length > stored or (length < stored and stored > self.window):
             return False
         self.k.copy_(k)
         self.v.copy_(v)
-        self.pos.copy_(torch.where(pos < length, pos, torch.full_like(pos, -1)))
         self.length = length
         return True
 
@@ -369,15 +378,17 @@ class PreNormBlock(nn.Module):
     def __init__(self, attn_norm: nn.Module, attn: Attention, mlp_norm: nn.Module, mlp: GatedMLP):
         super().__init__()
         self.attn_norm, self.attn, self.mlp_norm, self.mlp = attn_norm, attn, mlp_norm, mlp
-        self.fused_decode = None  # the whole block for one token in one call, where models.fused set one
+        self.fused = None  # the whole block in one call, where models.fused set one
 
     def forward(self, h, positions, rope_tables, cache, start, image_group=None):
-        if self.fused_decode is not None and h.shape[0] == h.shape[1] == 1 and image_group is None:
-            return self.fused_decode(h, rope_tables, cache, start)
+        if self.fused is not None and image_group is None:
+            return self.fused(h, rope_tables, [cache], [start])
         h = h + self.attn(self.attn_norm(h), positions, rope_tables, cache, start, image_group)
         return h + self.mlp(self.mlp_norm(h))
 
     def forward_batch(self, h, positions, rope_tables, caches, starts):
+        if self.fused is not None:
+            return self.fused(h, rope_tables, caches, starts)
         h = h + self.attn.forward_batch(self.attn_norm(h), positions, rope_tables, caches, starts)
         return h + self.mlp(self.mlp_norm(h))
 
@@ -389,14 +400,16 @@ class SandwichBlock(nn.Module):
         super().__init__()
         self.pre_attn, self.post_attn, self.pre_mlp, self.post_mlp = norms
         self.attn, self.mlp = attn, mlp
-        self.fused_decode = None  # the whole block for one token in one call, where models.fused set one
+        self.fused = None  # the whole block in one call, where models.fused set one
 
     def forward(self, h, positions, rope_tables, cache, start, image_group=None):
-        if self.fused_decode is not None and h.shape[0] == h.shape[1] == 1 and image_group is None:
-            return self.fused_decode(h, rope_tables, cache, start)
+        if self.fused is not None and image_group is None:
+            return self.fused(h, rope_tables, [cache], [start])
         h = h + self.post_attn(self.attn(self.pre_attn(h), positions, rope_tables, cache, start, image_group))
         return h + self.post_mlp(self.mlp(self.pre_mlp(h)))
 
     def forward_batch(self, h, positions, rope_tables, caches, starts):
+        if self.fused is not None:
+            return self.fused(h, rope_tables, caches, starts)
         h = h + self.post_attn(self.attn.forward_batch(self.pre_attn(h), positions, rope_tables, caches, starts))
         return h + self.post_mlp(self.mlp(self.pre_mlp(h)))

@@ -10,7 +10,7 @@ from torch import nn
 from runlm.errors import InvalidInputError
 from runlm.formats import WeightSource
 from runlm.models.config import ModelConfig
-from runlm.models.fused import fuse_decode
+from runlm.models.fused import fuse_blocks
 from runlm.nn import FullKVCache, Rope, SlidingKVCache
 from runlm.quant import kernels
 from runlm.quant.dequant import dequantize
@@ -190,7 +190,7 @@ class CachedRunner(LmRunner):
     def __init__(self, model: DecoderLM, max_context: int | None = None):
         self.model = model
         self.context = max_context or model.config.max_position
-        self.fused_blocks = fuse_decode(model.layers, model.dtype, self.device)
+        self.fused_blocks = fuse_blocks(model, model.dtype, self.device)
 
     @property
     def device(self) -> torch.device:
@@ -199,7 +199,7 @@ class CachedRunner(LmRunner):
     def to_device(self, device: torch.device) -> None:
         """Move the weights to `device`; sessions made before the move are not valid after it."""
         self.model.to(device)
-        self.fused_blocks = fuse_decode(self.model.layers, self.model.dtype, self.device)
+        self.fused_blocks = fuse_blocks(self.model, self.model.dtype, self.device)
         self.__dict__.pop("_own_session", None)
 
     # -- the contract ------------------------------------------------------------------

@@ -13,10 +13,10 @@
 // (32-wide types, 1 row: the 4 rows' integer dots are reduced into one vector, so the f16 scales, the int->float
 // conversion and the FMA run once per block for all 4).
 //
-// Ops (registered under TORCH_LIBRARY(runlm)): gguf_linear (above), gguf_dequantize (weight rows to float32, for
-// the large-M path where a float32 GEMM beats int8 dot products without AVX-VNNI), gguf_simd (1 if AVX2 path),
-// rms_norm (a one-pass float32 RMSNorm for the decode step), decode_attention (RoPE + cache write + attention for one
-// new token of one sequence).
+// Ops (registered under TORCH_LIBRARY(runlm)): gguf_linear (above), gguf_dequantize (weight rows to float32),
+// gguf_relayout, gguf_simd (1 if AVX2 path), rms_norm (a one-pass float32 RMSNorm), decode_attention (RoPE + cache
+// write + attention for one new token of one sequence, the float32 reference path), transformer_block (a whole
+// block for rows of one or more sequences, route-invariant: see "Route-invariant blocks").
 //
 // Built with -march=native: the AVX2/FMA/F16C path when the compiler targets it, the scalar path otherwise
 // (or with -DRUNLM_SCALAR). Both quantize activations identically, so they agree to float rounding.
@@ -1468,8 +1468,7 @@ inline void weighted_values(const float* w, const float* values, int64_t n, int6
 // query head h reads kv head h / (n_heads / n_kv_heads)). qkv: float32 [n_heads + 2 * n_kv_heads, D] (queries, keys,
 // values); cos / sin: [D] rotate-half tables with the sign folded into sin (x * cos + roll(x, D/2) * sin);
 // k_cache / v_cache: float32 [1, n_kv_heads, capacity, D], contiguous. Returns [n_heads * D].
-// Shared by decode_attention (full cache: slot = pos, len = pos + 1) and the sliding-window ring of the Gemma block
-// (slot = pos % window, len = min(pos + 1, window): every live slot is inside the window and softmax ignores order).
+// Used by decode_attention (the float32 reference path's decode step over a full cache: len = pos + 1).
 at::Tensor attend_one(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
                       at::Tensor& v_cache, int64_t pos, int64_t len, int64_t n_heads, int64_t n_kv_heads,
                       double scale) {
@@ -1588,41 +1587,6 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   return out;
 }
 
-// h + x for two float32 rows of n values, in place into h (the residual stream).
-void add_into(float* h, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) h[i] += x[i];
-}
-
-// A whole llama-style pre-norm block for one new token of one sequence, in one call:
-//   h += o_proj(attention(rope(qkv(rms_norm(h)))));  h += down(silu(gate) * up) with gate|up = gate_up(rms_norm(h)).
-// Weights are GGUF blocks (see gguf_linear); gate_up holds the gate rows, then the up rows. The decode step would
-// otherwise make ~25 small calls per layer, whose dispatch costs more than the attention itself on a small model.
-at::Tensor prenorm_decode_block(const at::Tensor& h, const at::Tensor& attn_norm, const at::Tensor& ffn_norm,
-                                double eps, const at::Tensor& qkv_w, int64_t qkv_type, const at::Tensor& o_w,
-                                int64_t o_type, const at::Tensor& gate_up_w, int64_t gate_up_type,
-                                const at::Tensor& down_w, int64_t down_type, const at::Tensor& cos,
-                                const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache, int64_t pos,
-                                int64_t n_heads, int64_t n_kv_heads, double scale) {
-  const int64_t hidden = attn_norm.numel(), head_dim = k_cache.size(3);
-  TORCH_CHECK(h.scalar_type() == at::kFloat && h.numel() == hidden, "runlm::prenorm_decode_block: h must be [hidden]");
-  const int64_t q_width = n_heads * head_dim, ffn = gate_up_w.size(0) / 2;
-  at::Tensor out = h.reshape({1, hidden}).clone();
-  float* hp = out.data_ptr<float>();
-  const at::Tensor qkv = gguf_linear(rms_norm(out, attn_norm, eps), qkv_w, qkv_type,
-                                     q_width + 2 * n_kv_heads * head_dim, hidden);
-  const at::Tensor attended = decode_attention(qkv, cos, sin, k_cache, v_cache, pos, n_heads, n_kv_heads, scale);
-  const at::Tensor projected = gguf_linear(attended.reshape({1, q_width}), o_w, o_type, hidden, q_width);
-  add_into(hp, projected.data_ptr<float>(), hidden);
-  const at::Tensor gate_up = gguf_linear(rms_norm(out, ffn_norm, eps), gate_up_w, gate_up_type, 2 * ffn, hidden);
-  at::Tensor act = at::empty({1, ffn}, out.options());
-  const float* gu = gate_up.data_ptr<float>();
-  float* ap = act.data_ptr<float>();
-  gated_activation<false>(gu, gu + ffn, ap, ffn);
-  const at::Tensor down = gguf_linear(act, down_w, down_type, hidden, ffn);
-  add_into(hp, down.data_ptr<float>(), hidden);
-  return out.view(h.sizes());
-}
-
 // x @ [W_0; W_1; ...].T for weights kept as separate GGUF tensors (Gemma mixes Q5_0 and Q8_0 inside its QKV).
 at::Tensor linear_parts(const at::Tensor& x, at::TensorList ws, at::IntArrayRef types, at::IntArrayRef rows,
                         int64_t in_features) {
@@ -1632,43 +1596,292 @@ at::Tensor linear_parts(const at::Tensor& x, at::TensorList ws, at::IntArrayRef 
   return at::cat(outs, -1);
 }
 
-// A whole Gemma 3 block for one new token, in one call (see prenorm_decode_block):
-//   h += post_attn(o_proj(attention(rope(qk_norm(qkv(pre_attn(h)))))));  h += post_mlp(down(gelu_tanh(g) * u)).
-// norms: pre_attn, post_attn, pre_mlp, post_mlp scales (the 1 + w already folded in). The new key / value go to cache
-// slot `slot` and attention reads slots [0, len): the full cache or the sliding-window ring.
-at::Tensor sandwich_decode_block(const at::Tensor& h, at::TensorList norms, double eps, const at::Tensor& q_norm,
-                                 const at::Tensor& k_norm, at::TensorList qkv_ws, at::IntArrayRef qkv_types,
-                                 at::IntArrayRef qkv_rows, const at::Tensor& o_w, int64_t o_type,
-                                 at::TensorList gate_up_ws, at::IntArrayRef gate_up_types, at::IntArrayRef gate_up_rows,
-                                 const at::Tensor& down_w, int64_t down_type, const at::Tensor& cos,
-                                 const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache, int64_t slot,
-                                 int64_t len, int64_t n_heads, int64_t n_kv_heads, double scale) {
-  TORCH_CHECK(norms.size() == 4, "runlm::sandwich_decode_block: four norms expected");
-  const int64_t hidden = norms[0].numel(), head_dim = k_cache.size(3);
-  TORCH_CHECK(h.scalar_type() == at::kFloat && h.numel() == hidden, "runlm::sandwich_decode_block: h must be [hidden]");
-  const int64_t q_width = n_heads * head_dim;
-  at::Tensor out = h.reshape({1, hidden}).clone();
+// ------------------------------------------------------------------------------------------------------------
+// Route-invariant blocks: rows of one or more sequences through a whole transformer block in one call.
+//
+// A row's result depends only on the row and its sequence's cache, never on the other rows of the call: prefill
+// (T rows of one sequence), one decode step (1 row) and a batched decode step (1 row from each of B sequences)
+// give bit-identical outputs for the same token at the same position. That holds because every stage is per row:
+// RMSNorm and RoPE row by row; the GGUF kernels quantize each activation row alone and reduce each (weight row,
+// activation row) pair the same way for any number of rows (the x4 layout and the K-quants; checked by the
+// tests); attention splits a query's key positions into chunks fixed by absolute position (kKeyChunk), scores
+// each key with one fixed reduction (score_row), and merges the chunks in position order.
+
+constexpr int64_t kKeyChunk = 64;  // attention chunk k covers absolute key positions [64k, 64k + 64)
+
+// The 8 lanes of a dot product's accumulator reduced in the order _mm256_hadd_ps pairs them below.
+inline float tree8(const float* l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
+
+// out[t] = q . keys[t] for n keys given by row pointers (D % 8 == 0): lane l of key t's accumulator sums
+// q[i + l] * k[i + l] by FMA over i = 0, 8, ..., and the lanes meet in tree8's order, for a key in a group of 8
+// (AVX2) and for a key on its own alike, so a key's score never depends on which keys share the call.
+inline void score_rows(const float* q, const float* const* keys, int64_t n, int64_t D, float* out) {
+  int64_t t = 0;
+#if RUNLM_AVX2
+  for (; t + 8 <= n; t += 8) {
+    __m256 acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < D; i += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + i);
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys[t + j] + i), acc[j]);
+    }
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+    _mm256_storeu_ps(out + t, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
+  }
+#endif
+  for (; t < n; ++t) {
+    float lanes[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int64_t i = 0; i < D; i += 8)
+      for (int l = 0; l < 8; ++l) lanes[l] = std::fma(q[i + l], keys[t][i + l], lanes[l]);
+    out[t] = tree8(lanes);
+  }
+}
+
+// out[0..D) = sum_t w[t] * values[t] for n value rows given by pointers: every output element is one FMA chain
+// over t in order (vector lanes and the scalar tail alike).
+inline void weighted_rows(const float* w, const float* const* values, int64_t n, int64_t D, float* out) {
+  int64_t i = 0;
+#if RUNLM_AVX2
+  for (; i + 64 <= D; i += 64) {
+    __m256 acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) {
+      const __m256 wt = _mm256_set1_ps(w[t]);
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(values[t] + i + 8 * j), acc[j]);
+    }
+    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(out + i + 8 * j, acc[j]);
+  }
+  for (; i + 8 <= D; i += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), _mm256_loadu_ps(values[t] + i), acc);
+    _mm256_storeu_ps(out + i, acc);
+  }
+#endif
+  for (; i < D; ++i) {
+    float acc = 0.f;
+    for (int64_t t = 0; t < n; ++t) acc = std::fma(w[t], values[t][i], acc);
+    out[i] = acc;
+  }
+}
+
+// Where each sequence's rows of this call sit: rows [first_row, first_row + count) hold positions
+// [first_pos, first_pos + count); earlier positions are in the sequence's cache.
+struct SeqRows {
+  int64_t first_row = -1, first_pos = 0, count = 0;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t cap = 0;
+};
+
+// softmax(q K^T) V for every row and query head. q: [R, n_heads, D] (roped, scaled); knew / vnew: [R, n_kv, D]
+// this call's keys and values; older positions come from the caches ([1, n_kv, cap, D]; a ring of `window`
+// slots when window > 0, where position p sits in slot p % window). out: [R, n_heads * D].
+void attention_rows(const float* q, const float* knew, const float* vnew, const std::vector<SeqRows>& seqs,
+                    const std::vector<int64_t>& row_seq, const std::vector<int64_t>& row_pos, int64_t window,
+                    int64_t n_heads, int64_t n_kv, int64_t D, float* out) {
+  const int64_t R = static_cast<int64_t>(row_seq.size()), rep = n_heads / n_kv;
+  // work items (row, kv head, chunk), chunks fixed by absolute position
+  std::vector<int64_t> first_chunk(R), n_chunks(R), item_start(R + 1, 0);
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t p = row_pos[r], lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+    first_chunk[r] = lo / kKeyChunk;
+    n_chunks[r] = p / kKeyChunk - first_chunk[r] + 1;
+    item_start[r + 1] = item_start[r] + n_chunks[r] * n_kv;
+  }
+  const int64_t items = item_start[R];
+  std::vector<float> part_out(items * rep * D), part_max(items * rep), part_sum(items * rep);
+  auto work = [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(rep * kKeyChunk);
+    std::vector<const float*> keys(kKeyChunk), values(kKeyChunk);
+    int64_t r = std::upper_bound(item_start.begin(), item_start.end(), begin) - item_start.begin() - 1;
+    for (int64_t item = begin; item < end; ++item) {
+      while (item >= item_start[r + 1]) ++r;
+      const int64_t local = item - item_start[r], g = local / n_chunks[r], c = first_chunk[r] + local % n_chunks[r];
+      const int64_t p = row_pos[r], lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+      const int64_t t0 = std::max(lo, c * kKeyChunk), t1 = std::min(p + 1, (c + 1) * kKeyChunk), n = t1 - t0;
+      const SeqRows& sq = seqs[row_seq[r]];
+      for (int64_t t = t0; t < t1; ++t) {
+        if (t >= sq.first_pos) {
+          const int64_t row = sq.first_row + (t - sq.first_pos);
+          keys[t - t0] = knew + (row * n_kv + g) * D;
+          values[t - t0] = vnew + (row * n_kv + g) * D;
+        } else {
+          const int64_t slot = window > 0 ? t % window : t;
+          keys[t - t0] = sq.k + (g * sq.cap + slot) * D;
+          values[t - t0] = sq.v + (g * sq.cap + slot) * D;
+        }
+      }
+      const float* qg = q + (r * n_heads + g * rep) * D;
+      for (int64_t j = 0; j < rep; ++j) {
+        float* sr = scores.data() + j * kKeyChunk;
+        score_rows(qg + j * D, keys.data(), n, D, sr);
+        const float best = *std::max_element(sr, sr + n);
+        part_max[item * rep + j] = best;
+        part_sum[item * rep + j] = exp_shift_sum(sr, n, best);
+        weighted_rows(sr, values.data(), n, D, part_out.data() + (item * rep + j) * D);
+      }
+    }
+  };
+  if (items > 1 && items * rep * kKeyChunk * D >= (1 << 16)) {
+    at::parallel_for(0, items, 1, work);
+  } else if (items > 0) {
+    work(0, items);
+  }
+  at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t h = 0; h < n_heads; ++h) {
+        const int64_t g = h / rep, j = h % rep;
+        auto at = [&](int64_t c) { return (item_start[r] + g * n_chunks[r] + c) * rep + j; };
+        float best = -INFINITY, total = 0.f;
+        for (int64_t c = 0; c < n_chunks[r]; ++c) best = std::max(best, part_max[at(c)]);
+        float* o = out + (r * n_heads + h) * D;
+        std::fill(o, o + D, 0.f);
+        for (int64_t c = 0; c < n_chunks[r]; ++c) {
+          const float w = std::exp(part_max[at(c)] - best);
+          total += w * part_sum[at(c)];
+          const float* po = part_out.data() + at(c) * D;
+          for (int64_t i = 0; i < D; ++i) o[i] += w * po[i];
+        }
+        const float inv = 1.f / total;
+        for (int64_t i = 0; i < D; ++i) o[i] *= inv;
+      }
+    }
+  });
+}
+
+// Rows [R, width] viewed as [R * heads, D]: RMSNorm of every head row (Qwen3 / Gemma q and k norms), in place.
+void norm_heads(float* x, int64_t R, int64_t stride, int64_t offset, int64_t heads, int64_t D, const at::Tensor& w,
+                double eps) {
+  const at::Tensor wc = w.contiguous();
+  const float* wp = wc.data_ptr<float>();
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t h = 0; h < heads; ++h) {
+      float* row = x + r * stride + (offset + h) * D;
+      double sum = 0.0;
+      for (int64_t i = 0; i < D; ++i) sum += static_cast<double>(row[i]) * row[i];
+      const float s = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(D) + eps));
+      for (int64_t i = 0; i < D; ++i) row[i] = (row[i] * s) * wp[i];
+    }
+}
+
+// A whole transformer block for R rows (see the section comment), in one call:
+//   pre-norm (norms = [attn, ffn]):        h += o(attn(qkv(n0(h))));       h += down(act(gate_up(n1(h))))
+//   sandwich (norms = [pre_attn, post_attn, pre_mlp, post_mlp], Gemma):
+//                                          h += n1(o(attn(qkv(n0(h)))));   h += n3(down(act(gate_up(n2(h)))))
+// with optional per-head q / k norms before RoPE, act = SiLU or tanh-GELU gated. Row r belongs to sequence
+// row_seq[r] (its caches: k_caches / v_caches[row_seq[r]]) at position row_pos[r]; a sequence's rows are
+// consecutive, with consecutive positions that continue its cache. cos / sin: [R, D] (rotate-half, sign in sin).
+// The new keys / values are written to the caches after attention (slot p, or p % window for a ring).
+at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double eps, const c10::optional<at::Tensor>& q_norm,
+                      const c10::optional<at::Tensor>& k_norm, at::TensorList qkv_ws, at::IntArrayRef qkv_types,
+                      at::IntArrayRef qkv_rows, const at::Tensor& o_w, int64_t o_type, at::TensorList gate_up_ws,
+                      at::IntArrayRef gate_up_types, at::IntArrayRef gate_up_rows, const at::Tensor& down_w,
+                      int64_t down_type, bool gelu, const at::Tensor& cos, const at::Tensor& sin,
+                      at::TensorList k_caches, at::TensorList v_caches, int64_t window, at::IntArrayRef row_seq,
+                      at::IntArrayRef row_pos, int64_t n_heads, int64_t n_kv_heads, double scale) {
+  const char* op = "runlm::transformer_block";
+  TORCH_CHECK(norms.size() == 2 || norms.size() == 4, op, ": two (pre-norm) or four (sandwich) norms expected");
+  const bool sandwich = norms.size() == 4;
+  const int64_t R = h.size(0), hidden = norms[0].numel(), D = cos.size(-1);
+  TORCH_CHECK(h.scalar_type() == at::kFloat && h.dim() == 2 && h.size(1) == hidden, op, ": h must be float [R, hidden]");
+  TORCH_CHECK(static_cast<int64_t>(row_seq.size()) == R && static_cast<int64_t>(row_pos.size()) == R, op,
+              ": one sequence index and position per row");
+  TORCH_CHECK(cos.numel() == R * D && sin.numel() == R * D && D % 2 == 0, op, ": cos / sin must be [R, D]");
+  TORCH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, op, ": heads must group evenly");
+  TORCH_CHECK(k_caches.size() == v_caches.size() && !k_caches.empty(), op, ": one k and v cache per sequence");
+  const int64_t n_seq = static_cast<int64_t>(k_caches.size()), q_width = n_heads * D, kv_width = n_kv_heads * D;
+  std::vector<SeqRows> seqs(n_seq);
+  std::vector<int64_t> rseq(row_seq.begin(), row_seq.end()), rpos(row_pos.begin(), row_pos.end());
+  for (int64_t r = 0; r < R; ++r) {
+    TORCH_CHECK(0 <= rseq[r] && rseq[r] < n_seq && rpos[r] >= 0, op, ": bad row sequence / position");
+    SeqRows& sq = seqs[rseq[r]];
+    if (sq.first_row < 0) {
+      sq.first_row = r, sq.first_pos = rpos[r];
+    } else {
+      TORCH_CHECK(sq.first_row + sq.count == r && sq.first_pos + sq.count == rpos[r], op,
+                  ": a sequence's rows must be consecutive, at consecutive positions");
+    }
+    ++sq.count;
+  }
+  for (int64_t s = 0; s < n_seq; ++s) {
+    const at::Tensor& kc = k_caches[s];
+    const at::Tensor& vc = v_caches[s];
+    TORCH_CHECK(kc.scalar_type() == at::kFloat && kc.is_contiguous() && vc.is_contiguous() && kc.dim() == 4 &&
+                    kc.size(1) == n_kv_heads && kc.size(3) == D && kc.sizes() == vc.sizes(),
+                op, ": cache ", s, " must be float [1, n_kv_heads, capacity, head_dim], contiguous");
+    SeqRows& sq = seqs[s];
+    sq.k = kc.data_ptr<float>(), sq.v = vc.data_ptr<float>(), sq.cap = kc.size(2);
+    TORCH_CHECK(window > 0 ? sq.cap == window : sq.first_pos + sq.count <= sq.cap, op, ": cache ", s,
+                " is too small for its positions");
+  }
+  at::Tensor out = h.contiguous().clone();
   float* hp = out.data_ptr<float>();
-  at::Tensor qkv = linear_parts(rms_norm(out, norms[0], eps), qkv_ws, qkv_types, qkv_rows, hidden)
-                       .reshape({n_heads + 2 * n_kv_heads, head_dim});
-  const at::Tensor qk = at::cat({rms_norm(qkv.narrow(0, 0, n_heads), q_norm, eps),
-                                 rms_norm(qkv.narrow(0, n_heads, n_kv_heads), k_norm, eps),
-                                 qkv.narrow(0, n_heads + n_kv_heads, n_kv_heads)});
-  const at::Tensor attended = attend_one(qk, cos, sin, k_cache, v_cache, slot, len, n_heads, n_kv_heads, scale);
-  const at::Tensor projected = gguf_linear(attended.reshape({1, q_width}), o_w, o_type, hidden, q_width);
-  const at::Tensor attn_out = rms_norm(projected, norms[1], eps);
-  add_into(hp, attn_out.data_ptr<float>(), hidden);
-  const at::Tensor gate_up = linear_parts(rms_norm(out, norms[2], eps), gate_up_ws, gate_up_types, gate_up_rows,
-                                          hidden);
+  at::Tensor qkv = linear_parts(rms_norm(out, norms[0], eps), qkv_ws, qkv_types, qkv_rows, hidden).contiguous();
+  TORCH_CHECK(qkv.size(1) == q_width + 2 * kv_width, op, ": qkv projection width does not match the heads");
+  float* xp = qkv.data_ptr<float>();
+  const int64_t stride = q_width + 2 * kv_width;
+  if (q_norm.has_value()) norm_heads(xp, R, stride, 0, n_heads, D, *q_norm, eps);
+  if (k_norm.has_value()) norm_heads(xp, R, stride, n_heads, n_kv_heads, D, *k_norm, eps);
+  const at::Tensor cc = cos.contiguous(), sc = sin.contiguous();
+  const float* cp = cc.data_ptr<float>();
+  const float* sp = sc.data_ptr<float>();
+  std::vector<float> q(R * q_width), knew(R * kv_width), vnew(R * kv_width);
+  const int64_t half = D / 2;
+  at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* c = cp + r * D;
+      const float* sn = sp + r * D;
+      auto rope = [&](const float* in, float* o, float mult) {
+        for (int64_t i = 0; i < half; ++i) o[i] = (in[i] * c[i] + in[i + half] * sn[i]) * mult;
+        for (int64_t i = half; i < D; ++i) o[i] = (in[i] * c[i] + in[i - half] * sn[i]) * mult;
+      };
+      const float* row = xp + r * stride;
+      for (int64_t hh = 0; hh < n_heads; ++hh) rope(row + hh * D, q.data() + r * q_width + hh * D, scale);
+      for (int64_t g = 0; g < n_kv_heads; ++g) {
+        rope(row + q_width + g * D, knew.data() + r * kv_width + g * D, 1.f);
+        std::memcpy(vnew.data() + r * kv_width + g * D, row + q_width + kv_width + g * D, sizeof(float) * D);
+      }
+    }
+  });
+  at::Tensor attended = at::empty({R, q_width}, out.options());
+  attention_rows(q.data(), knew.data(), vnew.data(), seqs, rseq, rpos, window, n_heads, n_kv_heads, D,
+                 attended.data_ptr<float>());
+  for (int64_t r = 0; r < R; ++r) {  // the caches take this call's keys / values (a ring keeps the newest)
+    const SeqRows& sq = seqs[rseq[r]];
+    const int64_t slot = window > 0 ? rpos[r] % window : rpos[r];
+    float* kc = const_cast<float*>(sq.k);
+    float* vc = const_cast<float*>(sq.v);
+    for (int64_t g = 0; g < n_kv_heads; ++g) {
+      std::memcpy(kc + (g * sq.cap + slot) * D, knew.data() + r * kv_width + g * D, sizeof(float) * D);
+      std::memcpy(vc + (g * sq.cap + slot) * D, vnew.data() + r * kv_width + g * D, sizeof(float) * D);
+    }
+  }
+  at::Tensor projected = gguf_linear(attended, o_w, o_type, hidden, q_width);
+  if (sandwich) projected = rms_norm(projected, norms[1], eps);
+  const float* pp = projected.data_ptr<float>();
+  for (int64_t i = 0; i < R * hidden; ++i) hp[i] += pp[i];
+  const at::Tensor gate_up =
+      linear_parts(rms_norm(out, norms[sandwich ? 2 : 1], eps), gate_up_ws, gate_up_types, gate_up_rows, hidden)
+          .contiguous();
   const int64_t ffn = gate_up.size(-1) / 2;
-  at::Tensor act = at::empty({1, ffn}, out.options());
+  at::Tensor act = at::empty({R, ffn}, out.options());
   const float* gu = gate_up.data_ptr<float>();
   float* ap = act.data_ptr<float>();
-  gated_activation<true>(gu, gu + ffn, ap, ffn);
-  const at::Tensor down = gguf_linear(act, down_w, down_type, hidden, ffn);
-  const at::Tensor mlp_out = rms_norm(down, norms[3], eps);
-  add_into(hp, mlp_out.data_ptr<float>(), hidden);
-  return out.view(h.sizes());
+  at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      if (gelu) {
+        gated_activation<true>(gu + r * 2 * ffn, gu + r * 2 * ffn + ffn, ap + r * ffn, ffn);
+      } else {
+        gated_activation<false>(gu + r * 2 * ffn, gu + r * 2 * ffn + ffn, ap + r * ffn, ffn);
+      }
+    }
+  });
+  at::Tensor down = gguf_linear(act, down_w, down_type, hidden, ffn);
+  if (sandwich) down = rms_norm(down, norms[3], eps);
+  const float* dp = down.data_ptr<float>();
+  for (int64_t i = 0; i < R * hidden; ++i) hp[i] += dp[i];
+  return out;
 }
 
 }  // namespace
@@ -1683,15 +1896,11 @@ TORCH_LIBRARY(runlm, m) {
       "decode_attention(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, int pos, "
       "int n_heads, int n_kv_heads, float scale) -> Tensor");
   m.def(
-      "prenorm_decode_block(Tensor h, Tensor attn_norm, Tensor ffn_norm, float eps, Tensor qkv_w, int qkv_type, "
-      "Tensor o_w, int o_type, Tensor gate_up_w, int gate_up_type, Tensor down_w, int down_type, Tensor cos, "
-      "Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, int pos, int n_heads, int n_kv_heads, float scale) "
-      "-> Tensor");
-  m.def(
-      "sandwich_decode_block(Tensor h, Tensor[] norms, float eps, Tensor q_norm, Tensor k_norm, Tensor[] qkv_ws, "
+      "transformer_block(Tensor h, Tensor[] norms, float eps, Tensor? q_norm, Tensor? k_norm, Tensor[] qkv_ws, "
       "int[] qkv_types, int[] qkv_rows, Tensor o_w, int o_type, Tensor[] gate_up_ws, int[] gate_up_types, "
-      "int[] gate_up_rows, Tensor down_w, int down_type, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
-      "Tensor(b!) v_cache, int slot, int len, int n_heads, int n_kv_heads, float scale) -> Tensor");
+      "int[] gate_up_rows, Tensor down_w, int down_type, bool gelu, Tensor cos, Tensor sin, Tensor(a!)[] k_caches, "
+      "Tensor(b!)[] v_caches, int window, int[] row_seq, int[] row_pos, int n_heads, int n_kv_heads, float scale) "
+      "-> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(runlm, CPU, m) {
@@ -1700,6 +1909,5 @@ TORCH_LIBRARY_IMPL(runlm, CPU, m) {
   m.impl("gguf_relayout", &gguf_relayout);
   m.impl("rms_norm", &rms_norm);
   m.impl("decode_attention", &decode_attention);
-  m.impl("prenorm_decode_block", &prenorm_decode_block);
-  m.impl("sandwich_decode_block", &sandwich_decode_block);
+  m.impl("transformer_block", &transformer_block);
 }

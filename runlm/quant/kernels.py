@@ -146,8 +146,7 @@ def _load() -> None:
         ("runlm::gguf_dequantize", _fake_gguf_dequantize),
         ("runlm::rms_norm", _fake_rms_norm),
         ("runlm::decode_attention", _fake_decode_attention),
-        ("runlm::prenorm_decode_block", _fake_prenorm_decode_block),
-        ("runlm::sandwich_decode_block", _fake_prenorm_decode_block),
+        ("runlm::transformer_block", _fake_transformer_block),
     )
     for op_name, fake in fakes:
         try:
@@ -171,7 +170,7 @@ def _fake_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-def _fake_prenorm_decode_block(h, *args):
+def _fake_transformer_block(h, *args):
     return torch.empty_like(h, memory_format=torch.contiguous_format)
 
 
