@@ -21,6 +21,7 @@ from runlm.server.openai_shapes import (
     ChatChunks,
     CompletionChunks,
     chat_response,
+    choices_asked,
     completion_response,
     plan_chat,
     plan_completion,
@@ -104,7 +105,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request, state: ServerState = Depends(get_state)):
-    plan, group, rid = await submit_choices(state, plan_completion, body, "cmpl", body.n or 1)
+    plan, group, rid = await submit_choices(state, plan_completion, body, "cmpl", choices_asked(body)[1])
     created = int(time.time())
     if body.stream:
         return streaming(event_stream(group, CompletionChunks(state, plan, body, rid, created)))

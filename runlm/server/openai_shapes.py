@@ -240,9 +240,22 @@ class CompletionPlan:
     echo_text: str
 
 
+def choices_asked(body: CompletionRequest) -> tuple[int, int]:
+    """(n, best_of): best_of candidates are generated and the n most likely per token returned."""
+    n = body.n or 1
+    best_of = body.best_of or n
+    if best_of < n:
+        raise APIError(400, f"best_of ({best_of}) must be at least n ({n})", param="best_of", code="invalid_value")
+    if best_of > n and body.stream:
+        raise APIError(400, "best_of cannot be streamed: the best candidates are known only at the end",
+                       param="best_of", code="invalid_value")
+    return n, best_of
+
+
 def plan_completion(state: ServerState, body: CompletionRequest) -> CompletionPlan:
     if body.suffix:
         raise APIError(400, "suffix (fill-in-the-middle) is not supported", param="suffix", code="unsupported")
+    n, best_of = choices_asked(body)
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
         prompt = prompt[0]
@@ -257,7 +270,9 @@ def plan_completion(state: ServerState, body: CompletionRequest) -> CompletionPl
     request = GenerationRequest(
         prompt_ids=ids,
         max_tokens=body.max_tokens or state.default_max_tokens,
-        sampling=sampling_from(body, state.engine.vocab_size, body.logprobs is not None, body.logprobs or 0),
+        # best_of ranks candidates by their log-probs, so they are computed even when not asked for
+        sampling=sampling_from(body, state.engine.vocab_size, body.logprobs is not None or best_of > n,
+                               body.logprobs or 0),
         stop=stop_list(body.stop),
         ignore_eos=body.ignore_eos,
         grammar=json_grammar(state, schema) if constrained else None,
@@ -299,11 +314,18 @@ def chat_response(state: ServerState, plan: ChatPlan, body: ChatCompletionReques
             "usage": usage_json(usage), "timings": timings_json(usage)}
 
 
+def mean_logprob(result: Completion) -> float:
+    return sum(lp.logprob for lp in result.logprobs) / len(result.logprobs) if result.logprobs else float("-inf")
+
+
 def completion_response(state: ServerState, plan: CompletionPlan, body: CompletionRequest,
                         results: list[Completion], rid: str, created: int) -> dict[str, Any]:
-    """A text_completion with one choice per result (`n`); usage counts the prompt once."""
+    """A text_completion with one choice per result (`n`), or the `n` of `best_of` results with the highest
+    log-probability per token, best first; usage counts the prompt once and every generated token."""
+    n = body.n or 1
+    chosen = sorted(results, key=mean_logprob, reverse=True)[:n] if len(results) > n else results
     choices = []
-    for index, result in enumerate(results):
+    for index, result in enumerate(chosen):
         choice: dict[str, Any] = {"index": index, "text": plan.echo_text + result.text,
                                   "finish_reason": finish_reason(result.finish_reason), "logprobs": None}
         if body.logprobs is not None:

@@ -162,7 +162,7 @@ class CompletionRequest(SamplingFields):
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     echo: bool = False
     suffix: str | None = None
-    best_of: Annotated[int, Field(ge=1, le=1)] | None = None
+    best_of: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
     response_format: ResponseFormat | None = None
 
 

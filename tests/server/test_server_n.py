@@ -1,4 +1,4 @@
-"""`n` choices on the real SmolLM2 through the official `openai` client: one prefill, n sequences in one batch.
+"""`n` choices and `best_of` on the real SmolLM2 through the official `openai` client: one prefill, n in one batch.
 
 Greedy choices must agree with each other and with a single request; sampled choices (seed + index each)
 must differ from each other and come back the same for the same seed.
@@ -99,10 +99,30 @@ def test_completions_n3_plain_and_streamed(client):
     assert finishes == {0, 1, 2}
 
 
-def test_n_out_of_range_and_best_of_are_400(client):
+def test_best_of_returns_the_candidates_most_likely_per_token(client):
+    """best_of=3 runs the same three candidates n=3 would (seed + index) and keeps the best mean log-prob."""
+    kw = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 6, "temperature": 1.5, "seed": 11}
+    all_three = client.completions.create(n=3, logprobs=0, **kw)
+
+    def mean(choice) -> float:
+        values = choice.logprobs.token_logprobs
+        return sum(values) / len(values)
+
+    ranked = sorted(all_three.choices, key=mean, reverse=True)
+    assert len({c.text for c in ranked}) == 3
+    best = client.completions.create(best_of=3, **kw)
+    assert [c.text for c in best.choices] == [ranked[0].text]
+    assert best.choices[0].index == 0 and best.choices[0].logprobs is None  # ranked by, not returned
+    assert best.usage.completion_tokens == all_three.usage.completion_tokens  # every candidate counts
+    two = client.completions.create(best_of=3, n=2, **kw)
+    assert [c.text for c in two.choices] == [c.text for c in ranked[:2]]
+
+
+def test_n_out_of_range_and_bad_best_of_are_400(client):
     with pytest.raises(openai.BadRequestError) as err:
         chat(client, "Hi", n=17)
     assert err.value.body["param"] == "n"
-    with pytest.raises(openai.BadRequestError) as err:
-        client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, best_of=2)
-    assert err.value.body["param"] == "best_of"
+    for bad in ({"best_of": 1, "n": 2}, {"best_of": 2, "stream": True}, {"best_of": 17}):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, **bad)
+        assert err.value.body["param"] == "best_of"
