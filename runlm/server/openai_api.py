@@ -10,6 +10,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
 from fastapi import APIRouter, Depends, Request
@@ -51,7 +52,10 @@ async def plan_request(state: ServerState, planner: Callable, body: Any) -> Any:
 
 def metrics_hook(state: ServerState) -> Callable[[RequestHandle], None]:
     def observe(handle: RequestHandle) -> None:
-        state.metrics.observe_generation(handle.gen.usage, handle.gen.finish_reason or "error")
+        usage = handle.gen.usage
+        if handle.gen.index:  # a further choice of an n > 1 request: its prompt is counted with choice 0
+            usage = replace(usage, prompt_tokens=0, cached_tokens=0, prefill_s=0.0)
+        state.metrics.observe_generation(usage, handle.gen.finish_reason or "error")
 
     return observe
 

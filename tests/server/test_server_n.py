@@ -6,6 +6,7 @@ must differ from each other and come back the same for the same seed.
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 from server_harness import LiveServer
@@ -33,9 +34,20 @@ def chat(client, content: str, **kw):
     return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}], **kw)
 
 
-def test_greedy_chat_n3_gives_three_identical_choices_and_counts_the_prompt_once(client):
+def counters(live) -> dict[str, float]:
+    text = httpx.get(live.base_url + "/metrics").text
+    return {name: float(line.split()[-1]) for line in text.splitlines()
+            for name in ("runlm_prompt_tokens_total", "runlm_completion_tokens_total") if line.startswith(name + " ")}
+
+
+def test_greedy_chat_n3_gives_three_identical_choices_and_counts_the_prompt_once(client, live):
     one = chat(client, "Name a color.")
+    before = counters(live)
     three = chat(client, "Name a color.", n=3)
+    after = counters(live)
+    assert after["runlm_prompt_tokens_total"] - before["runlm_prompt_tokens_total"] == three.usage.prompt_tokens
+    assert (after["runlm_completion_tokens_total"] - before["runlm_completion_tokens_total"]
+            == three.usage.completion_tokens)
     assert [c.index for c in three.choices] == [0, 1, 2]
     texts = [c.message.content for c in three.choices]
     assert texts == [one.choices[0].message.content] * 3
