@@ -94,3 +94,19 @@ def test_text_only_model_refuses_images(smollm2_loaded):
         assert response.status_code == 400 and "no vision tower" in response.json()["error"]["message"]
     finally:
         live.stop()
+
+
+def test_image_through_responses_and_n_choices_equal_the_plain_chat_answer(server):
+    """An input_image on /v1/responses plans as the chat image_url; n=2 forks the image session once prefilled."""
+    url, _ = png_data_url()
+    content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "hello"}]
+    want = chat(server, content).json()["choices"][0]["message"]["content"]
+    two = chat(server, content, n=2)
+    assert two.status_code == 200, two.text
+    assert [c["message"]["content"] for c in two.json()["choices"]] == [want, want]
+    body = {"model": "tiny-vl", "max_output_tokens": 6, "temperature": 0,
+            "input": [{"role": "user", "content": [{"type": "input_image", "image_url": url},
+                                                   {"type": "input_text", "text": "hello"}]}]}
+    response = httpx.post(server.base_url + "/v1/responses", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    assert response.json()["output"][0]["content"][0]["text"] == want

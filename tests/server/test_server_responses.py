@@ -230,6 +230,8 @@ BAD = [
     ({"model": MODEL, "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, 400,
      "input.0.content.0.type"),
     ({"model": MODEL, "input": [{"role": "robot", "content": "x"}]}, 400, "input.0.role"),
+    ({"model": MODEL, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]},
+     400, "input"),  # SmolLM2 has no vision tower
     ({"model": MODEL, "input": []}, 400, "input"),
     ({"model": MODEL, "input": "x", "temperature": 3}, 400, "temperature"),
     ({"model": MODEL, "input": "x", "max_output_tokens": 0}, 400, "max_output_tokens"),
