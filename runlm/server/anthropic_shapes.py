@@ -13,10 +13,11 @@ import json
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from runlm.engine import Completion, Generation, StreamRecord, ToolCall, Usage
 from runlm.engine.tools import ToolCallStreamFilter
+from runlm.server.adapters import openai_request
 from runlm.server.errors import APIError
 from runlm.server.openai_shapes import ChatPlan, plan_chat
 from runlm.server.schemas import ChatCompletionRequest, StopString, Strict, Unit
@@ -203,12 +204,7 @@ def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
         if body.output_config is not None and body.output_config.format is not None:
             data["response_format"] = {"type": "json_schema",
                                        "json_schema": {"name": "output", "schema": body.output_config.format.schema_}}
-    try:
-        return ChatCompletionRequest.model_validate({k: v for k, v in data.items() if v is not None})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise APIError(400, f"{where}: {first.get('msg', 'invalid value')}", param=where) from None
+    return openai_request(ChatCompletionRequest, data)
 
 
 def plan_messages(state: ServerState, body: CountTokensRequest) -> ChatPlan:

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 
 from runlm.engine import Engine, Scheduler
 from runlm.engine.embeddings import check_pooling
-from runlm.server import anthropic_api, embeddings_api, llamacpp_api, openai_api, responses_api
+from runlm.server import anthropic_api, embeddings_api, llamacpp_api, ollama_api, openai_api, responses_api
 from runlm.server.errors import install_error_handlers
 from runlm.server.metrics import Metrics
 from runlm.server.middleware import GuardMiddleware
@@ -83,6 +83,7 @@ def create_app(
     app.include_router(llamacpp_api.router)
     app.include_router(embeddings_api.router)
     app.include_router(anthropic_api.router)
+    app.include_router(ollama_api.router)
     app.include_router(responses_api.router)
     return app
 

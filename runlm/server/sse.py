@@ -4,7 +4,8 @@ Each API supplies a shaper with `opening()`, `on_record(record)` and `closing(la
 returning the JSON events to send. A failure mid-stream is reported in-band as an OpenAI-shaped
 error event (the status line is long gone), and the request is cancelled when the client leaves.
 Typed streams (the Responses API) name each event in an `event:` line, build their own error events
-(`failure`) and end without chat completions' `[DONE]`.
+(`failure`) and end without chat completions' `[DONE]`. The same generator writes Ollama's streams as
+newline-delimited JSON (`lines`).
 """
 
 from __future__ import annotations
@@ -44,30 +45,41 @@ def sse(obj: Any, typed: bool = False) -> str:
     return f"{head}data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
+def json_line(obj: Any) -> str:
+    """One event of a newline-delimited JSON stream (Ollama's)."""
+    return json.dumps(obj, ensure_ascii=False) + "\n"
+
+
 def openai_failure(err: APIError) -> list[dict[str, Any]]:
     return [error_body(err.status, err.message, err.param, err.code, err.type)]
 
 
-async def event_stream(handle: RecordSource, shaper: EventShaper, *, typed: bool = False,
+async def event_stream(handle: RecordSource, shaper: EventShaper, *, typed: bool = False, lines: bool = False,
                        failure: Callable[[APIError], list[dict[str, Any]]] = openai_failure) -> AsyncIterator[str]:
     """The stream of one request. `typed`: events carry a "type" sent as their `event:` line, and the
-    stream ends without `[DONE]`; `failure` makes the in-band events that report a mid-stream error."""
+    stream ends without `[DONE]`; `lines`: one JSON object per line instead of SSE, no `[DONE]`; `failure`
+    makes the in-band events that report a mid-stream error."""
+
+    def frame(event: dict[str, Any]) -> str:
+        return json_line(event) if lines else sse(event, typed)
+
+    done = not (typed or lines)
     last = StreamRecord()
     try:
         for event in shaper.opening():
-            yield sse(event, typed)
+            yield frame(event)
         async for record in handle:
             last = record
             for event in shaper.on_record(record):
-                yield sse(event, typed)
+                yield frame(event)
         for event in shaper.closing(last, handle.usage):
-            yield sse(event, typed)
-        if not typed:
+            yield frame(event)
+        if done:
             yield DONE
     except Exception as exc:  # mid-stream failure: tell the client in-band, then end the stream
         for event in failure(api_error_from(exc)):
-            yield sse(event, typed)
-        if not typed:
+            yield frame(event)
+        if done:
             yield DONE
     finally:
         handle.cancel()

@@ -57,10 +57,12 @@ class ServerState:
 
 
 def served_names(loaded: Any, model_name: str | None) -> tuple[str, set[str]]:
-    """The name the server answers to, and every alias a client may use (file name, stem, catalog name)."""
+    """The name the server answers to, and every alias a client may use (file name, stem, catalog name, and
+    each of these with Ollama's default `:latest` tag, which Ollama clients add)."""
     catalog_name = catalog.name_for_file(loaded.path.name)
     name = model_name or catalog_name or loaded.path.stem
-    return name, {name, loaded.path.name, loaded.path.stem} | ({catalog_name} if catalog_name else set())
+    names = {name, loaded.path.name, loaded.path.stem} | ({catalog_name} if catalog_name else set())
+    return name, names | {f"{n}:latest" for n in names}
 
 
 def get_state(request: Request) -> ServerState:

@@ -1,0 +1,314 @@
+"""Ollama's wire format over the chat and text-completion planning.
+
+/api/chat and /api/generate requests are translated into the OpenAI requests they mean (options ->
+sampling fields, `format` -> response_format, base64 `images` -> image parts, tool calls and tool
+messages) and planned by `openai_shapes.plan_chat` / `plan_completion`. Replies are Ollama's objects:
+the message or response text, `done` / `done_reason`, token counts and durations in nanoseconds; streamed,
+one object per line (server.sse writes them), the last one with `done: true`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timedelta, timezone
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from runlm.engine import Completion, Generation, StreamRecord, ToolCall, Usage
+from runlm.engine.tools import ToolCallStreamFilter
+from runlm.server.adapters import openai_request
+from runlm.server.errors import APIError
+from runlm.server.openai_shapes import ChatPlan, CompletionPlan, plan_chat, plan_completion
+from runlm.server.schemas import ChatCompletionRequest, CompletionRequest, Seed, StopString, Strict, Unit
+from runlm.server.state import ServerState
+from runlm.server.tools import split_reply, template_source
+
+OLLAMA_API_VERSION = "0.12.0"  # the Ollama API these routes follow; clients gate features on /api/version
+
+# -- request bodies ----------------------------------------------------------------------------------
+
+
+class Options(Strict):
+    """The runtime options runlm honours; load-time ones (num_ctx, num_gpu, ...) are accepted and ignored."""
+
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Unit | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    min_p: Unit | None = None
+    typical_p: Unit | None = None
+    num_predict: int | None = None  # -1: no limit, -2: fill the context
+    seed: Seed | None = None
+    stop: Annotated[list[StopString], Field(max_length=16)] | None = None
+    repeat_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
+    repeat_last_n: Annotated[int, Field(ge=-1)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+
+
+class ToolCallFunction(Strict):
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolCallIn(Strict):
+    function: ToolCallFunction
+
+
+class Message(Strict):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = ""
+    images: list[str] | None = None  # base64
+    tool_calls: list[ToolCallIn] | None = None
+    tool_name: str | None = None
+
+
+Format = Literal["", "json"] | dict[str, Any]
+
+
+class Generating(Strict):
+    model: str
+    format: Format | None = None
+    options: Options | None = None
+    stream: bool = True
+    keep_alive: str | int | float | None = None  # accepted; the model stays loaded
+
+
+class ChatBody(Generating):
+    messages: list[Message] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+
+
+class GenerateBody(Generating):
+    prompt: str = ""
+    system: str | None = None
+    images: list[str] | None = None
+    raw: bool = False
+    suffix: str | None = None
+    template: str | None = None
+    context: list[int] | None = None
+
+
+class EmbedBody(Strict):
+    model: str
+    input: str | list[str]
+    truncate: bool = True
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    options: Options | None = None
+    keep_alive: str | int | float | None = None
+
+
+class ShowBody(Strict):
+    model: str | None = None
+    name: str | None = None  # older clients' spelling
+    verbose: bool = False
+
+    @property
+    def model_name(self) -> str:
+        if not (self.model or self.name):
+            raise APIError(400, "model: required field is missing", param="model")
+        return self.model or self.name or ""
+
+
+# -- request -> OpenAI request -> plan -------------------------------------------------------------------
+
+
+def _sampling(body: Generating) -> dict[str, Any]:
+    opts = body.options or Options()
+    fields = opts.model_dump(exclude={"num_predict"}, exclude_none=True)
+    if opts.num_predict is not None and opts.num_predict > 0:
+        fields["max_tokens"] = opts.num_predict
+    if body.format == "json":
+        fields["response_format"] = {"type": "json_object"}
+    elif isinstance(body.format, dict):
+        fields["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": body.format}}
+    return {"model": body.model, **fields}
+
+
+def _image_parts(images: list[str] | None) -> list[dict[str, Any]]:
+    """Ollama sends bare base64 (no media type); the image decoder finds the format by itself."""
+    return [{"type": "image_url", "image_url": {"url": f"data:application/octet-stream;base64,{b64}"}}
+            for b64 in images or []]
+
+
+def _user_content(text: str, images: list[str] | None) -> str | list[dict[str, Any]]:
+    if not images:
+        return text
+    return [*_image_parts(images), {"type": "text", "text": text}]
+
+
+def _chat_message(message: Message, index: int) -> dict[str, Any]:
+    text = message.content or ""
+    out: dict[str, Any] = {"role": message.role,
+                           "content": _user_content(text, message.images) if message.role == "user" else text}
+    if message.images and message.role != "user":
+        raise APIError(400, f"messages.{index}.images: images belong in user messages", param=f"messages.{index}")
+    if message.tool_calls:
+        out["tool_calls"] = [{"id": f"call_{index}_{j}", "type": "function",
+                              "function": {"name": c.function.name,
+                                           "arguments": json.dumps(c.function.arguments, ensure_ascii=False)}}
+                             for j, c in enumerate(message.tool_calls)]
+    if message.role == "tool" and message.tool_name:
+        out["name"] = message.tool_name
+    return out
+
+
+def plan_ollama_chat(state: ServerState, body: ChatBody) -> ChatPlan:
+    data = {**_sampling(body), "messages": [_chat_message(m, i) for i, m in enumerate(body.messages)],
+            "tools": body.tools or None}
+    return plan_chat(state, openai_request(ChatCompletionRequest, data))
+
+
+def plan_ollama_generate(state: ServerState, body: GenerateBody) -> ChatPlan | CompletionPlan:
+    """A raw prompt runs as a text completion; otherwise system + prompt go through the chat template."""
+    unsupported = {"suffix": body.suffix, "template": body.template, "context": body.context}
+    for field, value in unsupported.items():
+        if value:
+            raise APIError(400, f"{field} is not supported by this server (use /api/chat for conversations)",
+                           param=field)
+    if body.raw:
+        if body.images:
+            raise APIError(400, "images need the chat template: send them without raw", param="images")
+        return plan_completion(state, openai_request(CompletionRequest, {**_sampling(body), "prompt": body.prompt}))
+    messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
+        {"role": "user", "content": _user_content(body.prompt, body.images)}]
+    return plan_chat(state, openai_request(ChatCompletionRequest, {**_sampling(body), "messages": messages}))
+
+
+# -- replies ----------------------------------------------------------------------------------------
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def done_reason(gen: Generation) -> str:
+    return "length" if gen.finish_reason == "length" else "stop"
+
+
+def final_fields(usage: Usage, reason: str) -> dict[str, Any]:
+    """What Ollama's last object carries: why it ended, token counts, durations in nanoseconds."""
+    ns = 1_000_000_000
+    return {"done": True, "done_reason": reason,
+            "total_duration": int((usage.queued_s + usage.prefill_s + usage.decode_s) * ns), "load_duration": 0,
+            "prompt_eval_count": usage.prompt_tokens, "prompt_eval_duration": int(usage.prefill_s * ns),
+            "eval_count": usage.completion_tokens, "eval_duration": int(usage.decode_s * ns)}
+
+
+def loaded_reply(body: Generating, chat: bool) -> dict[str, Any]:
+    """Ollama's answer to an empty prompt or message list: the model is loaded, nothing is generated."""
+    field = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
+    return {"model": body.model, "created_at": now_iso(), **field, "done": True, "done_reason": "load"}
+
+
+def ollama_tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    return [{"function": {"name": c.name, "arguments": json.loads(c.arguments)}} for c in calls]
+
+
+def chat_reply(plan: ChatPlan, body: ChatBody, result: Completion, gen: Generation) -> dict[str, Any]:
+    content, calls = split_reply(plan.tools, result.text)
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = ollama_tool_calls(calls)
+    return {"model": body.model, "created_at": now_iso(), "message": message,
+            **final_fields(result.usage, done_reason(gen))}
+
+
+def generate_reply(body: GenerateBody, result: Completion, gen: Generation) -> dict[str, Any]:
+    return {"model": body.model, "created_at": now_iso(), "response": result.text,
+            **final_fields(result.usage, done_reason(gen))}
+
+
+class ChatLines:
+    """/api/chat's stream: message fragments, tool calls once the reply is whole, then the done object."""
+
+    def __init__(self, plan: ChatPlan, body: ChatBody, gen: Generation):
+        self.body, self.gen = body, gen
+        self.filter = ToolCallStreamFilter(plan.tools.active, plan.tools.names)
+
+    def _line(self, message: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        return {"model": self.body.model, "created_at": now_iso(), "message": {"role": "assistant", **message},
+                "done": False, **extra}
+
+    def opening(self) -> list[dict[str, Any]]:
+        return []
+
+    def on_record(self, record: StreamRecord) -> list[dict[str, Any]]:
+        text = self.filter.push(record.text)
+        return [self._line({"content": text})] if text else []
+
+    def closing(self, last: StreamRecord, usage: Usage) -> list[dict[str, Any]]:
+        rest, calls = self.filter.finish()
+        lines = [self._line({"content": rest})] if rest else []
+        if calls:
+            lines.append(self._line({"content": "", "tool_calls": ollama_tool_calls(calls)}))
+        return lines + [self._line({"content": ""}, **final_fields(usage, done_reason(self.gen)))]
+
+
+class GenerateLines:
+    """/api/generate's stream: response fragments, then the done object."""
+
+    def __init__(self, body: GenerateBody, gen: Generation):
+        self.body, self.gen = body, gen
+
+    def _line(self, text: str, **extra: Any) -> dict[str, Any]:
+        return {"model": self.body.model, "created_at": now_iso(), "response": text, "done": False, **extra}
+
+    def opening(self) -> list[dict[str, Any]]:
+        return []
+
+    def on_record(self, record: StreamRecord) -> list[dict[str, Any]]:
+        return [self._line(record.text)] if record.text else []
+
+    def closing(self, last: StreamRecord, usage: Usage) -> list[dict[str, Any]]:
+        return [self._line("", **final_fields(usage, done_reason(self.gen)))]
+
+
+# -- the model, as Ollama describes it ---------------------------------------------------------------
+
+
+def _files_size(state: ServerState) -> tuple[int, float]:
+    """(bytes, last modification) of the model's file, or of a directory's files."""
+    path = state.loaded.path
+    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+    stats = [p.stat() for p in files]
+    return sum(s.st_size for s in stats), max((s.st_mtime for s in stats), default=0.0)
+
+
+def model_details(state: ServerState) -> dict[str, Any]:
+    loaded, family = state.loaded, state.loaded.runner.family()
+    return {"parent_model": "", "format": loaded.format, "family": family, "families": [family],
+            "parameter_size": str(loaded.metadata.get("general.size_label", "")),
+            "quantization_level": loaded.quantization}
+
+
+def model_entry(state: ServerState) -> dict[str, Any]:
+    """One model as /api/tags and /api/ps list it. The digest identifies the file (path, size, time), it is
+    not a hash of its bytes (that would read the whole file on every listing)."""
+    size, mtime = _files_size(state)
+    digest = hashlib.sha256(f"{state.loaded.path}:{size}:{mtime}".encode()).hexdigest()
+    modified = datetime.fromtimestamp(mtime, timezone.utc).isoformat().replace("+00:00", "Z")
+    return {"name": state.model_name, "model": state.model_name, "modified_at": modified, "size": size,
+            "digest": digest, "details": model_details(state)}
+
+
+def running_entry(state: ServerState) -> dict[str, Any]:
+    entry = model_entry(state)
+    never = (datetime.now(timezone.utc) + timedelta(days=3650)).isoformat().replace("+00:00", "Z")
+    return {**entry, "expires_at": never, "size_vram": 0, "context_length": state.engine.context_length}
+
+
+def show_reply(state: ServerState) -> dict[str, Any]:
+    loaded = state.loaded
+    # A GGUF's own metadata (scalars), as Ollama shows it; other formats get the same keys under the family name.
+    info = {k: v for k, v in loaded.metadata.items()
+            if loaded.format == "gguf" and isinstance(v, str | int | float | bool) and k != "tokenizer.chat_template"}
+    arch = info.setdefault("general.architecture", loaded.runner.family())
+    info |= {f"{arch}.context_length": state.engine.context_length,
+             f"{arch}.embedding_length": loaded.config.hidden_size, f"{arch}.block_count": loaded.config.num_layers}
+    template = template_source(loaded.chat_template) if loaded.chat_template is not None else ""
+    capabilities = ["completion", "tools"] + (["vision"] if loaded.runner.supports_multimodal() else [])
+    return {"modelfile": f"FROM {loaded.path}\n", "parameters": "", "template": template,
+            "details": model_details(state), "model_info": info, "capabilities": capabilities,
+            "modified_at": model_entry(state)["modified_at"]}
