@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
+import httpx
 import pytest
+import torch
+from reference.tiny import build_qwen3_embedding
 
 from runlm import load
+from runlm.engine.embeddings import embed, embedding_ids
 
 
 def runlm(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -73,3 +78,32 @@ def test_negative_max_tokens_is_rejected(smollm2_gguf):
     out = runlm("generate", "-m", str(smollm2_gguf), "--max-tokens", "-3", "hi")
     assert out.returncode != 0
     assert "max" in out.stderr.lower()
+
+
+def test_serve_pooling_flag_sets_how_embeddings_pool(tmp_path):
+    """`runlm serve --pooling mean` on a model that declares last-token pooling: the server mean-pools."""
+    directory = tmp_path / "embedder"
+    build_qwen3_embedding(directory)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "runlm", "serve", "-m", str(directory), "--port", str(port),
+                               "--pooling", "mean"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        log = []
+        for line in server.stderr:  # until uvicorn says it listens (or the server dies: end of its stderr)
+            log.append(line)
+            if "Uvicorn running on" in line:
+                break
+        assert server.poll() is None, "".join(log)
+        got = httpx.post(base + "/v1/embeddings", json={"model": "embedder", "input": "The quick brown fox"},
+                         timeout=60).json()["data"][0]["embedding"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    loaded = load(directory, dtype="f32")
+    want = embed(loaded.runner, embedding_ids(loaded.tokenizer, "The quick brown fox"), "mean")
+    assert (torch.tensor(got) - want).abs().max().item() <= 1e-4
+    bad = runlm("serve", "-m", str(directory), "--pooling", "max")
+    assert bad.returncode == 2 and "--pooling" in bad.stderr
