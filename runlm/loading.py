@@ -13,7 +13,7 @@ from runlm.errors import InvalidInputError, ModelLoadError
 from runlm.formats.gguf import GGUFFile, GGUFSource, gguf_name
 from runlm.formats.safetensors import SafetensorsSource
 from runlm.models.base import WeightLoader
-from runlm.models.config import ModelConfig
+from runlm.models.config import ModelConfig, check_config, expected_shapes
 from runlm.models.registry import Family, family_for_gguf, family_for_hf
 from runlm.runner import LmRunner
 from runlm.text import ChatTemplate, Tokenizer
@@ -117,17 +117,20 @@ def load(
 def _load_gguf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | None) -> LoadedModel:
     gguf = GGUFFile(path)
     family = family_for_gguf(gguf.architecture, path)
-    config = family.config_from_gguf(gguf)
+    config = check_config(family.config_from_gguf(gguf), str(path), "gguf", gguf.architecture)
+    tokenizer = Tokenizer.from_gguf(gguf.metadata)
+    check_vocabulary(tokenizer, config, path)
     source = GGUFSource(
         gguf,
         rename=lambda name: gguf_name(name, family.gguf_overrides),
         row_perm=lambda name: family.gguf_row_perm(name, config),
+        expect=expected_shapes(config),
     )
     model = family.build(config, WeightLoader(source, dtype, packed))
     runner = family.runner(model, max_context)
     return LoadedModel(
         runner=runner,
-        tokenizer=Tokenizer.from_gguf(gguf.metadata),
+        tokenizer=tokenizer,
         chat_template=ChatTemplate.from_gguf(gguf.metadata),
         path=path,
         format="gguf",
@@ -136,6 +139,15 @@ def _load_gguf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | 
         quantization=_gguf_quantization(gguf),
         metadata={k: v for k, v in gguf.metadata.items() if not k.startswith("tokenizer.ggml.")},
     )
+
+
+def check_vocabulary(tokenizer: Tokenizer, config: ModelConfig, path: Path) -> None:
+    """Every id the tokenizer can produce must have an embedding row (a padded embedding may have more)."""
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ModelLoadError(
+            f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary holds "
+            f"{config.vocab_size}: ids past {config.vocab_size - 1} would have no embedding"
+        )
 
 
 def _gguf_quantization(gguf) -> str:
@@ -151,19 +163,23 @@ def _load_hf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | No
     if not config_file.is_file():
         raise ModelLoadError(f"{path}: not a Hugging Face model directory (no config.json)")
     try:
-        config_dict = json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
+        config_dict = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ModelLoadError(f"{config_file}: invalid JSON ({exc})") from exc
+    if not isinstance(config_dict, dict):
+        raise ModelLoadError(f"{config_file}: expected a JSON object, got {type(config_dict).__name__}")
     family = family_for_hf(config_dict, path)
-    config = family.config_from_hf(config_dict)
-    source = SafetensorsSource(path, family.hf_prefixes)
-    model = family.build(config, WeightLoader(source, dtype, packed=False))  # safetensors hold plain floats
-    runner = family.runner(model, max_context)
+    config = check_config(family.config_from_hf(config_dict), str(config_file), "hf")
     if not (path / "tokenizer.json").is_file():
         raise ModelLoadError(f"{path}: no tokenizer.json")
+    tokenizer = Tokenizer.from_hf_dir(path)
+    check_vocabulary(tokenizer, config, path)
+    source = SafetensorsSource(path, family.hf_prefixes, expect=expected_shapes(config))
+    model = family.build(config, WeightLoader(source, dtype, packed=False))  # safetensors hold plain floats
+    runner = family.runner(model, max_context)
     return LoadedModel(
         runner=runner,
-        tokenizer=Tokenizer.from_hf_dir(path),
+        tokenizer=tokenizer,
         chat_template=ChatTemplate.from_hf_dir(path),
         path=path,
         format="safetensors",

@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from runlm.errors import ModelLoadError
+
+ShapeRule = Callable[[str], tuple[int, ...] | None]
+
 
 class WeightSource:
-    """Named float tensors (HF names); GGUF sources can also hand out raw quantized rows."""
+    """Named float tensors (HF names); GGUF sources can also hand out raw quantized rows.
+
+    `expect` (HF name -> the shape the model's hyperparameters call for, or None) lets a source refuse a tensor
+    of the wrong shape before its data is read or copied.
+    """
 
     path: Any
+    expect: ShapeRule | None = None
+
+    def check_shape(self, name: str, shape: tuple[int, ...], stored_as: str) -> None:
+        want = self.expect(name) if self.expect is not None else None
+        if want is not None and tuple(shape) != tuple(want):
+            raise ModelLoadError(
+                f"{self.path}: tensor {stored_as!r} has shape {list(shape)}, the model's hyperparameters "
+                f"call for {list(want)}"
+            )
 
     def has(self, name: str) -> bool:
         raise NotImplementedError

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,8 +14,8 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from runlm.errors import ModelLoadError
-from runlm.formats import WeightSource
-from runlm.quant.dequant import dequantize
+from runlm.formats import ShapeRule, WeightSource
+from runlm.quant.dequant import BLOCK_LAYOUTS, dequantize, normalize_type_name
 
 GGUF_MAGIC = b"GGUF"
 
@@ -41,14 +42,17 @@ class GGUFFile:
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelLoadError(f"{self.path}: no such model file")
-        with self.path.open("rb") as handle:
-            magic = handle.read(4)
-        if magic != GGUF_MAGIC:
-            raise ModelLoadError(f"{self.path}: not a GGUF file (magic bytes {magic!r}, expected b'GGUF')")
-        self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+        try:
+            with self.path.open("rb") as handle:
+                magic = handle.read(4)
+            if magic != GGUF_MAGIC:
+                raise ModelLoadError(f"{self.path}: not a GGUF file (magic bytes {magic!r}, expected b'GGUF')")
+            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+        except OSError as exc:
+            raise ModelLoadError(f"{self.path}: cannot read ({exc.strerror or exc})") from exc
         try:
             self.metadata, self._tensors = _parse(self._map)
-        except (struct.error, UnicodeDecodeError, ValueError, IndexError, OverflowError, KeyError) as exc:
+        except (struct.error, ValueError) as exc:  # _Corrupt is a ValueError; struct.error: cut short
             raise ModelLoadError(f"{self.path}: corrupt or truncated GGUF file ({exc})") from exc
         size = self._map.shape[0]
         for info in self._tensors.values():
@@ -75,16 +79,23 @@ class GGUFFile:
     def has(self, name: str) -> bool:
         return name in self._tensors
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's logical shape, from the header alone."""
+        info = self._tensors.get(name)
+        if info is None:
+            raise ModelLoadError(f"{self.path}: missing tensor {name!r}")
+        return info.shape
+
     def raw(self, name: str) -> RawTensor:
         info = self._tensors.get(name)
         if info is None:
             raise ModelLoadError(f"{self.path}: missing tensor {name!r}")
         data = self._map[info.offset : info.offset + info.nbytes]
-        rows = int(np.prod(info.shape[:-1])) if len(info.shape) > 1 else 1
+        rows = math.prod(info.shape[:-1])
         if info.type_name in _PLAIN_DTYPES:
             data = data.view(_PLAIN_DTYPES[info.type_name]).reshape(info.shape)
         else:
-            data = data.reshape(rows, -1)
+            data = data.reshape(rows, info.nbytes // rows if rows else 0)
         return RawTensor(name=name, type_name=info.type_name, shape=info.shape, data=data)
 
     def tensor(self, name: str):
@@ -132,34 +143,61 @@ _NUMPY = {
 
 
 _U64 = struct.Struct("<Q")
+SUPPORTED_VERSIONS = (2, 3)
+MAX_ARRAY_DEPTH = 4  # arrays of arrays: runlm reads none, llama.cpp none; a bound keeps recursion shallow
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_ELEMENTS = (1 << 63) - 1  # ggml counts elements in int64
+_MIN_WIDTH = {**{t: np.dtype(f).itemsize for t, f in _NUMPY.items()}, 8: 8, 9: 12}  # bytes an item takes at least
+
+
+class _Corrupt(ValueError):
+    """A malformed header; the message names the key or tensor and what was expected."""
 
 
 def _parse(buf: np.ndarray) -> tuple[dict[str, Any], dict[str, _TensorInfo]]:
+    """The header of a GGUF file: metadata and tensor infos, every count and offset checked against the file.
+
+    Counts are bounded by the bytes left (an item takes at least its minimum width), so a forged count fails at
+    once instead of looping or allocating; arrays nest at most MAX_ARRAY_DEPTH deep.
+    """
     mem = memoryview(buf)
+    size, unpack_u64 = len(mem), _U64.unpack_from
+    if size < 24:
+        raise _Corrupt(f"the file is {size} bytes, shorter than a GGUF header (24)")
     pos = 4
     (version,) = struct.unpack_from("<I", mem, pos)
     pos += 4
-    if version < 2:
-        raise ValueError(f"GGUF version {version} is too old (need 2 or later)")
+    if version not in SUPPORTED_VERSIONS:
+        hint = " (a big-endian file?)" if version > 0xFFFF else ""
+        raise _Corrupt(f"GGUF version {version} is not supported{hint}: runlm reads versions 2 and 3")
     n_tensors, n_kv = struct.unpack_from("<QQ", mem, pos)
     pos += 16
-
-    size, unpack_u64 = len(mem), _U64.unpack_from
+    # a metadata entry takes at least 13 bytes (key length, value type, one byte), a tensor info 28
+    if n_kv > (size - pos) // 13:
+        raise _Corrupt(f"the header declares {n_kv} metadata entries, more than the file can hold")
+    if n_tensors > (size - pos) // 28:
+        raise _Corrupt(f"the header declares {n_tensors} tensors, more than the file can hold")
 
     def read_str(at: int) -> tuple[str, int]:
         # kept lean: a vocabulary array calls this hundreds of thousands of times
         (length,) = unpack_u64(mem, at)
         end = at + 8 + length
         if end > size:
-            raise ValueError("string runs past the end of the file")
+            raise _Corrupt(f"a string of {length} bytes at byte {at} runs past the end of the file")
         return str(mem[at + 8 : end], "utf-8", "replace"), end
 
-    def read_value(vtype: int, at: int) -> tuple[Any, int]:
+    def read_value(vtype: int, at: int, depth: int = 0) -> tuple[Any, int]:
         if vtype == 8:
             return read_str(at)
         if vtype == 9:
+            if depth >= MAX_ARRAY_DEPTH:
+                raise _Corrupt(f"arrays nested deeper than {MAX_ARRAY_DEPTH} levels")
             item_type, count = struct.unpack_from("<IQ", mem, at)
             at += 12
+            if item_type not in _MIN_WIDTH:
+                raise _Corrupt(f"array of unknown value type {item_type}")
+            if count > (size - at) // _MIN_WIDTH[item_type]:
+                raise _Corrupt(f"an array of {count} items runs past the end of the file")
             if item_type == 8:
                 items = []
                 for _ in range(count):
@@ -167,40 +205,64 @@ def _parse(buf: np.ndarray) -> tuple[dict[str, Any], dict[str, _TensorInfo]]:
                     items.append(item)
                 return items, at
             if item_type in _NUMPY:
-                width = np.dtype(_NUMPY[item_type]).itemsize
                 array = np.frombuffer(mem, dtype=_NUMPY[item_type], count=count, offset=at)
-                return array.tolist(), at + width * count
+                return array.tolist(), at + _MIN_WIDTH[item_type] * count
             items = []
             for _ in range(count):
-                item, at = read_value(item_type, at)
+                item, at = read_value(item_type, at, depth + 1)
                 items.append(item)
             return items, at
-        fmt = _SCALARS[vtype]
+        fmt = _SCALARS.get(vtype)
+        if fmt is None:
+            raise _Corrupt(f"unknown value type {vtype} (GGUF types are 0-12)")
         (value,) = struct.unpack_from(fmt, mem, at)
         return value, at + struct.calcsize(fmt)
 
     metadata: dict[str, Any] = {}
-    for _ in range(n_kv):
+    for index in range(n_kv):
         key, pos = read_str(pos)
-        (vtype,) = struct.unpack_from("<I", mem, pos)
-        metadata[key], pos = read_value(vtype, pos + 4)
+        if key in metadata:
+            raise _Corrupt(f"metadata key {key!r} appears twice")
+        try:
+            (vtype,) = struct.unpack_from("<I", mem, pos)
+            metadata[key], pos = read_value(vtype, pos + 4)
+        except (struct.error, ValueError) as exc:
+            raise _Corrupt(f"metadata key {key!r} (entry {index}): {exc}") from exc
 
-    infos = []
-    for _ in range(n_tensors):
+    alignment = metadata.get("general.alignment", 32)
+    if type(alignment) is not int or alignment <= 0 or alignment % 8 or alignment & (alignment - 1):
+        raise _Corrupt(f"general.alignment is {alignment!r}, expected a power of two that is a multiple of 8")
+
+    infos, seen = [], set()
+    for index in range(n_tensors):
         name, pos = read_str(pos)
-        (n_dims,) = struct.unpack_from("<I", mem, pos)
-        dims = struct.unpack_from(f"<{n_dims}Q", mem, pos + 4)
-        pos += 4 + 8 * n_dims
-        ggml_type, offset = struct.unpack_from("<IQ", mem, pos)
-        pos += 12
-        qtype = GGMLQuantizationType(ggml_type)
-        block, type_size = GGML_QUANT_SIZES[qtype]
-        count = int(np.prod(dims)) if dims else 1
-        if count % block:
-            raise ValueError(f"tensor {name!r}: {count} elements do not fill {qtype.name} blocks of {block}")
+        try:
+            if name in seen:
+                raise _Corrupt("the name appears twice")
+            seen.add(name)
+            (n_dims,) = struct.unpack_from("<I", mem, pos)
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise _Corrupt(f"{n_dims} dimensions, expected 1 to {MAX_DIMS}")
+            dims = struct.unpack_from(f"<{n_dims}Q", mem, pos + 4)
+            pos += 4 + 8 * n_dims
+            ggml_type, offset = struct.unpack_from("<IQ", mem, pos)
+            pos += 12
+            try:
+                qtype = GGMLQuantizationType(ggml_type)
+            except ValueError:
+                raise _Corrupt(f"unknown tensor type id {ggml_type}") from None
+            block, type_size = GGML_QUANT_SIZES[qtype]
+            count = math.prod(dims)
+            if count > MAX_ELEMENTS:
+                raise _Corrupt(f"dimensions {list(dims)} overflow a 64-bit element count")
+            if dims[0] % block:
+                raise _Corrupt(f"a row of {dims[0]} elements does not fill {qtype.name} blocks of {block}")
+            if offset % alignment:
+                raise _Corrupt(f"data offset {offset} is not a multiple of the alignment {alignment}")
+        except (struct.error, _Corrupt) as exc:
+            raise _Corrupt(f"tensor {name!r} (entry {index}): {exc}") from exc
         infos.append((name, qtype.name, tuple(int(d) for d in reversed(dims)), offset, count // block * type_size))
 
-    alignment = int(metadata.get("general.alignment", 32))
     data_start = (pos + alignment - 1) // alignment * alignment
     tensors = {name: _TensorInfo(name, t, shape, data_start + off, n) for name, t, shape, off, n in infos}
     return metadata, tensors
@@ -246,14 +308,27 @@ def gguf_name(hf_name: str, overrides: dict[str, str] | None = None) -> str:
 class GGUFSource(WeightSource):
     """A GGUF file read through a family's HF-name -> GGUF-name mapping."""
 
-    def __init__(self, gguf, rename: Callable[[str], str], row_perm: Callable[[str], torch.Tensor | None]):
-        self.gguf, self.rename, self.row_perm, self.path = gguf, rename, row_perm, gguf.path
+    def __init__(
+        self,
+        gguf,
+        rename: Callable[[str], str],
+        row_perm: Callable[[str], torch.Tensor | None],
+        expect: ShapeRule | None = None,
+    ):
+        self.gguf, self.rename, self.row_perm, self.path, self.expect = gguf, rename, row_perm, gguf.path, expect
 
     def has(self, name: str) -> bool:
         return self.gguf.has(self.rename(name))
 
     def raw(self, name: str):
-        raw = self.gguf.raw(self.rename(name))
+        stored_as = self.rename(name)
+        self.check_shape(name, self.gguf.shape(stored_as), stored_as)  # from the header, before any byte is read
+        raw = self.gguf.raw(stored_as)
+        if normalize_type_name(raw.type_name) not in BLOCK_LAYOUTS:
+            raise ModelLoadError(
+                f"{self.path}: tensor {raw.name!r} is stored as {raw.type_name}, a type runlm cannot read "
+                f"(it reads: {', '.join(BLOCK_LAYOUTS)})"
+            )
         perm = self.row_perm(name)
         if perm is None:
             return raw

@@ -4,24 +4,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
 
 from runlm.errors import ModelLoadError
-from runlm.formats import WeightSource
+from runlm.formats import ShapeRule, WeightSource
 
 
 class SafetensorsSource(WeightSource):
     """A Hugging Face directory's safetensors shards (index or single file)."""
 
-    def __init__(self, directory, prefix_candidates: Sequence[tuple[str, str]] = (("", ""),)):
-        self.path = directory
+    def __init__(
+        self, directory, prefix_candidates: Sequence[tuple[str, str]] = (("", ""),), expect: ShapeRule | None = None
+    ):
+        self.path, self.expect = directory, expect
         index = directory / "model.safetensors.index.json"
         if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            files = sorted(set(weight_map.values()))
+            files = _indexed_shards(index)
         else:
             files = sorted(p.name for p in directory.glob("*.safetensors"))
             if not files:
@@ -57,4 +59,31 @@ class SafetensorsSource(WeightSource):
         key = self._key(name)
         if key not in self._where:
             raise ModelLoadError(f"{self.path}: missing tensor {key!r}")
-        return self._where[key].get_tensor(key).float()
+        handle = self._where[key]
+        try:
+            if self.expect is not None:  # from the header, before the data is read
+                self.check_shape(name, tuple(handle.get_slice(key).get_shape()), key)
+            return handle.get_tensor(key).float()
+        except ModelLoadError:
+            raise
+        except Exception as exc:  # safetensors' own errors (a dtype it cannot read, data cut short)
+            raise ModelLoadError(f"{self.path}: tensor {key!r} cannot be read ({exc})") from exc
+
+
+def _indexed_shards(index: Path) -> list[str]:
+    """The shard files an index names, each a plain file name inside the model directory.
+
+    A name with a directory part (`../../etc/passwd`, `/abs/path`, `sub/x`) is refused: an index must not make
+    runlm open files outside the directory it was given.
+    """
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"{index}: not a safetensors index with a weight_map ({exc})") from exc
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise ModelLoadError(f"{index}: weight_map must map tensor names to shard file names")
+    files = sorted(set(weight_map.values()))
+    for filename in files:
+        if filename in ("", ".", "..") or Path(filename).name != filename or "\\" in filename:
+            raise ModelLoadError(f"{index}: shard {filename!r} is not a file name inside the model directory")
+    return files

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,166 @@ class ModelConfig:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
 
 
+# Sane bounds: far above any released model, far below what would let a forged file ask for terabytes
+# (a sliding-window KV ring is allocated whole, per layer and per session).
+LIMITS: dict[str, tuple[int, int]] = {
+    "vocab_size": (1, 1 << 22),
+    "hidden_size": (1, 1 << 16),
+    "intermediate_size": (1, 1 << 18),
+    "num_layers": (1, 1024),
+    "num_heads": (1, 1024),
+    "num_kv_heads": (1, 1024),
+    "head_dim": (2, 1024),
+    "max_position": (1, 1 << 24),
+    "sliding_window": (1, 1 << 16),
+}
+# ModelConfig field -> (GGUF key under the architecture, config.json key), to name the key an error is about.
+KEY_NAMES: dict[str, tuple[str, str]] = {
+    "vocab_size": ("vocab_size", "vocab_size"),
+    "hidden_size": ("embedding_length", "hidden_size"),
+    "intermediate_size": ("feed_forward_length", "intermediate_size"),
+    "num_layers": ("block_count", "num_hidden_layers"),
+    "num_heads": ("attention.head_count", "num_attention_heads"),
+    "num_kv_heads": ("attention.head_count_kv", "num_key_value_heads"),
+    "head_dim": ("attention.key_length", "head_dim"),
+    "max_position": ("context_length", "max_position_embeddings"),
+    "sliding_window": ("attention.sliding_window", "sliding_window"),
+    "rms_eps": ("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+    "rope_theta": ("rope.freq_base", "rope_theta"),
+    "rope_local_theta": ("rope.freq_base_swa", "rope_local_base_freq"),
+    "layer_types": ("attention.sliding_window_pattern", "layer_types"),
+    "rope_scaling": ("rope.scaling.type", "rope_scaling"),
+    "final_softcap": ("final_logit_softcapping", "final_logit_softcapping"),
+    "attn_softcap": ("attn_logit_softcapping", "attn_logit_softcapping"),
+    "query_pre_attn_scalar": ("attention.key_length", "query_pre_attn_scalar"),
+}
+# rope_type -> the entries rope_inv_freq reads (runlm/nn.py implements these and no others).
+ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+def integer(value: Any, what: str, low: int = 0, high: int = (1 << 63) - 1) -> int:
+    """`value` if it is an integer within [low, high]; strings, floats and booleans are refused, not converted."""
+    if type(value) is not int:
+        raise ModelLoadError(f"{what} is {_show(value)}, expected an integer")
+    if not low <= value <= high:
+        raise ModelLoadError(f"{what} is {value}, expected {low} to {high}")
+    return value
+
+
+def number(value: Any, what: str, positive: bool = True) -> float:
+    """`value` as a float if it is a finite int or float (positive unless told); strings are refused."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ModelLoadError(f"{what} is {_show(value)}, expected a finite number")
+    if positive and value <= 0:
+        raise ModelLoadError(f"{what} is {value}, expected a positive number")
+    return float(value)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_config(config: ModelConfig, where: str, source: str = "gguf", arch: str = "") -> ModelConfig:
+    """Refuse numbers no model has before anything is allocated from them: ranges, divisibility, rope scalings.
+
+    `source` "gguf" or "hf" picks how errors name the key (`{arch}.attention.head_count` / `num_attention_heads`).
+    """
+
+    def key(name: str) -> str:
+        gguf_key, hf_key = KEY_NAMES.get(name, (name, name))
+        return f"{arch}.{gguf_key}" if source == "gguf" else f"config.json {hf_key}"
+
+    def fail(name: str, message: str) -> ModelLoadError:
+        return ModelLoadError(f"{where}: {key(name)} {message}")
+
+    for name, (low, high) in LIMITS.items():
+        value = getattr(config, name)
+        if not (name == "sliding_window" and value is None):
+            integer(value, f"{where}: {key(name)}", low, high)
+    if config.num_heads % config.num_kv_heads:
+        raise fail("num_kv_heads", f"is {config.num_kv_heads}, expected a divisor of the {config.num_heads} heads")
+    if config.head_dim % 2:
+        raise fail("head_dim", f"is {config.head_dim}, expected an even head size (RoPE rotates pairs)")
+    if not 0 < number(config.rms_eps, f"{where}: {key('rms_eps')}") < 1:
+        raise fail("rms_eps", f"is {config.rms_eps}, expected a small positive number")
+    number(config.rope_theta, f"{where}: {key('rope_theta')}")
+    for name in ("rope_local_theta", "query_pre_attn_scalar", "final_softcap", "attn_softcap"):
+        if getattr(config, name) is not None:
+            number(getattr(config, name), f"{where}: {key(name)}")
+    for scaling in (config.rope_scaling, config.local_rope_scaling):
+        check_rope_scaling(scaling, f"{where}: {key('rope_scaling')}")
+    if config.layer_types:
+        if len(config.layer_types) != config.num_layers:
+            raise fail("layer_types", f"has {len(config.layer_types)} entries for {config.num_layers} layers")
+        unknown = sorted({repr(t) for t in config.layer_types} - {repr(SLIDING), repr(FULL)})
+        if unknown:
+            raise fail("layer_types", f"holds {', '.join(unknown)}, expected {SLIDING!r} or {FULL!r}")
+        if SLIDING in config.layer_types and config.sliding_window is None:
+            raise fail("sliding_window", "is missing, but some layers use sliding-window attention")
+    return config
+
+
+def check_rope_scaling(scaling: Any, what: str) -> None:
+    """A rope scaling runlm implements, with every entry it reads a positive number; others are named and refused."""
+    if scaling is None:
+        return
+    if not isinstance(scaling, dict):
+        raise ModelLoadError(f"{what} is {_show(scaling)}, expected an object")
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind in ("default", None):
+        return
+    if kind not in ROPE_SCALINGS:
+        raise ModelLoadError(
+            f"{what}: rope scaling {_show(kind)} is not supported (runlm implements: {', '.join(ROPE_SCALINGS)})"
+        )
+    for entry in ROPE_SCALINGS[kind]:
+        number(scaling.get(entry), f"{what} {kind} {entry}")
+    if kind == "llama3" and scaling["low_freq_factor"] == scaling["high_freq_factor"]:
+        raise ModelLoadError(f"{what}: llama3 low_freq_factor and high_freq_factor are equal, expected a range")
+
+
+def expected_shapes(config: ModelConfig) -> Callable[[str], tuple[int, ...] | None]:
+    """The shape each shared-layer weight must have under `config` (HF names; None: no rule), so a source can
+    refuse a tensor that does not match the hyperparameters before its data is read (WeightSource.expect)."""
+    hidden, heads, kv, hd = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+    table = {
+        "self_attn.q_proj.weight": (heads * hd, hidden),
+        "self_attn.k_proj.weight": (kv * hd, hidden),
+        "self_attn.v_proj.weight": (kv * hd, hidden),
+        "self_attn.o_proj.weight": (hidden, heads * hd),
+        "self_attn.q_norm.weight": (hd,),
+        "self_attn.k_norm.weight": (hd,),
+        "mlp.gate_proj.weight": (config.intermediate_size, hidden),
+        "mlp.up_proj.weight": (config.intermediate_size, hidden),
+        "mlp.down_proj.weight": (hidden, config.intermediate_size),
+        "input_layernorm.weight": (hidden,),
+        "post_attention_layernorm.weight": (hidden,),
+        "pre_feedforward_layernorm.weight": (hidden,),
+        "post_feedforward_layernorm.weight": (hidden,),
+    }
+    top = {
+        "model.embed_tokens.weight": (config.vocab_size, hidden),
+        "lm_head.weight": (config.vocab_size, hidden),
+        "model.norm.weight": (hidden,),
+        "rope_freqs.weight": (hd // 2,),
+    }
+
+    def rule(name: str) -> tuple[int, ...] | None:
+        if name in top:
+            return top[name]
+        parts = name.split(".", 3)
+        if len(parts) == 4 and parts[:2] == ["model", "layers"]:
+            return table.get(parts[3])
+        return None
+
+    return rule
+
+
 def hf_rope(config: dict, layer_type: str | None = None) -> tuple[float, dict | None]:
     """(theta, scaling) from a config.json in either the transformers 4 or 5 layout."""
     params = config.get("rope_parameters")
@@ -47,11 +208,11 @@ def hf_rope(config: dict, layer_type: str | None = None) -> tuple[float, dict | 
         scaling = {k: v for k, v in params.items() if k != "rope_theta"}
         if scaling.get("rope_type", "default") == "default":
             scaling = None
-        return float(params["rope_theta"]), scaling
+        return number(params["rope_theta"], "config.json rope_parameters rope_theta"), scaling
     scaling = config.get("rope_scaling")
-    if scaling and scaling.get("rope_type", scaling.get("type", "default")) == "default":
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) == "default":
         scaling = None
-    return float(config.get("rope_theta", 10000.0)), scaling
+    return number(config.get("rope_theta", 10000.0), "config.json rope_theta"), scaling or None
 
 
 def default_attention_scale(config: ModelConfig) -> float:
@@ -59,57 +220,93 @@ def default_attention_scale(config: ModelConfig) -> float:
 
 
 def gguf_int(gguf, key: str, default: int | None = None) -> int:
+    """An integer `{architecture}.{key}`; a string, float or missing value (without default) is refused."""
     value = gguf.arch_value(key, default)
     if value is None:
         raise ModelLoadError(f"{gguf.path}: GGUF metadata lacks {gguf.architecture}.{key}")
-    return int(value)
+    return integer(value, f"{gguf.path}: {gguf.architecture}.{key}")
+
+
+def gguf_float(gguf, key: str, default: float | None = None) -> float | None:
+    """A positive number `{architecture}.{key}`, or `default` when absent."""
+    value = gguf.arch_value(key)
+    return default if value is None else number(value, f"{gguf.path}: {gguf.architecture}.{key}")
+
+
+def gguf_rope_scaling(gguf) -> dict | None:
+    """llama.cpp's rope.scaling.*: linear is implemented; YaRN and the others are named and refused, not ignored.
+
+    (llama3 scaling reaches runlm as the `rope_freqs` tensor, with no scaling type.)"""
+    kind = gguf.arch_value("rope.scaling.type")
+    if kind in (None, "none"):
+        return None
+    where = f"{gguf.path}: {gguf.architecture}.rope.scaling.type"
+    if kind != "linear":
+        raise ModelLoadError(f"{where}: rope scaling {_show(kind)} is not supported (runlm implements: linear)")
+    return {"rope_type": "linear", "factor": gguf_float(gguf, "rope.scaling.factor", 1.0)}
 
 
 def gguf_common_config(gguf) -> dict[str, Any]:
-    """The ModelConfig fields every llama.cpp architecture writes the same way."""
+    """The ModelConfig fields every llama.cpp architecture writes the same way (ranges: check_config)."""
     heads = gguf_int(gguf, "attention.head_count")
     hidden = gguf_int(gguf, "embedding_length")
-    vocab = gguf.arch_value("vocab_size") or len(gguf.metadata.get("tokenizer.ggml.tokens", []))
-    if not vocab:
+    integer(heads, f"{gguf.path}: {gguf.architecture}.attention.head_count", *LIMITS["num_heads"])
+    vocab = gguf.arch_value("vocab_size")
+    if vocab is None and gguf.has("token_embd.weight"):  # the embedding's rows, from the header
+        vocab = gguf.raw("token_embd.weight").shape[0]
+    if vocab is None:
+        tokens = gguf.metadata.get("tokenizer.ggml.tokens")
+        vocab = len(tokens) if isinstance(tokens, list) and tokens else None
+    if vocab is None:
         raise ModelLoadError(f"{gguf.path}: cannot tell the vocabulary size")
-    scaling = None
-    if gguf.arch_value("rope.scaling.type") == "linear":
-        scaling = {"rope_type": "linear", "factor": float(gguf.arch_value("rope.scaling.factor"))}
     return dict(
-        vocab_size=int(vocab),
+        vocab_size=integer(vocab, f"{gguf.path}: {gguf.architecture}.vocab_size"),
         hidden_size=hidden,
         intermediate_size=gguf_int(gguf, "feed_forward_length"),
-        num_layers=gguf_int(gguf, "block_count"),
+        num_layers=integer(gguf_int(gguf, "block_count"), f"{gguf.path}: {gguf.architecture}.block_count",
+                           *LIMITS["num_layers"]),
         num_heads=heads,
         num_kv_heads=gguf_int(gguf, "attention.head_count_kv", heads),
         head_dim=gguf_int(gguf, "attention.key_length", hidden // heads),
-        rms_eps=float(gguf.arch_value("attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(gguf.arch_value("rope.freq_base", 10000.0)),
+        rms_eps=gguf_float(gguf, "attention.layer_norm_rms_epsilon", 1e-6),
+        rope_theta=gguf_float(gguf, "rope.freq_base", 10000.0),
         max_position=gguf_int(gguf, "context_length", 4096),
-        rope_scaling=scaling,
+        rope_scaling=gguf_rope_scaling(gguf),
         tie_embeddings=not gguf.has("output.weight"),
     )
 
 
+def hf_int(cfg: dict, key: str, default: int | None = None) -> int:
+    """An integer config.json entry; a string or float is refused (`"9"` is not nine heads)."""
+    value = cfg.get(key)
+    if value is None:
+        if default is None:
+            raise ModelLoadError(f"config.json lacks {key!r}")
+        return default
+    return integer(value, f"config.json {key}")
+
+
 def hf_common_config(cfg: dict) -> dict[str, Any]:
-    """The ModelConfig fields config.json spells the same way across families."""
-    try:
-        heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
-        theta, scaling = hf_rope(cfg)
-        return dict(
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=theta,
-            max_position=int(cfg.get("max_position_embeddings", 4096)),
-            rope_scaling=scaling,
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-        )
-    except KeyError as exc:
-        raise ModelLoadError(f"config.json lacks {exc.args[0]!r}") from exc
+    """The ModelConfig fields config.json spells the same way across families (ranges: check_config)."""
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"config.json: expected an object, got {type(cfg).__name__}")
+    heads = integer(hf_int(cfg, "num_attention_heads"), "config.json num_attention_heads", *LIMITS["num_heads"])
+    hidden = hf_int(cfg, "hidden_size")
+    theta, scaling = hf_rope(cfg)
+    tie = cfg.get("tie_word_embeddings", True)
+    if not isinstance(tie, bool):
+        raise ModelLoadError(f"config.json tie_word_embeddings is {_show(tie)}, expected true or false")
+    return dict(
+        vocab_size=hf_int(cfg, "vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=hf_int(cfg, "intermediate_size"),
+        num_layers=integer(hf_int(cfg, "num_hidden_layers"), "config.json num_hidden_layers", *LIMITS["num_layers"]),
+        num_heads=heads,
+        num_kv_heads=hf_int(cfg, "num_key_value_heads", heads),
+        head_dim=hf_int(cfg, "head_dim", hidden // heads),
+        rms_eps=number(cfg.get("rms_norm_eps", 1e-6), "config.json rms_norm_eps"),
+        rope_theta=theta,
+        max_position=hf_int(cfg, "max_position_embeddings", 4096),
+        rope_scaling=scaling,
+        tie_embeddings=tie,
+    )

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from runlm.errors import ModelLoadError
 from runlm.models.base import CachedRunner, DecoderLM, WeightLoader
-from runlm.models.config import ModelConfig, default_attention_scale, gguf_common_config, hf_common_config
+from runlm.models.config import ModelConfig, default_attention_scale, gguf_common_config, gguf_int, hf_common_config
 from runlm.models.registry import Family, register_family
 from runlm.nn import Attention, GatedMLP, PreNormBlock, RMSNorm, Rope, RopeSpec, rope_inv_freq
 
@@ -64,7 +65,15 @@ def _config_from_hf(cfg: dict) -> ModelConfig:
 
 def _config_from_gguf(gguf) -> ModelConfig:
     common = gguf_common_config(gguf)
-    common["head_dim"] = int(gguf.arch_value("rope.dimension_count", common["head_dim"]))
+    rope_dims = gguf_int(gguf, "rope.dimension_count", common["head_dim"])
+    key_length = gguf.arch_value("attention.key_length")
+    if key_length is not None and rope_dims != key_length:
+        arch = gguf.architecture
+        raise ModelLoadError(
+            f"{gguf.path}: {arch}.attention.key_length is {key_length} but {arch}.rope.dimension_count is "
+            f"{rope_dims}: runlm rotates whole heads (expected them equal)"
+        )
+    common["head_dim"] = rope_dims  # many llama GGUFs write only the rope dimension
     return ModelConfig(**common)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,16 +37,19 @@ from torch import nn
 from runlm.errors import (
     InvalidInputError,
     ModelLoadError,
+    RunlmError,
     TokenizerError,
     UnsupportedArchitectureError,
 )
 from runlm.formats.gguf import GGUFFile
 from runlm.formats.safetensors import SafetensorsSource
+from runlm.models.config import integer, number
 from runlm.nn import RMSNorm
 from runlm.runner import ImageInput
 from runlm.text import Tokenizer
 
 BOI, EOI, SOFT = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
+VISION_LIMIT = 1 << 16  # bound on image size, widths and depth: far above SigLIP's, far below a forged file's
 PIL_BILINEAR = 2
 
 
@@ -73,6 +77,9 @@ class VisionConfig:
         per_side = math.isqrt(self.mm_tokens_per_image)
         if (
             min(self.image_size, self.patch_size, self.hidden_size, self.num_heads, per_side) <= 0
+            or max(self.image_size, self.hidden_size, self.intermediate_size, self.num_layers) > VISION_LIMIT
+            or self.intermediate_size <= 0
+            or not (0 < self.layer_norm_eps < 1)
             or per_side * per_side != self.mm_tokens_per_image
             or patches % per_side
             or self.hidden_size % self.num_heads
@@ -159,6 +166,7 @@ class VisionModel(nn.Module):
     def __init__(self, config: VisionConfig, get: Callable[[str], torch.Tensor], norm_offset: float):
         super().__init__()
         self.config = config
+        get = _shape_checked(get, config)
         patch_w = get("embeddings.patch_embedding.weight").float()
         expected = (config.hidden_size, 3, config.patch_size, config.patch_size)
         if tuple(patch_w.shape) != expected:
@@ -203,6 +211,31 @@ class VisionModel(nn.Module):
         return self.project(self.tower(pixels))
 
 
+def _shape_checked(get: Callable[[str], torch.Tensor], config: VisionConfig) -> Callable[[str], torch.Tensor]:
+    """`get`, refusing a tower weight whose shape does not match the vision config (a ModelLoadError naming it)."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    block = {
+        "self_attn.q_proj.weight": (hidden, hidden),
+        "self_attn.k_proj.weight": (hidden, hidden),
+        "self_attn.v_proj.weight": (hidden, hidden),
+        "self_attn.out_proj.weight": (hidden, hidden),
+        "mlp.fc1.weight": (inter, hidden),
+        "mlp.fc1.bias": (inter,),
+        "mlp.fc2.weight": (hidden, inter),
+    }
+
+    def checked(name: str) -> torch.Tensor:
+        tensor = get(name)
+        leaf = name.split(".", 3)[3] if name.startswith("encoder.layers.") else name
+        want = block.get(leaf, (hidden,) if leaf.endswith((".bias", "norm.weight", "norm1.weight", "norm2.weight"))
+                         or leaf == "post_layernorm.weight" else None)
+        if want is not None and tuple(tensor.shape) != want:
+            raise ModelLoadError(f"vision tensor {name!r} has shape {list(tensor.shape)}, expected {list(want)}")
+        return tensor
+
+    return checked
+
+
 # -- loading ----------------------------------------------------------------------------
 
 _SIGLIP_DEFAULTS = dict(
@@ -236,20 +269,27 @@ def _image_processor_config(directory: Path) -> dict:
 
 def vision_config_from_hf(config: dict, directory: Path, text_hidden: int) -> VisionConfig:
     """Config.json's vision_config (transformers writes only non-default values) plus preprocessor_config.json."""
-    vc = {**_SIGLIP_DEFAULTS, **(config.get("vision_config") or {})}
+    declared = config.get("vision_config") or {}
+    if not isinstance(declared, dict):
+        raise ModelLoadError(f"{directory}: config.json vision_config must be an object")
+    vc = {**_SIGLIP_DEFAULTS, **declared}
     model_type = vc.get("model_type", "siglip_vision_model")
     if model_type not in ("siglip_vision_model", "siglip"):
         raise UnsupportedArchitectureError(f"{directory}: vision tower {model_type!r} is not supported (SigLIP only)")
+    def size(key: str) -> int:
+        return integer(vc[key], f"{directory}: config.json vision_config {key}", 1, VISION_LIMIT)
+
     vision = VisionConfig(
-        image_size=int(vc["image_size"]),
-        patch_size=int(vc["patch_size"]),
-        hidden_size=int(vc["hidden_size"]),
-        intermediate_size=int(vc["intermediate_size"]),
-        num_layers=int(vc["num_hidden_layers"]),
-        num_heads=int(vc["num_attention_heads"]),
-        layer_norm_eps=float(vc["layer_norm_eps"]),
+        image_size=size("image_size"),
+        patch_size=size("patch_size"),
+        hidden_size=size("hidden_size"),
+        intermediate_size=size("intermediate_size"),
+        num_layers=size("num_hidden_layers"),
+        num_heads=size("num_attention_heads"),
+        layer_norm_eps=number(vc["layer_norm_eps"], f"{directory}: config.json vision_config layer_norm_eps"),
         hidden_act=str(vc["hidden_act"]),
-        mm_tokens_per_image=int(config.get("mm_tokens_per_image", 256)),
+        mm_tokens_per_image=integer(config.get("mm_tokens_per_image", 256), f"{directory}: mm_tokens_per_image",
+                                    1, VISION_LIMIT),
         text_hidden_size=text_hidden,
     )
     pre = _image_processor_config(directory)
@@ -348,32 +388,40 @@ def vision_from_mmproj(path: Path, text_hidden: int) -> VisionModel:
     if meta.get("clip.has_vision_encoder") is False:
         raise ModelLoadError(f"{path}: the projector has no vision encoder")
 
-    def need(key: str) -> Any:
+    def need(key: str) -> int:
         value = meta.get(f"clip.vision.{key}")
         if value is None:
             raise ModelLoadError(f"{path}: mmproj metadata lacks clip.vision.{key}")
-        return value
+        return integer(value, f"{path}: clip.vision.{key}", 1, VISION_LIMIT)
 
-    image_size, patch_size = int(need("image_size")), int(need("patch_size"))
-    scale = int(meta.get("clip.vision.projector.scale_factor") or 4)
+    def numbers(key: str) -> tuple[float, ...]:
+        values = meta.get(f"clip.vision.{key}") or (0.5, 0.5, 0.5)
+        if not isinstance(values, list | tuple):
+            raise ModelLoadError(f"{path}: clip.vision.{key} is not an array")
+        return tuple(number(v, f"{path}: clip.vision.{key}", positive=False) for v in values)
+
+    image_size, patch_size = need("image_size"), need("patch_size")
+    scale = integer(meta.get("clip.vision.projector.scale_factor") or 4, f"{path}: clip.vision.projector.scale_factor",
+                    1, VISION_LIMIT)
     per_side = (image_size // patch_size) // scale
     vision = VisionConfig(
         image_size=image_size,
         patch_size=patch_size,
-        hidden_size=int(need("embedding_length")),
-        intermediate_size=int(need("feed_forward_length")),
-        num_layers=int(need("block_count")),
-        num_heads=int(need("attention.head_count")),
-        layer_norm_eps=float(meta.get("clip.vision.attention.layer_norm_epsilon", 1e-6)),
+        hidden_size=need("embedding_length"),
+        intermediate_size=need("feed_forward_length"),
+        num_layers=need("block_count"),
+        num_heads=need("attention.head_count"),
+        layer_norm_eps=number(meta.get("clip.vision.attention.layer_norm_epsilon", 1e-6),
+                              f"{path}: clip.vision.attention.layer_norm_epsilon"),
         mm_tokens_per_image=per_side * per_side,
         text_hidden_size=text_hidden,
         hidden_act="gelu_pytorch_tanh",  # clip.use_gelu: ggml's gelu is the tanh approximation
-        image_mean=tuple(float(m) for m in meta.get("clip.vision.image_mean") or (0.5, 0.5, 0.5)),
-        image_std=tuple(float(s) for s in meta.get("clip.vision.image_std") or (0.5, 0.5, 0.5)),
+        image_mean=numbers("image_mean"),
+        image_std=numbers("image_std"),
     )
     vision.check(path)
     projection_dim = meta.get("clip.vision.projection_dim")
-    if projection_dim is not None and int(projection_dim) != text_hidden:
+    if projection_dim is not None and projection_dim != text_hidden:
         raise ModelLoadError(
             f"{path}: the projector feeds a text width of {projection_dim}, the model's is {text_hidden}"
         )
@@ -405,8 +453,9 @@ def attach_vision(loaded, mmproj: str | Path | None = None) -> None:
             try:
                 vision = vision_from_mmproj(candidate, text_hidden)
                 break
-            except ModelLoadError:
-                continue  # another model's projector, or not one at all
+            except RunlmError as exc:  # another model's projector, or a broken one: the text model still loads
+                warnings.warn(f"skipping the vision projector {candidate.name} next to the model: {exc}",
+                              RuntimeWarning, stacklevel=2)
     runner.attach_vision(vision, loaded.tokenizer)
 
 

@@ -110,6 +110,8 @@ class ChatTemplate:
             self._template = _environment().from_string(source)
         except TemplateError as exc:
             raise TokenizerError(f"malformed chat template: {exc}") from exc
+        except RecursionError:  # Jinja's parser recurses once per nested block
+            raise TokenizerError("malformed chat template: its blocks nest too deeply") from None
 
     def render(
         self,

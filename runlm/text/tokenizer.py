@@ -7,6 +7,7 @@ builds, so ids match the reference tokenizer of the model family.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -146,20 +147,74 @@ def _byte_alphabet() -> tuple[dict[int, str], dict[str, int]]:
     return to_char, {c: b for b, c in to_char.items()}
 
 
+def _split_merge(merge: str, start: int = 0) -> tuple[str, str]:
+    """'a b' -> ('a', 'b'), cutting at the first space from `start` (byte-level BPE: a token may be a space)."""
+    cut = merge.find(" ", start)
+    if cut < 0:
+        raise TokenizerError(f"malformed merge {_short(merge)} in tokenizer.ggml.merges (expected 'left right')")
+    return merge[:cut], merge[cut + 1 :]
+
+
 def _generate_merges(vocab: Mapping[str, int], ranking: Mapping[str, float]) -> list[tuple[str, str]]:
     """The merges a merge-less vocabulary implies: every split of a token into two known tokens,
-    best-ranked result first (transformers' `generate_merges`, so ties break the same way)."""
+    best-ranked result first (transformers' `generate_merges`, so ties break the same way).
+
+    Only split points where both halves have the length of some token are tried, so a piece costs at most
+    min(its length, the number of distinct token lengths) set lookups plus the slices of real candidates: a
+    forged 2 MB token costs a few lookups instead of 2M slices of up to 2 MB each (quadratic, a hang).
+    """
+    lengths = sorted({len(token) for token in vocab if token})
+    known_lengths = set(lengths)
     merges: list[tuple[float, int, int, str, str]] = []
     for piece, score in ranking.items():
-        if len(piece) < 2:
+        n = len(piece)
+        if n < 2:
             continue
-        local = [(piece[:i], piece[i:]) for i in range(1, len(piece)) if piece[:i] in vocab and piece[i:] in vocab]
+        cuts = range(1, n) if n <= len(lengths) else lengths[: bisect.bisect_left(lengths, n)]
+        local = [
+            (piece[:i], piece[i:])
+            for i in cuts
+            if i in known_lengths and n - i in known_lengths and piece[:i] in vocab and piece[i:] in vocab
+        ]
         if len(local) > 1:
             local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
         merges.extend((score, len(a), len(b), a, b) for a, b in local)
     # A stable sort on the key alone (not the strings), so equal keys keep the order built above.
     merges.sort(key=lambda m: m[:3], reverse=True)
     return [(m[3], m[4]) for m in merges]
+
+
+# tokenizer.ggml.* keys -> (the Python type a value or each list item must have, whether it is a list)
+_GGUF_TOKENIZER_TYPES: dict[str, tuple[type | tuple[type, ...], bool]] = {
+    "tokens": (str, True),
+    "token_type": (int, True),
+    "merges": (str, True),
+    "scores": ((int, float), True),
+    "model": (str, False),
+    "pre": (str, False),
+}
+
+
+def _check_gguf_tokenizer_types(metadata: Mapping[str, Any]) -> None:
+    """Refuse tokenizer metadata of the wrong type (a number array where strings belong, a list as `pre`),
+    naming the key, instead of failing somewhere inside the build."""
+    for name, (kind, is_list) in _GGUF_TOKENIZER_TYPES.items():
+        key = f"tokenizer.ggml.{name}"
+        value = metadata.get(key)
+        if value is None:
+            continue
+        what = kind.__name__ if isinstance(kind, type) else "number"
+        if is_list and not isinstance(value, list):
+            raise TokenizerError(f"GGUF metadata {key} is {_short(value)}, expected an array of {what}")
+        if not is_list and not isinstance(value, kind):
+            raise TokenizerError(f"GGUF metadata {key} is {_short(value)}, expected a {what}")
+        if is_list and not all(isinstance(item, kind) and not isinstance(item, bool) for item in value):
+            raise TokenizerError(f"GGUF metadata {key} holds items that are not {what}s")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _spm_style(metadata: Mapping[str, Any]) -> tuple[bool, bool]:
@@ -266,6 +321,7 @@ class Tokenizer:
         """The tokenizer a GGUF's `tokenizer.ggml.*` metadata describes (or a GGUF file's path)."""
         if isinstance(metadata, (str, Path)):
             metadata = GGUFFile(metadata).metadata
+        _check_gguf_tokenizer_types(metadata)
         model = metadata.get("tokenizer.ggml.model")
         tokens = metadata.get("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens:
@@ -286,7 +342,8 @@ class Tokenizer:
             byte_mode = "spm"
         else:
             raise TokenizerError(
-                f"unsupported GGUF tokenizer model {model!r} (supported: 'gpt2' byte-level BPE, 'llama' SentencePiece)"
+                f"unsupported GGUF tokenizer model {_short(model)} (supported: 'gpt2' byte-level BPE, "
+                "'llama' SentencePiece)"
             )
 
         def token_id(key: str) -> int | None:
@@ -327,12 +384,7 @@ class Tokenizer:
             vocab[token] = index
         raw_merges = metadata.get("tokenizer.ggml.merges")
         if isinstance(raw_merges, list) and raw_merges:
-            merges = []
-            for merge in raw_merges:
-                cut = merge.find(" ", 1)
-                if cut < 0:
-                    raise TokenizerError(f"malformed merge {merge!r} in tokenizer.ggml.merges")
-                merges.append((merge[:cut], merge[cut + 1 :]))
+            merges = [_split_merge(merge, 1) for merge in raw_merges]
         else:
             merges = _generate_merges(vocab, {t: -i for t, i in vocab.items()})
         try:
@@ -364,7 +416,7 @@ class Tokenizer:
         vocab = {token: index for index, token in enumerate(tokens)}
         raw_merges = metadata.get("tokenizer.ggml.merges")
         if isinstance(raw_merges, list) and raw_merges:
-            merges = [tuple(m.split(" ", 1)) for m in raw_merges]
+            merges = [_split_merge(m) for m in raw_merges]
         else:
             scores = metadata.get("tokenizer.ggml.scores")
             if gemma or not isinstance(scores, list) or len(scores) != len(tokens):
@@ -416,7 +468,10 @@ class Tokenizer:
 
         # Added tokens the config declares but tokenizer.json lacks (old checkpoints).
         known = backend.get_added_tokens_decoder()
-        for raw_id, spec in (config.get("added_tokens_decoder") or {}).items():
+        declared = config.get("added_tokens_decoder") or {}
+        if not isinstance(declared, Mapping):
+            raise TokenizerError(f"{config_file}: added_tokens_decoder must be an object")
+        for raw_id, spec in declared.items():
             content = token_text(spec)
             if content is None or not str(raw_id).isdigit() or int(raw_id) in known:
                 continue
