@@ -30,13 +30,12 @@ def gemma3_gguf() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_loaded(smollm2_gguf):
-    """SmolLM2 loaded once for the whole run (engine and server tests share it).
+    """SmolLM2 loaded once for the whole run (engine and server tests share it), on the default (packed) path.
 
-    The f32 reference path: these tests compare answers reached by different routes (prompt-cache
-    hit vs fresh prefill, batched vs alone) token for token. On the packed path the kernels round
-    activations to 8 bits, so a difference in the last float bit can flip a rounding step and, at a
-    near-tie, a greedy token; tests/models/test_fast_path.py covers that path.
+    The packed path is route-invariant (runlm.models.fused): a prompt-cache hit, a fresh prefill, a decode step
+    and a batched step give bit-identical logits, so tests compare answers reached by different routes token
+    for token on the path users get.
     """
     from runlm import load
 
-    return load(smollm2_gguf, dtype="f32")
+    return load(smollm2_gguf)

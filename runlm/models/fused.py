@@ -16,7 +16,7 @@ from torch import nn
 
 from runlm.nn import Attention, PreNormBlock, SandwichBlock
 from runlm.quant import kernels
-from runlm.quant.int4 import ConcatLinear
+from runlm.quant.int4 import ConcatLinear, DenseLinear
 from runlm.quant.kernels import GGUFLinear
 
 ROUTE_INVARIANT = 1 << 62  # GGUFLinear.dense_min_rows that never leaves the kernel
@@ -105,6 +105,8 @@ def fuse_blocks(model: nn.Module, dtype: torch.dtype, device: torch.device) -> i
         fused += block.fused is not None
         attn: Attention = block.attn
         attn.fused_attention = native and attn.window is None and attn.softcap is None
+    if isinstance(model.head, DenseLinear):  # a float head (tiny or unusual files) on a fused model
+        model.head.row_by_row = fused > 0
     return fused
 
 

@@ -60,9 +60,17 @@ class DenseLinear(nn.Module):
             weight = weight.to(dtype)
         self.register_buffer("weight", weight.contiguous())
         self.out_features, self.in_features = (int(d) for d in weight.shape)
+        # One row at a time: a float GEMM's result for a row depends on how many rows share the call (BLAS picks
+        # other kernels), so a route-invariant model runs a plain head this way (set by runlm.models.fused).
+        self.row_by_row = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+        weight = self.weight
+        rows = x.reshape(-1, x.shape[-1]).to(weight.dtype)
+        if self.row_by_row and rows.shape[0] > 1:
+            out = torch.cat([F.linear(row, weight) for row in rows.split(1)])
+            return out.view(*x.shape[:-1], -1).to(x.dtype)
+        return F.linear(x.to(weight.dtype), weight).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.weight.dtype}"
