@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runlm.engine import Engine, GenerationRequest
+from runlm.engine import Engine, GenerationRequest, Scheduler
 from runlm.sampling import SamplingParams
 
 
@@ -28,3 +28,49 @@ def test_greedy_matches_runner_generate_and_prompt_cache_keeps_it(smollm2):
     second = engine.complete(req)
     assert second.usage.cached_tokens == len(prompt) - 1
     assert second.token_ids == expected
+
+
+def test_every_route_gives_the_same_greedy_tokens_on_the_packed_path(smollm2):
+    """Direct runner, engine (cache miss, cache hit, streamed), scheduler alone and among 8 concurrent requests."""
+    tok, runner = smollm2.tokenizer, smollm2.runner
+    prompt = tok.encode_prompt(smollm2.chat_template.render([{"role": "user", "content": "Name three colors."}]))
+    expected = runner.generate(prompt, 12)
+
+    def request(ids: list[int]) -> GenerationRequest:
+        return GenerationRequest(prompt_ids=ids, max_tokens=12, sampling=SamplingParams(temperature=0.0),
+                                 ignore_eos=True)
+
+    engine = Engine(runner, tok, context_length=smollm2.context_length, prompt_cache_mb=64)
+    miss = engine.complete(request(prompt))
+    hit = engine.complete(request(prompt))
+    streamed = [r.token_id for r in engine.generate(request(prompt)) if r.token_id is not None]
+    assert hit.usage.cached_tokens == len(prompt) - 1
+    assert miss.token_ids == hit.token_ids == streamed == expected
+    others = [tok.encode(f"Tell me about the number {i}.") for i in range(7)]
+    scheduler = Scheduler(Engine(runner, tok, context_length=smollm2.context_length, prompt_cache_mb=0),
+                          max_queue=16, max_batch=8)
+    try:
+        alone = scheduler.submit(request(prompt)).result()
+        crowd = [scheduler.submit(request(ids)) for ids in others[:3]]
+        among = scheduler.submit(request(prompt))
+        crowd += [scheduler.submit(request(ids)) for ids in others[3:]]
+        results = [h.result() for h in crowd]
+        assert among.result().token_ids == alone.token_ids == expected
+        assert [r.token_ids for r in results] == [runner.generate(ids, 12) for ids in others]
+    finally:
+        scheduler.close()
+
+
+def test_same_seed_same_text_whatever_the_cache_state(smollm2):
+    tok, runner = smollm2.tokenizer, smollm2.runner
+    prompt = tok.encode_prompt(smollm2.chat_template.render([{"role": "user", "content": "Write a short poem."}]))
+    sampled = SamplingParams(temperature=0.8, seed=42)
+    engine = Engine(runner, tok, context_length=smollm2.context_length, prompt_cache_mb=64)
+    texts = [engine.complete(GenerationRequest(prompt_ids=prompt, max_tokens=24, sampling=sampled)).text
+             for _ in range(2)]  # cache miss, then hit
+    cold = Engine(runner, tok, context_length=smollm2.context_length, prompt_cache_mb=0)
+    texts.append(cold.complete(GenerationRequest(prompt_ids=prompt, max_tokens=24, sampling=sampled)).text)
+    assert texts[0] == texts[1] == texts[2] and texts[0]
+    other = engine.complete(GenerationRequest(prompt_ids=prompt, max_tokens=24,
+                                              sampling=SamplingParams(temperature=0.8, seed=7)))
+    assert other.text != texts[0]  # the seed matters
