@@ -43,6 +43,14 @@
 #define RUNLM_AVX2 0
 #endif
 
+// AVX-512 VNNI (with VL, on 256-bit vectors): one vpdpbusd does a byte dot product's multiply, pair sums and int32
+// accumulation; the integer results are exactly those of the AVX2 maddubs / madd sequence it replaces.
+#if RUNLM_AVX2 && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define RUNLM_VNNI 1
+#else
+#define RUNLM_VNNI 0
+#endif
+
 namespace {
 
 // GGML type ids (gguf.GGMLQuantizationType values).
@@ -875,6 +883,18 @@ struct X4Layout {
         const __m256i ahi =
             _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.qs + 16)));
         __m256i p01, p23;
+#if RUNLM_VNNI
+        const __m256i zero = _mm256_setzero_si256();
+        if constexpr (kQ8) {  // |w| (unsigned) times a carrying w's sign
+          p01 = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, _mm256_sign_epi8(lo01, lo01), _mm256_sign_epi8(alo, lo01)),
+                                    _mm256_sign_epi8(hi01, hi01), _mm256_sign_epi8(ahi, hi01));
+          p23 = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, _mm256_sign_epi8(lo23, lo23), _mm256_sign_epi8(alo, lo23)),
+                                    _mm256_sign_epi8(hi23, hi23), _mm256_sign_epi8(ahi, hi23));
+        } else {
+          p01 = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, lo01, alo), hi01, ahi);
+          p23 = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, lo23, alo), hi23, ahi);
+        }
+#else
         if constexpr (kQ8) {
           p01 = _mm256_add_epi32(prod_s8s8(lo01, alo), prod_s8s8(hi01, ahi));
           p23 = _mm256_add_epi32(prod_s8s8(lo23, alo), prod_s8s8(hi23, ahi));
@@ -884,6 +904,7 @@ struct X4Layout {
           p23 = _mm256_madd_epi16(
               _mm256_add_epi16(_mm256_maddubs_epi16(lo23, alo), _mm256_maddubs_epi16(hi23, ahi)), ones16());
         }
+#endif
         // lanes: [r0 r0 r2 r2 | r1 r1 r3 r3] partial sums, scaled by [d0 d0 d2 d2 | d1 d1 d3 d3]
         const __m256 f = _mm256_cvtepi32_ps(_mm256_hadd_epi32(p01, p23));
         acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dd, _mm256_set1_ps(ab.d)), f, acc[r]);
