@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--parallel", type=int, default=8, help="sequences decoded together (continuous batching)")
     serve.add_argument("--mmproj", default=None, help="llama.cpp vision projector GGUF for a GGUF model")
     serve.add_argument("--allow-remote-images", action="store_true", help="fetch http(s) image_url parts")
+    serve.add_argument("--allowed-hosts", action="append", default=[], metavar="HOSTS",
+                       help="more host names the server answers to, comma-separated (default: loopback names and "
+                            "IP addresses; '*' allows any; '.example.com' a domain and its subdomains)")
+    serve.add_argument("--api-docs", action="store_true", help="serve /docs, /redoc and /openapi.json (CDN assets)")
     serve.add_argument("--pooling", choices=("mean", "last"), default=None,
                        help="how embeddings pool token states (default: as the model declares, else mean)")
 
@@ -209,7 +213,7 @@ def _chat_web(args: argparse.Namespace) -> int:
     threading.Thread(target=open_when_listening, name="runlm-open-browser", daemon=True).start()
     serve_args = argparse.Namespace(
         **vars(args), host="127.0.0.1", api_key=None, prompt_cache_mb=256, max_queue=16, parallel=8,
-        mmproj=None, allow_remote_images=False, pooling=None,
+        mmproj=None, allow_remote_images=False, pooling=None, allowed_hosts=[], api_docs=False,
     )
     return cmd_serve(serve_args)
 
@@ -263,6 +267,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_batch=args.parallel,
         allow_remote_images=args.allow_remote_images,
         pooling=args.pooling,
+        allowed_hosts=[h for value in args.allowed_hosts for h in value.split(",") if h.strip()],
+        api_docs=args.api_docs,
     )
     return 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -21,7 +22,7 @@ from runlm.engine.embeddings import check_pooling
 from runlm.server import anthropic_api, embeddings_api, llamacpp_api, ollama_api, openai_api, responses_api
 from runlm.server.errors import install_error_handlers
 from runlm.server.metrics import Metrics
-from runlm.server.middleware import GuardMiddleware
+from runlm.server.middleware import DEFAULT_ALLOWED_HOSTS, GuardMiddleware, HostList, OriginGuard
 from runlm.server.responses_shapes import DEFAULT_STORED_RESPONSES, ResponseStore
 from runlm.server.state import ServerState, served_names
 from runlm.server.web import WebPage
@@ -45,6 +46,8 @@ def create_app(
     allow_remote_images: bool = False,
     pooling: str | None = None,
     stored_responses: int = DEFAULT_STORED_RESPONSES,
+    allowed_hosts: Sequence[str] = (),
+    api_docs: bool = False,
 ) -> FastAPI:
     """A FastAPI app serving one loaded model (a runlm.LoadedModel).
 
@@ -53,10 +56,14 @@ def create_app(
     requests that set no max_tokens (None: up to the context's end). `pooling` ("mean" or "last") sets how
     embeddings pool token states; None pools as the model's files declare (mean where they say nothing).
     `stored_responses` bounds the in-memory store behind /v1/responses' previous_response_id (LRU).
+    `allowed_hosts` extends the host names the server answers to (loopback names and IP addresses always;
+    "*": any), see middleware.OriginGuard. `api_docs` serves FastAPI's /docs, /redoc and /openapi.json (off:
+    the docs pages load their scripts from a CDN).
     """
     if api_key is None:
         api_key = os.environ.get("RUNLM_API_KEY") or None
     pooling = check_pooling(pooling) if pooling is not None else None
+    hosts = HostList((*DEFAULT_ALLOWED_HOSTS, *allowed_hosts))
     engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length,
                     prompt_cache_mb=prompt_cache_mb)
     scheduler = Scheduler(engine, max_queue=max_queue, max_batch=max_batch)
@@ -71,14 +78,17 @@ def create_app(
         yield
         scheduler.close()
 
+    docs = {} if api_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="runlm", version="0.1.0", lifespan=lifespan,
-                  description="OpenAI-compatible API over a local runlm model")
+                  description="OpenAI-compatible API over a local runlm model", **docs)
     app.state.runlm = state
     app.state.responses = ResponseStore(stored_responses)
     install_error_handlers(app)
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes, metrics=metrics)
     # The chat page at / (outside the key guard: it holds no secrets and asks for the key on a 401).
     app.add_middleware(WebPage, metrics=metrics)
+    # Outermost: a request for a foreign host name or from a foreign web origin reaches nothing else.
+    app.add_middleware(OriginGuard, hosts=hosts, metrics=metrics)
     app.include_router(openai_api.router)
     app.include_router(llamacpp_api.router)
     app.include_router(embeddings_api.router)

@@ -1,5 +1,5 @@
 """Key auth (a bearer token, or Anthropic's x-api-key header), a request-body size limit and request
-counting, as one plain ASGI middleware.
+counting, as one plain ASGI middleware; and OriginGuard, the Host / Origin checks in front of it.
 
 Plain ASGI (not BaseHTTPMiddleware) so streaming responses and client disconnects pass straight
 through. The body is read up front, at most `max_body_bytes` of it, so an oversized upload is refused
@@ -9,10 +9,12 @@ before any route sees it.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from runlm.errors import InvalidInputError
 from runlm.server.errors import APIError, error_body_for
 from runlm.server.metrics import Metrics
 
@@ -124,3 +126,125 @@ class GuardMiddleware:
             elif name == b"x-api-key" and hmac.compare_digest(value.strip(), self.api_key):
                 return True
         return False
+
+
+# -- origins ---------------------------------------------------------------------------------------
+
+DEFAULT_ALLOWED_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def split_authority(value: str) -> tuple[str, int | None] | None:
+    """'Host:8000' -> ('host', 8000), '[::1]' -> ('[::1]', None); None when it is not a host[:port]."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        name, rest = (value[: end + 1], value[end + 1 :]) if end > 0 else ("", "")
+        if not name or not _is_ip(name):
+            return None
+    else:
+        name, sep, port_text = value.partition(":")
+        rest = ":" + port_text if sep else ""
+        name = name.rstrip(".")  # 'localhost.' is localhost
+        if not name or not all(c.isalnum() or c in "-._" for c in name) or not name.isascii():
+            return None
+    if not rest:
+        return name, None
+    port_text = rest[1:]
+    if not rest.startswith(":") or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        return None
+    return name, int(port_text)
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name[1:-1] if name.startswith("[") else name)
+    except ValueError:
+        return False
+    return True
+
+
+class HostList:
+    """Allowed host names, each optionally with a port: 'example.com', 'box:8000', '.example.com' (and its
+    subdomains), '*' (any host: turns the check off)."""
+
+    def __init__(self, entries: Iterable[str]):
+        self.any = False
+        self.entries: list[tuple[str, int | None]] = []
+        for entry in entries:
+            entry = entry.strip()
+            if entry == "*":
+                self.any = True
+                continue
+            parsed = split_authority(entry.lstrip(".")) if entry else None
+            if parsed is None:
+                raise InvalidInputError(f"allowed host {entry!r} is not a host name, IP address or host:port")
+            self.entries.append(("." + parsed[0] if entry.startswith(".") else parsed[0], parsed[1]))
+
+    def allows(self, name: str, port: int | None) -> bool:
+        if self.any:
+            return True
+        for entry, entry_port in self.entries:
+            matches = name == entry or (entry.startswith(".") and (name == entry[1:] or name.endswith(entry)))
+            if matches and (entry_port is None or entry_port == port):
+                return True
+        return False
+
+
+class OriginGuard:
+    """Refuse requests addressed to a host name this server does not answer to, and state-changing requests sent
+    by a page of another origin, before the key check or any route sees them.
+
+    Host: a web page can rebind its own DNS name to 127.0.0.1 and then drive a keyless local server as
+    same-origin; its requests still carry that name in Host. So Host must be an allowed name (loopback names
+    by default), or an IP address (a rebinding needs a name). A request without Host (not a browser) passes.
+    Origin: browsers send it on cross-origin POSTs; it must be this server's own origin (the chat page) or an
+    allowed host, else 403: no other site can make the user's browser post to the model.
+    """
+
+    def __init__(self, app: Any, hosts: HostList, metrics: Metrics | None = None):
+        self.app = app
+        self.hosts = hosts
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or self.hosts.any:
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refusal(scope)
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        if scope["type"] == "websocket":  # no HTTP answer to send before the handshake: close it
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        await _send_error(send, path, 403, refusal, "forbidden_origin")
+        if self.metrics is not None:
+            self.metrics.count_request(route_label(path), 403)
+
+    def _refusal(self, scope: Scope) -> str | None:
+        headers = dict(scope.get("headers") or [])
+        host_header = headers.get(b"host", b"").decode("latin-1")
+        host = None
+        if host_header:
+            host = split_authority(host_header)
+            if host is None:
+                return f"invalid Host header {host_header[:100]!r}"
+            if not (_is_ip(host[0]) or self.hosts.allows(*host)):
+                return (f"this server does not answer to the host {host[0]!r} (a guard against DNS rebinding): "
+                        f"start it with --allowed-hosts {host[0]} to allow that name")
+        origin_header = headers.get(b"origin")
+        if origin_header is None or scope.get("method", "GET") not in STATE_CHANGING:
+            return None
+        origin = origin_header.decode("latin-1")
+        scheme, sep, authority = origin.partition("://")
+        parsed = split_authority(authority) if sep and scheme in ("http", "https") else None
+        if parsed is not None:
+            own_port = 443 if scope.get("scheme") in ("https", "wss") else 80
+            origin_port = parsed[1] or (443 if scheme == "https" else 80)
+            same_origin = host is not None and (parsed[0], origin_port) == (host[0], host[1] or own_port)
+            if same_origin or self.hosts.allows(*parsed):
+                return None
+        return (f"requests from the web origin {origin[:100]!r} are not allowed: only this server's own pages "
+                f"and its allowed hosts may send them (see --allowed-hosts)")
