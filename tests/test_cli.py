@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import socket
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import httpx
 import pytest
 import torch
 from reference.tiny import build_qwen3_embedding
 
-from runlm import load
+from runlm import cli, load
 from runlm.engine.embeddings import embed, embedding_ids
 
 
@@ -107,3 +109,31 @@ def test_serve_pooling_flag_sets_how_embeddings_pool(tmp_path):
     assert (torch.tensor(got) - want).abs().max().item() <= 1e-4
     bad = runlm("serve", "-m", str(directory), "--pooling", "max")
     assert bad.returncode == 2 and "--pooling" in bad.stderr
+
+
+def test_error_lines_reach_the_terminal_without_escape_sequences():
+    """A path (or anything read from a model file) holding ESC / OSC sequences is written out, not obeyed."""
+    out = runlm("info", "/nonexistent/\x1b]0;pwned\x07\x1b[2J.gguf")
+    assert out.returncode == 1
+    assert "\x1b" not in out.stderr and "\x07" not in out.stderr
+    assert "\\x1b]0;pwned\\x07\\x1b[2J.gguf" in out.stderr
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("stdout, want", [
+    (Terminal(), "hi \\x1b]52;c;cGF5bG9hZA==\\x07 \\x1b[2J done\r\n\tend\n"),  # an OSC 52 clipboard write, a clear
+    (io.StringIO(), "hi \x1b]52;c;cGF5bG9hZA==\x07 \x1b[2J done\r\n\tend\n"),  # a pipe gets the text as generated
+])
+def test_streamed_reply_on_a_terminal_shows_escapes_as_text(monkeypatch, stdout, want):
+    """Escape sequences split across streamed pieces are caught too (the check is per character)."""
+    pieces = ["hi \x1b]52;c;cGF5bG9hZA==\x07 ", "\x1b", "[2J done\r\n\tend"]
+    engine = SimpleNamespace(tokenizer=SimpleNamespace(encode_prompt=lambda text: [1]),
+                             generate=lambda request: iter(SimpleNamespace(text=p) for p in pieces))
+    args = SimpleNamespace(max_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=None)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    assert cli._stream_reply(engine, "prompt", args) == "".join(pieces)
+    assert stdout.getvalue() == want
