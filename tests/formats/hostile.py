@@ -22,7 +22,7 @@ import tempfile
 import traceback
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import runlm
@@ -95,7 +95,6 @@ class GGUFImage:
     sparse: bool = False  # write the data as a hole of zeros instead of copying it
     n_tensors: int | None = None  # forged counts (None: the real ones)
     n_kv: int | None = None
-    _header_cache: bytes = field(default=b"", repr=False)
 
     @classmethod
     def read(cls, path: Path, sparse: bool = False) -> GGUFImage:
@@ -219,10 +218,6 @@ def _gguf_variant(base: Path, name: str, change: Callable[[GGUFImage], object], 
         return image.write(workdir / "variant.gguf", edit)
 
     return Variant(name, build, expect=expect, dtype=dtype)
-
-
-def _arch_key(key: str) -> Callable[[GGUFImage], str]:
-    return lambda image: f"{image.arch()}.{key}"
 
 
 def hyperparameter_cases(base: Path, label: str, sparse: bool) -> list[Variant]:
