@@ -33,11 +33,11 @@ class Session:
 
 
 class PartialBatchError(RunlmError):
-    """decode_batch failed part-way: the first len(rows) sessions advanced (these are their logits), the
+    """extend_batch failed part-way: the first len(rows) sessions advanced (these are their logits), the
     next one raised `cause`, and the rest were not touched."""
 
     def __init__(self, rows: list[torch.Tensor], cause: BaseException):
-        super().__init__(f"decode_batch failed at session {len(rows)}: {cause}")
+        super().__init__(f"extend_batch failed at session {len(rows)}: {cause}")
         self.rows, self.cause = rows, cause
 
 
@@ -154,24 +154,31 @@ class LmRunner(ABC):
             raise InvalidInputError("decode needs a prefilled session: call prefill first")
         return self.extend(session, [token])
 
-    def decode_batch(self, sessions: Sequence[Session], tokens: Sequence[int]) -> torch.Tensor:
-        """One token for each session, each at its own position: logits [B, vocab].
+    def extend_batch(self, sessions: Sequence[Session], ids_lists: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Append ids_lists[i] to sessions[i] for every i as one step; the last new position's logits of each.
 
-        An error either leaves every session as it was, or is a PartialBatchError that says which
-        sessions advanced (and their logits). The default steps the sessions one after another;
-        cached runners run one batched forward.
+        Decode steps (one token) and prefill chunks (many) of different sequences share a step this way. An
+        error either leaves every session as it was, or is a PartialBatchError that says which sessions
+        advanced (and their logits). The default extends the sessions one after another; cached runners run
+        one batched forward.
         """
-        if len(sessions) != len(tokens) or not sessions:
-            raise InvalidInputError("decode_batch needs one token per session, and at least one session")
+        if len(sessions) != len(ids_lists) or not sessions:
+            raise InvalidInputError("extend_batch needs one token list per session, and at least one session")
         rows: list[torch.Tensor] = []
-        for session, token in zip(sessions, tokens):
+        for session, ids in zip(sessions, ids_lists):
             try:
-                rows.append(self.decode(session, token))
+                rows.append(self.extend(session, ids))
             except Exception as exc:
                 if not rows:
                     raise
                 raise PartialBatchError(rows, exc) from exc
-        return torch.stack(rows)
+        return rows
+
+    def decode_batch(self, sessions: Sequence[Session], tokens: Sequence[int]) -> torch.Tensor:
+        """One token for each prefilled session, each at its own position: logits [B, vocab] (see extend_batch)."""
+        if any(not session.tokens for session in sessions):
+            raise InvalidInputError("decode_batch needs prefilled sessions: call prefill first")
+        return torch.stack(self.extend_batch(sessions, [[token] for token in tokens]))
 
     def export(self, session: Session) -> SessionSnapshot | None:
         """Snapshot `session` for prompt-cache reuse; None if this runner cannot."""

@@ -78,13 +78,13 @@ def test_engine_greedy_and_honest_cache_report(llama):
 def test_scheduler_batches_any_runner(llama):
     loaded, reference = llama
     batch_sizes: list[int] = []
-    plain_decode_batch = reference.decode_batch
+    plain_extend_batch = reference.extend_batch
 
-    def counting_decode_batch(sessions: list[Session], tokens: list[int]):
+    def counting_extend_batch(sessions: list[Session], ids_lists: list[list[int]]):
         batch_sizes.append(len(sessions))
-        return plain_decode_batch(sessions, tokens)
+        return plain_extend_batch(sessions, ids_lists)
 
-    reference.decode_batch = counting_decode_batch
+    reference.extend_batch = counting_extend_batch
     prompts = [prompt_ids(n, seed=10 + n) for n in (3, 9, 5, 14)]
     scheduler = Scheduler(Engine(reference, loaded.tokenizer, prompt_cache_mb=0), max_queue=8, max_batch=4)
     try:
@@ -92,7 +92,7 @@ def test_scheduler_batches_any_runner(llama):
         results = [h.result() for h in handles]
     finally:
         scheduler.close()
-        del reference.decode_batch
+        del reference.extend_batch
     assert [r.token_ids for r in results] == [loaded.runner.generate(p, 6) for p in prompts]
     assert max(batch_sizes) > 1  # sequences really decoded together
 

@@ -113,7 +113,9 @@ class Generation:
         self.submitted_at = submitted_at if submitted_at is not None else time.perf_counter()
         self._started_at = 0.0
         self._first_token_at = 0.0
-        self.session: Session | None = None  # made by Engine.start
+        self.session: Session | None = None  # made by Engine.start / Engine.begin
+        self.pending: list[int] = []  # prompt tokens still to run (Engine.begin, then Engine.step's prefill chunks)
+        self.reused = 0  # prompt tokens the session took from the prompt cache
         self.prefilled = False
         self.index = 0  # the choice this generation is, when a request asks for n of them
 
@@ -291,6 +293,26 @@ class Engine:
                 rows.append(self._prefill(gen))
         return [gen.on_logits(row) for gen, row in zip(gens, rows)]
 
+    def begin(self, gen: Generation) -> StreamRecord | None:
+        """Open `gen`'s session from the longest cached prefix, leaving the rest of its prompt in `gen.pending`
+        for `step` to run in chunks beside other sequences' decode steps (a long prompt then does not stall
+        them). An image prompt runs whole here instead: its first record is returned (else None)."""
+        if gen.request.image is not None:
+            return self.start(gen)
+        gen.mark_started()
+        gen.session = self.runner.new_session()
+        prompt = gen.request.prompt_ids
+        if self.prompt_cache is not None and gen.request.use_prompt_cache:
+            snap, match = self.prompt_cache.lookup(prompt)
+            reuse = min(match, len(prompt) - 1)  # the last prompt token must run to give logits
+            if snap is not None and reuse > 0 and self.runner.restore(gen.session, snap, reuse):
+                gen.reused = reuse
+                self.prompt_cache.record_hit(reuse)
+            elif snap is not None:
+                self.runner.reset_session(gen.session)
+        gen.pending = list(prompt[gen.reused:])
+        return None
+
     def _prefill(self, gen: Generation) -> torch.Tensor:
         """Make `gen` a session holding its prompt (from the prompt cache where it can); the last logits."""
         gen.mark_started()
@@ -311,33 +333,49 @@ class Engine:
         gen.mark_prefilled(reused)
         return logits
 
-    def step(self, gens: Sequence[Generation]) -> list[StepResult]:
-        """One decode step for every generation given, in one batched forward: a record or an error each.
+    def step(self, gens: Sequence[Generation], prefilling: Generation | None = None,
+             chunk: int | None = None) -> list[StepResult]:
+        """One step in one batched forward: a decode step for every generation in `gens` and, with
+        `prefilling` (opened by `begin`), the next `chunk` tokens of its prompt (all of them when None).
+        A record or an error for each generation that produced one (`prefilling` produces its first record
+        with its prompt's last chunk).
 
-        If the batched forward fails, the generations it did not advance are retried alone, so only the
+        If the batched forward fails, the sequences it did not advance are retried alone, so only the
         failing ones fail.
         """
+        members = list(gens)
+        ids_lists = [[g.next_token] for g in gens]
+        if prefilling is not None:
+            members.append(prefilling)
+            pending = prefilling.pending
+            # whole chunks, the last one up to twice as long: no short tail step at the end of a prompt
+            ids_lists.append(pending[:chunk] if chunk and len(pending) >= 2 * chunk else pending)
         rows: list[torch.Tensor | Exception]
         try:
-            rows = list(self.runner.decode_batch([g.session for g in gens], [g.next_token for g in gens]))
+            rows = list(self.runner.extend_batch([g.session for g in members], ids_lists))
         except Exception as batch_error:
             if isinstance(batch_error, PartialBatchError):
                 rows = [*batch_error.rows, batch_error.cause]  # these advanced; the next one failed
-            elif len(gens) == 1:
+            elif len(members) == 1:
                 rows = [batch_error]
             else:
                 rows = []
-            for g in gens[len(rows):]:
+            for g, ids in zip(members[len(rows):], ids_lists[len(rows):]):
                 try:
-                    rows.append(self.runner.decode(g.session, g.next_token))
+                    rows.append(self.runner.extend(g.session, ids))
                 except Exception as exc:
                     rows.append(exc)
         results: list[StepResult] = []
-        for g, row in zip(gens, rows):
+        for g, ids, row in zip(members, ids_lists, rows):
             if isinstance(row, Exception):
                 g.fail()
                 results.append((g, row))
                 continue
+            if g is prefilling:
+                g.pending = g.pending[len(ids):]
+                if g.pending:
+                    continue  # more of the prompt to run: no token yet
+                g.mark_prefilled(g.reused)
             try:
                 results.append((g, g.on_logits(row)))
             except Exception as exc:  # a sampler or grammar failure ends this request only

@@ -197,14 +197,23 @@ def release_openmp_pools() -> bool:
     return pause(1) == 0  # omp_pause_soft: pools are rebuilt on the next parallel region
 
 
+MIN_MIXED_CHUNK = 4  # prompt tokens per step, at least, for a prompt admitted beside running streams
+
+
 class Scheduler:
     """A bounded FIFO of requests in front of one worker thread that owns the engine."""
 
-    def __init__(self, engine: Engine, max_queue: int = 16, name: str = "runlm-worker", max_batch: int = 8):
+    def __init__(self, engine: Engine, max_queue: int = 16, name: str = "runlm-worker", max_batch: int = 8,
+                 prefill_chunk: int = 512):
         self.engine = engine
         self.max_queue = max(0, int(max_queue))
         self.max_batch = max(1, int(max_batch))
+        # Prompt tokens run per step for the request being admitted: `prefill_chunk` while nothing else runs;
+        # beside running streams, as many as there are streams (at least MIN_MIXED_CHUNK), which keeps their
+        # inter-token latency within about twice its usual value while a long prompt comes in.
+        self.prefill_chunk = max(1, int(prefill_chunk))
         self.active: list[RequestHandle] = []  # in flight, each with its generation's session
+        self.prefilling: RequestHandle | None = None  # admitted; its prompt runs chunk by chunk in the steps
         self._waiting: deque[RequestHandle] = deque()
         self._calls: deque[tuple[Callable[[], Any], Future]] = deque()  # run(fn): model work besides decoding
         self._cond = threading.Condition()
@@ -221,11 +230,11 @@ class Scheduler:
 
     @property
     def busy(self) -> bool:
-        return bool(self.active)
+        return bool(self.active) or self.prefilling is not None
 
     @property
     def in_flight(self) -> int:
-        return len(self.active)
+        return len(self.active) + (self.prefilling is not None)
 
     def submit(
         self,
@@ -248,7 +257,7 @@ class Scheduler:
             if any(h.cancelled for h in self._waiting):
                 self._waiting = deque(h for h in self._waiting if not h.cancelled or self._drop(h))
             # Waiting requests first fill the free batch slots (the worker admits one per step), then the queue.
-            free = max(0, self.max_batch - len(self.active))
+            free = max(0, self.max_batch - self.in_flight)
             if len(self._waiting) >= self.max_queue + free:
                 raise QueueFullError(
                     f"the server is busy: {len(self._waiting)} requests are already waiting (max_queue "
@@ -279,7 +288,7 @@ class Scheduler:
                 raise SchedulerClosedError("the server is shutting down")
             if any(h.cancelled for h in self._waiting):
                 self._waiting = deque(h for h in self._waiting if not h.cancelled or self._drop(h))
-            free = max(0, self.max_batch - len(self.active))
+            free = max(0, self.max_batch - self.in_flight)
             if self._waiting and len(self._waiting) + n > self.max_queue + free:
                 raise QueueFullError(
                     f"the server is busy: {len(self._waiting)} requests are already waiting (max_queue "
@@ -318,6 +327,8 @@ class Scheduler:
             calls, self._calls = list(self._calls), deque()
             for handle in self.active:
                 handle.cancel()
+            if self.prefilling is not None:
+                self.prefilling.cancel()
             self._cond.notify_all()
         for h in waiting:
             self._drop(h)
@@ -331,19 +342,19 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._waiting and not self.active and not self._calls and not self._closed:
+                while not (self._waiting or self.busy or self._calls or self._closed):
                     self._cond.wait()
-                if self._closed and not self.active:
+                if self._closed and not self.busy:
                     return
                 call = self._calls.popleft() if self._calls else None
-                admitted = self._next_admission() if not self._closed else []
+                admitted = self._next_admission() if not self._closed and self.prefilling is None else []
             if call is not None:
                 self._run_call(*call)
             if len(admitted) == 1:
                 self._admit(admitted[0])
             elif admitted:
                 self._admit_group(admitted)
-            if self.active:
+            if self.busy:
                 self._step()
 
     def _next_admission(self) -> list[RequestHandle]:
@@ -358,7 +369,7 @@ class Scheduler:
                 if handle.group is not head.group:
                     break
                 size += 1
-        if self.active and len(self.active) + size > self.max_batch:
+        if self.active and self.in_flight + size > self.max_batch:
             return []
         return [self._waiting.popleft() for _ in range(size)]
 
@@ -372,16 +383,24 @@ class Scheduler:
             future.set_exception(exc)
 
     def _admit(self, handle: RequestHandle) -> None:
-        """Prefill a new request in a session of its own; it joins the batch at the next step."""
+        """Open a new request's session; its prompt then runs chunk by chunk in the next steps, beside the
+        decode steps of the requests in flight (an image prompt runs whole, at once)."""
         if handle.cancelled:
             self._drop(handle)
             return
         try:
-            record = self.engine.start(handle.gen)
+            record = self.engine.begin(handle.gen)
         except Exception as exc:  # delivered to the caller; the worker lives on
             handle.gen.fail()
             self._end(handle, exc)
             return
+        if record is None:
+            self.prefilling = handle
+            return
+        self._started(handle, record)
+
+    def _started(self, handle: RequestHandle, record: StreamRecord) -> None:
+        """A request's first record: it joins the batch, or ends at once."""
         handle._put(record)
         if handle.gen.finished:
             self._end(handle)
@@ -412,14 +431,28 @@ class Scheduler:
                 self.active.append(handle)
 
     def _step(self) -> None:
-        """One batched decode step for every generation in flight."""
+        """One batched step: a decode step for every generation in flight, plus the next chunk of the prompt
+        being admitted."""
         for handle in [h for h in self.active if h.cancelled]:
             self.active.remove(handle)
             self._end(handle, handle.gen.cancel())
-        if not self.active:
+        prefilling, self.prefilling = self.prefilling, None
+        if prefilling is not None and prefilling.cancelled:
+            self._end(prefilling, prefilling.gen.cancel())
+            prefilling = None
+        if not self.active and prefilling is None:
             return
+        chunk = max(MIN_MIXED_CHUNK, len(self.active)) if self.active else self.prefill_chunk
         by_gen = {id(h.gen): h for h in self.active}
-        for gen, result in self.engine.step([h.gen for h in self.active]):
+        self.prefilling = prefilling  # still admitting unless its last chunk runs now
+        for gen, result in self.engine.step([h.gen for h in self.active], prefilling and prefilling.gen, chunk):
+            if prefilling is not None and gen is prefilling.gen:
+                self.prefilling = None
+                if isinstance(result, Exception):
+                    self._end(prefilling, result)
+                else:
+                    self._started(prefilling, result)
+                continue
             handle = by_gen[id(gen)]
             if isinstance(result, Exception) or gen.finished:
                 self.active.remove(handle)

@@ -15,7 +15,7 @@ from runlm.nn import FullKVCache, Rope, SlidingKVCache
 from runlm.quant import kernels
 from runlm.quant.dequant import dequantize
 from runlm.quant.int4 import DenseLinear, concat_linears, pack_linear
-from runlm.runner import LmRunner, Session, SessionSnapshot, check_token
+from runlm.runner import LmRunner, Session, SessionSnapshot
 
 
 class Embedding(nn.Module):
@@ -162,6 +162,19 @@ class DecoderLM(nn.Module):
     def forward(self, ids: torch.Tensor, cache: list, start: int, last_only: bool = True) -> torch.Tensor:
         return self.forward_embeds(self.embed_tokens(ids)[None], cache, start, last_only)
 
+    def forward_rows(self, ids: torch.Tensor, caches: list[list], starts: list[int], counts: list[int]) -> torch.Tensor:
+        """Ragged rows through fused blocks: counts[i] new tokens of sequence i from position starts[i], all in
+        one call per block; the logits of each sequence's last new row [B, vocab]."""
+        h = self.embed_tokens(ids)[None]
+        positions = torch.tensor([s + j for s, c in zip(starts, counts) for j in range(c)], device=h.device)
+        tables = {id(rope): rope.tables(positions, h.dtype) for rope in self.ropes}
+        for index, layer in enumerate(self.layers):
+            h = layer.fused(h, tables, [cache[index] for cache in caches], starts, counts)
+        last = torch.tensor(counts, device=h.device).cumsum(0) - 1
+        logits = self.head(self.norm(h[0, last])).float()
+        cap = self.config.final_softcap
+        return torch.tanh(logits / cap) * cap if cap is not None else logits
+
     def forward_batch(self, ids: torch.Tensor, caches: list[list], starts: list[int]) -> torch.Tensor:
         """One decode step for B sequences, each with its own cache and position: logits [B, vocab].
 
@@ -244,24 +257,34 @@ class CachedRunner(LmRunner):
         return self.model.hidden_states(ids_tensor, self.model.new_cache()).float().cpu()
 
     @torch.inference_mode()
-    def decode_batch(self, sessions: Sequence[Session], tokens: Sequence[int]) -> torch.Tensor:
-        """One batched forward: projections and MLP read the weights once for all sessions."""
-        if len(sessions) != len(tokens) or not sessions:
-            raise InvalidInputError("decode_batch needs one token per session, and at least one session")
-        if len(sessions) == 1:  # the single-sequence decode path (fused blocks)
-            return self.decode(sessions[0], tokens[0])[None]
-        vocab = self.vocab_size()
-        for session, token in zip(sessions, tokens):
-            if not session.tokens:
-                raise InvalidInputError("decode_batch needs prefilled sessions")
-            check_token(token, vocab)
-            self.check_fits(len(session.tokens) + 1)
+    def extend_batch(self, sessions: Sequence[Session], ids_lists: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """One batched forward: projections and MLP read the weights once for every row of every session.
+
+        Fused blocks take ragged rows (a prefill chunk beside decode steps); the float32 reference path
+        batches one token per session and extends sessions one by one otherwise.
+        """
+        if len(sessions) != len(ids_lists) or not sessions:
+            raise InvalidInputError("extend_batch needs one token list per session, and at least one session")
+        for session, ids in zip(sessions, ids_lists):
+            if len(ids) == 0:
+                raise InvalidInputError("extend_batch needs at least one token for every session")
+            self.check_tokens(ids)
+            self.check_fits(len(session.tokens) + len(ids))
+        if len(sessions) == 1:
+            return [self.extend(sessions[0], ids_lists[0])]
+        counts = [len(ids) for ids in ids_lists]
         starts = [len(session.tokens) for session in sessions]
-        ids = torch.tensor([int(t) for t in tokens], dtype=torch.long, device=self.device)
-        logits = self.model.forward_batch(ids, [session.state for session in sessions], starts).cpu()
-        for session, token in zip(sessions, tokens):
-            session.tokens.append(int(token))
-        return logits
+        caches = [session.state for session in sessions]
+        flat = torch.tensor([int(t) for ids in ids_lists for t in ids], dtype=torch.long, device=self.device)
+        if self.fused_blocks == len(self.model.layers):
+            logits = self.model.forward_rows(flat, caches, starts, counts).cpu()
+        elif all(count == 1 for count in counts):
+            logits = self.model.forward_batch(flat, caches, starts).cpu()
+        else:
+            return super().extend_batch(sessions, ids_lists)
+        for session, ids in zip(sessions, ids_lists):
+            session.tokens.extend(int(t) for t in ids)
+        return list(logits)
 
     @torch.inference_mode()
     def export(self, session: Session) -> SessionSnapshot | None:

@@ -70,21 +70,26 @@ class FusedBlock:
             and (attn.q_norm is None) == (attn.k_norm is None)
         )
 
-    def __call__(self, h: torch.Tensor, rope_tables, caches: list, starts: list[int]) -> torch.Tensor:
-        """h [B, T, hidden]: T new tokens for each of the B sequences (caches[i] at positions starts[i]...)."""
-        b, t, hidden = h.shape
+    def __call__(self, h: torch.Tensor, rope_tables, caches: list, starts: list[int],
+                 counts: list[int] | None = None) -> torch.Tensor:
+        """h [B, T, hidden]: T new tokens for each of the B sequences (caches[i] at positions starts[i]...);
+        or, with `counts`, h [1, R, hidden] holding counts[i] rows of sequence i in turn (ragged)."""
+        shape = h.shape
+        if counts is None:
+            counts = [shape[1]] * shape[0]
+        rows = sum(counts)
         cos, sin = rope_tables[self.rope]
-        row_seq = [i for i in range(b) for _ in range(t)]
-        row_pos = [start + j for start in starts for j in range(t)]
-        for cache, start in zip(caches, starts):
-            cache.prepare(start, t)
+        row_seq = [i for i, count in enumerate(counts) for _ in range(count)]
+        row_pos = [start + j for start, count in zip(starts, counts) for j in range(count)]
+        for cache, start, count in zip(caches, starts, counts):
+            cache.prepare(start, count)
         out = torch.ops.runlm.transformer_block.default(
-            h.reshape(b * t, hidden), *self.weights, cos.reshape(b * t, -1), sin.reshape(b * t, -1),
+            h.reshape(rows, shape[-1]), *self.weights, cos.reshape(rows, -1), sin.reshape(rows, -1),
             [c.k for c in caches], [c.v for c in caches], self.window, row_seq, row_pos, *self.heads,
         )
-        for cache, start in zip(caches, starts):
-            cache.commit(start, t)
-        return out.view(b, t, hidden)
+        for cache, start, count in zip(caches, starts, counts):
+            cache.commit(start, count)
+        return out.view(shape)
 
 
 def fuse_blocks(model: nn.Module, dtype: torch.dtype, device: torch.device) -> int:

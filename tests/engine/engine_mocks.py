@@ -56,8 +56,11 @@ class ScriptedRunner(LmRunner):
     """After any prompt it 'wants' script[0], script[1], ...: that token gets a big logit on top of
     fixed noise, so greedy follows the script and sampling has a real distribution to draw from.
 
-    Each session remembers where its prompt ended (`session.state`). The runner counts the prompt
-    tokens it actually ran, so tests can see prompt-cache reuse.
+    Each session remembers where its prompt ended (`session.state`; None while its prompt is still to run).
+    An extend of one token on a session whose prompt has run is a decode step; anything else is prompt (the
+    engine never leaves a one-token tail chunk, and a restored prefix continues its prompt, while a whole
+    restored snapshot — a forked choice — decodes next). The runner counts the prompt tokens it actually
+    ran, so tests can see prompt-cache reuse.
     """
 
     def __init__(self, script: Sequence[int], vocab: int = len(PIECES), margin: float = 8.0,
@@ -96,16 +99,13 @@ class ScriptedRunner(LmRunner):
         return self.prefill(self.new_session(), prompt_ids)
 
     def extend(self, session: Session, ids: Sequence[int], all_positions: bool = False) -> torch.Tensor:
-        """Prompt tokens (the whole prompt, or the suffix after a restored prefix)."""
         self.check_tokens(ids)
-        self.prefilled_tokens += len(ids)
         session.tokens = session.tokens + [int(t) for t in ids]
-        session.state = len(session.tokens)  # the prompt ends here
-        return self._logits(session)
-
-    def decode(self, session: Session, token: int) -> torch.Tensor:
-        self.decode_calls += 1
-        session.tokens.append(int(token))
+        if session.state is not None and len(ids) == 1:
+            self.decode_calls += 1
+        else:
+            self.prefilled_tokens += len(ids)
+            session.state = len(session.tokens)  # the prompt ends here
         return self._logits(session)
 
     def export(self, session: Session) -> SessionSnapshot:
@@ -114,7 +114,8 @@ class ScriptedRunner(LmRunner):
 
     def restore(self, session: Session, snap: SessionSnapshot, length: int | None = None) -> bool:
         session.tokens = list(snap.token_ids[:length])
-        session.state = len(session.tokens)  # a restored session's prompt ends where the snapshot does
+        whole = length is None or length == len(snap.token_ids)
+        session.state = len(session.tokens) if whole else None  # a prefix continues its prompt
         return True
 
 

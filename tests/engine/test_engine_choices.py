@@ -36,13 +36,13 @@ def run_group(eng: Engine, request: GenerationRequest, n: int) -> list[list]:
 def test_choices_prefill_once_and_decode_as_one_batch():
     eng = engine()
     batch_sizes = []
-    real = eng.runner.decode_batch
+    real = eng.runner.extend_batch
 
-    def decode_batch(sessions, tokens):
+    def extend_batch(sessions, ids_lists):
         batch_sizes.append(len(sessions))
-        return real(sessions, tokens)
+        return real(sessions, ids_lists)
 
-    eng.runner.decode_batch = decode_batch
+    eng.runner.extend_batch = extend_batch
     records = run_group(eng, GenerationRequest(PROMPT, sampling=SamplingParams(temperature=0.0)), 3)
     assert eng.runner.prefilled_tokens == len(PROMPT)  # the prompt ran once; two sessions were restored
     assert batch_sizes == [3, 3]

@@ -254,15 +254,19 @@ def test_scheduler_cancel_mid_stream_stops_between_tokens():
 def test_scheduler_survives_runner_errors():
     eng = engine(ids("Hello", "<eos>"))
 
-    def boom(session, token):
-        raise RuntimeError("kernel exploded")
+    real_extend = eng.runner.extend
 
-    eng.runner.decode = boom
+    def boom(session, ids, all_positions=False):
+        if session.state is not None:  # decode steps fail
+            raise RuntimeError("kernel exploded")
+        return real_extend(session, ids, all_positions)
+
+    eng.runner.extend = boom
     sched = Scheduler(eng, max_queue=2)
     try:
         with pytest.raises(RuntimeError, match="exploded"):
             sched.submit(GenerationRequest(prompt_ids=PROMPT, sampling=GREEDY)).result()
-        del eng.runner.decode
+        del eng.runner.extend
         assert sched.submit(GenerationRequest(prompt_ids=PROMPT, sampling=GREEDY)).result().text == "Hello"
     finally:
         sched.close()
@@ -272,14 +276,14 @@ def test_a_failing_request_fails_alone_while_the_batch_goes_on():
     """One request's decode raising (batched or alone) ends that request; the others in flight finish."""
     eng = engine([ID["a"]] * 6 + ids("<eos>"), delay_s=0.002)
     poison = ID["x"]
-    real_decode = eng.runner.decode
+    real_extend = eng.runner.extend
 
-    def decode(session, token):
-        if poison in session.tokens:
+    def extend(session, ids, all_positions=False):
+        if poison in session.tokens:  # this sequence's decode steps fail
             raise RuntimeError("bad sequence")
-        return real_decode(session, token)
+        return real_extend(session, ids, all_positions)
 
-    eng.runner.decode = decode
+    eng.runner.extend = extend
     sched = Scheduler(eng, max_queue=4, max_batch=4)
     try:
         good = [sched.submit(GenerationRequest(prompt_ids=PROMPT, sampling=GREEDY)) for _ in range(2)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from runlm.bench import english_text
 from runlm.engine import Engine, GenerationRequest, Scheduler
 from runlm.sampling import SamplingParams
 
@@ -74,3 +75,33 @@ def test_same_seed_same_text_whatever_the_cache_state(smollm2):
     other = engine.complete(GenerationRequest(prompt_ids=prompt, max_tokens=24,
                                               sampling=SamplingParams(temperature=0.8, seed=7)))
     assert other.text != texts[0]  # the seed matters
+
+
+def test_a_long_prompt_is_admitted_in_chunks_beside_running_streams(smollm2):
+    """While a long prompt comes in, the running stream keeps getting tokens (the prompt runs in chunks mixed
+    into the decode steps), and the long request's answer is the one it gets alone."""
+    tok, runner = smollm2.tokenizer, smollm2.runner
+    long_prompt = tok.encode(english_text())[:600]
+    short = tok.encode("Count slowly from one to one hundred:")
+    greedy = SamplingParams(temperature=0.0)
+    scheduler = Scheduler(Engine(runner, tok, context_length=smollm2.context_length, prompt_cache_mb=0),
+                          max_queue=4, max_batch=4)
+    try:
+        running = scheduler.submit(GenerationRequest(prompt_ids=short, max_tokens=500, sampling=greedy,
+                                                     ignore_eos=True))
+        stream = iter(running)
+        next(stream)  # the short request is decoding
+        long_handle = scheduler.submit(GenerationRequest(prompt_ids=long_prompt, max_tokens=4, sampling=greedy,
+                                                         ignore_eos=True))
+        before = running.gen.usage.completion_tokens
+        records = iter(long_handle)
+        first = next(records)
+        during = running.gen.usage.completion_tokens - before
+        # 4-token chunks beside one stream: the 600-token prompt takes at least 75 steps, each one a token for it
+        assert during >= 75, during
+        answer = [first.token_id] + [r.token_id for r in records if r.token_id is not None]
+        assert answer == runner.generate(long_prompt, 4)
+        running.cancel()
+        list(stream)
+    finally:
+        scheduler.close()

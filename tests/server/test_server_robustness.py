@@ -46,15 +46,13 @@ class FastRunner(LmRunner):
         return self.noise[len(prompt_ids) % 64]
 
     def extend(self, session: Session, ids: Sequence[int], all_positions: bool = False) -> torch.Tensor:
+        decoding = bool(session.tokens) and len(ids) == 1  # the engine runs a prompt whole or in chunks of 2+
         session.tokens = session.tokens + list(ids)
-        return self.noise[len(session.tokens) % 64]
-
-    def decode(self, session: Session, token: int) -> torch.Tensor:
-        if self.delay_s:
-            time.sleep(self.delay_s)
-        session.tokens.append(token)
         logits = self.noise[len(session.tokens) % 64].clone()
-        logits[self.eos] += 3.0
+        if decoding:
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            logits[self.eos] += 3.0
         return logits
 
 

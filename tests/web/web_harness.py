@@ -113,24 +113,26 @@ class ScriptedRunner(LmRunner):
     def predict_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
         return self.prefill(self.new_session(), prompt_ids)
 
-    def prefill(self, session: Session, prompt_ids: Sequence[int]) -> torch.Tensor:
-        """session.state: (the scripted reply's ids, how far it has gone)."""
-        self.check_prompt(prompt_ids)
-        self.calls += 1
-        text = self.reply(self.tok.decode(list(prompt_ids)), self.calls)
-        session.tokens = list(prompt_ids)
-        session.state = [self.tok.encode(text, add_bos=False) + [self.end], 0]
-        return self._logits(session)
-
-    def decode(self, session: Session, token: int) -> torch.Tensor:
-        if self.delay_s:
-            time.sleep(self.delay_s)
-        session.tokens.append(token)
-        session.state[1] += 1
+    def extend(self, session: Session, ids: Sequence[int], all_positions: bool = False) -> torch.Tensor:
+        """session.state: [the scripted reply's ids, how far it has gone, the request's number]. One token on a
+        session that has its reply is a decode step; anything else is (a chunk of) the prompt."""
+        self.check_tokens(ids)
+        if session.state is not None and session.state[0] and len(ids) == 1:
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            session.tokens.append(int(ids[0]))
+            session.state[1] += 1
+            return self._logits(session)
+        if not session.tokens:  # a new prompt (its first chunk)
+            self.calls += 1
+            session.state = [[], 0, self.calls]
+        session.tokens = session.tokens + [int(t) for t in ids]
+        text = self.reply(self.tok.decode(session.tokens), session.state[2])
+        session.state[0], session.state[1] = self.tok.encode(text, add_bos=False) + [self.end], 0
         return self._logits(session)
 
     def _logits(self, session: Session) -> torch.Tensor:
-        script, pos = session.state
+        script, pos, _ = session.state
         logits = torch.zeros(self.vocab)
         logits[script[min(pos, len(script) - 1)]] = 60.0
         return logits
