@@ -16,8 +16,10 @@ import platform
 import resource
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 
@@ -325,6 +327,135 @@ def print_table(path: Path, threads: int, args, results: list[dict], skipped: li
 # -- the engine: continuous batching and the prompt cache ---------------------------------------
 
 
+def route_logits(runner, ids: list[int], split: int, chunk: int) -> dict:
+    """Logits of every position of `ids` reached five ways (whole prefill, prefill then one decode step at a
+    time, prefill in chunks, decode batched beside another sequence), plus the last position after a
+    prompt-cache restore ("reuse", of "reused" tokens) and after a fresh prefill ("fresh") of `ids` + one token."""
+    whole = runner.extend(runner.new_session(), ids, all_positions=True)
+    stepped_session = runner.new_session()
+    stepped = [runner.extend(stepped_session, ids[:split], all_positions=True)]
+    stepped += [runner.decode(stepped_session, t)[None] for t in ids[split:]]
+    chunk_session = runner.new_session()
+    chunked = [runner.extend(chunk_session, ids[i : i + chunk], all_positions=True) for i in range(0, len(ids), chunk)]
+    batch_session, other = runner.new_session(), runner.new_session()
+    runner.prefill(batch_session, ids[:split])
+    runner.prefill(other, list(reversed(ids[:5])))
+    batched = [whole[:split]]
+    for i, token in enumerate(ids[split:]):
+        batched.append(runner.decode_batch([other, batch_session], [ids[i % 7], token])[1:2])
+    snap = runner.export(chunk_session)
+    reused_session = runner.new_session()
+    last, reused = runner.prefill_reusing(reused_session, ids + [ids[0]], snap, len(ids))
+    fresh = runner.prefill(runner.new_session(), ids + [ids[0]])
+    return {"whole": whole, "stepped": torch.cat(stepped), "chunked": torch.cat(chunked),
+            "batched": torch.cat(batched), "reuse": last[None], "fresh": fresh[None], "reused": reused}
+
+
+def route_deviation(runner, ids: list[int]) -> float:
+    """Largest |logit difference| between the routes of `route_logits` (0.0: bit-identical)."""
+    got = route_logits(runner, ids, split=len(ids) // 2, chunk=max(1, len(ids) // 5))
+    deltas = [(got[name] - got["whole"]).abs().max().item() for name in ("stepped", "chunked", "batched")]
+    return max(deltas + [(got["reuse"] - got["fresh"]).abs().max().item()])
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def timed_records(handle) -> list[float]:
+    """Arrival times of a request's token records (consumed on this thread)."""
+    return [time.perf_counter() for record in handle if record.token_id is not None]
+
+
+def run_streams(loaded, ids: list[int], count: int, gen_tokens: int) -> dict[str, float]:
+    """`count` streams through the scheduler at once: aggregate and per-stream decode rate, TTFT, inter-token
+    latency p50 / p99 (each stream's records timed on a thread of its own)."""
+    engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length, prompt_cache_mb=0)
+    scheduler = Scheduler(engine, max_queue=count, max_batch=count)
+    greedy = SamplingParams(temperature=0.0)
+    try:
+        started = time.perf_counter()
+        handles = [scheduler.submit(GenerationRequest(ids[i * 40 : i * 40 + 32], max_tokens=gen_tokens,
+                                                      sampling=greedy, ignore_eos=True, use_prompt_cache=False))
+                   for i in range(count)]
+        with ThreadPoolExecutor(count) as pool:
+            times = list(pool.map(timed_records, handles))
+    finally:
+        scheduler.close()
+    gaps = [b - a for t in times for a, b in zip(t, t[1:])]
+    decode_window = max(t[-1] for t in times) - min(t[0] for t in times)
+    return {"aggregate": sum(len(t) - 1 for t in times) / decode_window,
+            "ttft": percentile([t[0] - started for t in times], 0.5),
+            "itl_p50": percentile(gaps, 0.5), "itl_p99": percentile(gaps, 0.99)}
+
+
+def run_long_prompt_admission(loaded, ids: list[int], streams: int, prompt_tokens: int) -> tuple[float, float, float]:
+    """Inter-token latency p99 of `streams` running streams before and while a `prompt_tokens` prompt is
+    admitted, and how long its admission took (seconds to its first token)."""
+    engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length, prompt_cache_mb=0)
+    scheduler = Scheduler(engine, max_queue=streams + 1, max_batch=streams + 1)
+    greedy = SamplingParams(temperature=0.0)
+    long_prompt = (ids * (prompt_tokens // len(ids) + 1))[:prompt_tokens]
+    try:
+        handles = [scheduler.submit(GenerationRequest(ids[i * 40 : i * 40 + 32], max_tokens=100_000, sampling=greedy,
+                                                      ignore_eos=True, use_prompt_cache=False))
+                   for i in range(streams)]
+        with ThreadPoolExecutor(streams) as pool:
+            timing = [pool.submit(timed_records, h) for h in handles]
+            while min(h.gen.usage.completion_tokens for h in handles) < 64:  # steady state first
+                time.sleep(0.01)
+            admitted_at = time.perf_counter()
+            long_handle = scheduler.submit(GenerationRequest(long_prompt, max_tokens=1, sampling=greedy,
+                                                             use_prompt_cache=False))
+            first_at = timed_records(long_handle)[0]
+            while min(h.gen.usage.completion_tokens for h in handles) < 64 + 32:
+                time.sleep(0.01)
+            for handle in handles:
+                handle.cancel()
+            times = [f.result() for f in timing]
+    finally:
+        scheduler.close()
+    before = [b - a for t in times for a, b in zip(t, t[1:]) if b < admitted_at]
+    during = [b - a for t in times for a, b in zip(t, t[1:]) if admitted_at <= b <= first_at]
+    return percentile(before, 0.99), percentile(during, 0.99), first_at - admitted_at
+
+
+def run_served_vs_direct(loaded, ids: list[int], gen_tokens: int) -> tuple[float, float]:
+    """Decode tok/s of one stream read by an HTTP client from `runlm serve`'s app on loopback, and of the
+    runner's own greedy loop, on the same prompt."""
+    import httpx  # optional: the [server] extra
+    import uvicorn
+
+    from runlm.server import create_app
+
+    runner = loaded.runner
+    prompt = ids[:32]
+    marks: list[float] = []
+    runner.generate(prompt, gen_tokens, on_token=lambda t: marks.append(time.perf_counter()) or True)
+    direct = (len(marks) - 1) / (marks[-1] - marks[0])
+    config = uvicorn.Config(create_app(loaded, prompt_cache_mb=0), host="127.0.0.1", port=0, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    body = {"model": loaded.path.name, "prompt": prompt, "max_tokens": gen_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "cache_prompt": False}
+    arrivals: list[float] = []
+    try:
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=600) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {") and '"text": ""' not in line:
+                    arrivals.append(time.perf_counter())
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    served = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+    return served, direct
+
+
 def run_engine_bench(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -334,31 +465,25 @@ def run_engine_bench(args) -> int:
     print(f"model: {loaded.path.name}   threads: {torch.get_num_threads()}   machine: {machine()}")
     if args.streams:
         counts = [int(n) for n in args.streams.split(",")]
-        print("| streams | aggregate decode tok/s | per stream tok/s | vs 1 stream |")
-        print("|---|---|---|---|")
+        print("| streams | aggregate decode tok/s | per stream tok/s | vs 1 stream | TTFT p50 ms | ITL p50 ms | "
+              "ITL p99 ms |")
+        print("|---|---|---|---|---|---|---|")
         base = None
         for n in counts:
-            engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length, prompt_cache_mb=0)
-            scheduler = Scheduler(engine, max_queue=n, max_batch=n)
-            requests = [
-                GenerationRequest(
-                    ids[i * 40 : i * 40 + 32],
-                    max_tokens=args.gen_tokens,
-                    sampling=greedy,
-                    ignore_eos=True,
-                    use_prompt_cache=False,
-                )
-                for i in range(n)
-            ]
-            started = time.perf_counter()
-            results = [h.result() for h in [scheduler.submit(r) for r in requests]]
-            wall = time.perf_counter() - started
-            scheduler.close()
-            tokens = sum(r.usage.completion_tokens for r in results)
-            prefill = sum(r.usage.prefill_s for r in results)
-            rate = tokens / max(wall - prefill, 1e-9)
+            got = run_streams(loaded, ids, n, args.gen_tokens)
+            rate = got["aggregate"]
             base = base or rate
-            print(f"| {n} | {rate:.1f} | {rate / n:.1f} | {rate / base:.2f}x |")
+            print(f"| {n} | {rate:.1f} | {rate / n:.1f} | {rate / base:.2f}x | {got['ttft'] * 1e3:.0f} | "
+                  f"{got['itl_p50'] * 1e3:.1f} | {got['itl_p99'] * 1e3:.1f} |")
+        busy = max(1, min(4, max(counts)))
+        before, during, admit = run_long_prompt_admission(loaded, ids, busy, 2000)
+        print(f"a 2000-token prompt admitted beside {busy} streams: their ITL p99 {before * 1e3:.1f} ms before, "
+              f"{during * 1e3:.1f} ms during ({during / max(before, 1e-9):.2f}x); its first token after {admit:.2f} s")
+        served, direct = run_served_vs_direct(loaded, ids, args.gen_tokens)
+        print(f"one stream served over HTTP: {served:.1f} tok/s vs the runner's own loop {direct:.1f} tok/s "
+              f"({served / direct:.0%})")
+        print(f"routes (prefill / decode / chunks / batch / prompt-cache reuse): max |delta logit| "
+              f"{route_deviation(loaded.runner, ids[:96]):.3g}")
     if args.prompt_cache:
         engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length, prompt_cache_mb=256)
         shared = ids[: args.prompt_tokens]

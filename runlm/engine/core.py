@@ -333,23 +333,21 @@ class Engine:
         gen.mark_prefilled(reused)
         return logits
 
-    def step(self, gens: Sequence[Generation], prefilling: Generation | None = None,
+    def step(self, gens: Sequence[Generation], prefilling: Sequence[Generation] = (),
              chunk: int | None = None) -> list[StepResult]:
-        """One step in one batched forward: a decode step for every generation in `gens` and, with
+        """One step in one batched forward: a decode step for every generation in `gens` and, for each of
         `prefilling` (opened by `begin`), the next `chunk` tokens of its prompt (all of them when None).
-        A record or an error for each generation that produced one (`prefilling` produces its first record
-        with its prompt's last chunk).
+        A record or an error for each generation that produced one (a prefilling generation produces its
+        first record with its prompt's last chunk).
 
         If the batched forward fails, the sequences it did not advance are retried alone, so only the
         failing ones fail.
         """
-        members = list(gens)
+        members = list(gens) + list(prefilling)
         ids_lists = [[g.next_token] for g in gens]
-        if prefilling is not None:
-            members.append(prefilling)
-            pending = prefilling.pending
+        for g in prefilling:
             # whole chunks, the last one up to twice as long: no short tail step at the end of a prompt
-            ids_lists.append(pending[:chunk] if chunk and len(pending) >= 2 * chunk else pending)
+            ids_lists.append(g.pending[:chunk] if chunk and len(g.pending) >= 2 * chunk else g.pending)
         rows: list[torch.Tensor | Exception]
         try:
             rows = list(self.runner.extend_batch([g.session for g in members], ids_lists))
@@ -371,7 +369,7 @@ class Engine:
                 g.fail()
                 results.append((g, row))
                 continue
-            if g is prefilling:
+            if g.pending:  # a prompt chunk
                 g.pending = g.pending[len(ids):]
                 if g.pending:
                     continue  # more of the prompt to run: no token yet

@@ -208,12 +208,12 @@ class Scheduler:
         self.engine = engine
         self.max_queue = max(0, int(max_queue))
         self.max_batch = max(1, int(max_batch))
-        # Prompt tokens run per step for the request being admitted: `prefill_chunk` while nothing else runs;
-        # beside running streams, as many as there are streams (at least MIN_MIXED_CHUNK), which keeps their
-        # inter-token latency within about twice its usual value while a long prompt comes in.
+        # Prompt tokens run per step for the requests being admitted: `prefill_chunk` between them while nothing
+        # else runs; beside running streams, as many as there are streams (at least MIN_MIXED_CHUNK each), which
+        # keeps their inter-token latency within about twice its usual value while a long prompt comes in.
         self.prefill_chunk = max(1, int(prefill_chunk))
         self.active: list[RequestHandle] = []  # in flight, each with its generation's session
-        self.prefilling: RequestHandle | None = None  # admitted; its prompt runs chunk by chunk in the steps
+        self.prefilling: list[RequestHandle] = []  # admitted; their prompts run chunk by chunk in the steps
         self._waiting: deque[RequestHandle] = deque()
         self._calls: deque[tuple[Callable[[], Any], Future]] = deque()  # run(fn): model work besides decoding
         self._cond = threading.Condition()
@@ -230,11 +230,11 @@ class Scheduler:
 
     @property
     def busy(self) -> bool:
-        return bool(self.active) or self.prefilling is not None
+        return bool(self.active or self.prefilling)
 
     @property
     def in_flight(self) -> int:
-        return len(self.active) + (self.prefilling is not None)
+        return len(self.active) + len(self.prefilling)
 
     def submit(
         self,
@@ -327,8 +327,8 @@ class Scheduler:
             calls, self._calls = list(self._calls), deque()
             for handle in self.active:
                 handle.cancel()
-            if self.prefilling is not None:
-                self.prefilling.cancel()
+            for handle in self.prefilling:
+                handle.cancel()
             self._cond.notify_all()
         for h in waiting:
             self._drop(h)
@@ -347,31 +347,35 @@ class Scheduler:
                 if self._closed and not self.busy:
                     return
                 call = self._calls.popleft() if self._calls else None
-                admitted = self._next_admission() if not self._closed and self.prefilling is None else []
+                admitted = self._next_admissions() if not self._closed else []
             if call is not None:
                 self._run_call(*call)
-            if len(admitted) == 1:
-                self._admit(admitted[0])
-            elif admitted:
-                self._admit_group(admitted)
+            for group in admitted:
+                if len(group) == 1:
+                    self._admit(group[0])
+                else:
+                    self._admit_group(group)
             if self.busy:
                 self._step()
 
-    def _next_admission(self) -> list[RequestHandle]:
-        """The next waiting request if the batch has room for it: one handle, or all of a group's that
+    def _next_admissions(self) -> list[list[RequestHandle]]:
+        """The waiting requests the batch has room for, in order: each one handle, or all of a group's that
         still wait (a group fits when its choices fit the free slots, or when nothing else runs)."""
-        if not self._waiting:
-            return []
-        head = self._waiting[0]
-        size = 1
-        if head.group is not None:
-            for handle in itertools.islice(self._waiting, 1, None):
-                if handle.group is not head.group:
-                    break
-                size += 1
-        if self.active and self.in_flight + size > self.max_batch:
-            return []
-        return [self._waiting.popleft() for _ in range(size)]
+        admitted: list[list[RequestHandle]] = []
+        taken = 0
+        while self._waiting:
+            head = self._waiting[0]
+            size = 1
+            if head.group is not None:
+                for handle in itertools.islice(self._waiting, 1, None):
+                    if handle.group is not head.group:
+                        break
+                    size += 1
+            if (self.busy or admitted) and self.in_flight + taken + size > self.max_batch:
+                break
+            admitted.append([self._waiting.popleft() for _ in range(size)])
+            taken += size
+        return admitted
 
     @staticmethod
     def _run_call(fn: Callable[[], Any], future: Future) -> None:
@@ -395,7 +399,7 @@ class Scheduler:
             self._end(handle, exc)
             return
         if record is None:
-            self.prefilling = handle
+            self.prefilling.append(handle)
             return
         self._started(handle, record)
 
@@ -436,22 +440,26 @@ class Scheduler:
         for handle in [h for h in self.active if h.cancelled]:
             self.active.remove(handle)
             self._end(handle, handle.gen.cancel())
-        prefilling, self.prefilling = self.prefilling, None
-        if prefilling is not None and prefilling.cancelled:
-            self._end(prefilling, prefilling.gen.cancel())
-            prefilling = None
-        if not self.active and prefilling is None:
+        for handle in [h for h in self.prefilling if h.cancelled]:
+            self.prefilling.remove(handle)
+            self._end(handle, handle.gen.cancel())
+        if not self.busy:
             return
-        chunk = max(MIN_MIXED_CHUNK, len(self.active)) if self.active else self.prefill_chunk
+        if self.active:
+            chunk = max(MIN_MIXED_CHUNK, len(self.active) // len(self.prefilling or [None]))
+        else:
+            chunk = max(MIN_MIXED_CHUNK, self.prefill_chunk // len(self.prefilling))
+        admitting = {id(h.gen): h for h in self.prefilling}
         by_gen = {id(h.gen): h for h in self.active}
-        self.prefilling = prefilling  # still admitting unless its last chunk runs now
-        for gen, result in self.engine.step([h.gen for h in self.active], prefilling and prefilling.gen, chunk):
-            if prefilling is not None and gen is prefilling.gen:
-                self.prefilling = None
+        results = self.engine.step([h.gen for h in self.active], [h.gen for h in self.prefilling], chunk)
+        for gen, result in results:
+            if id(gen) in admitting:  # its prompt's last chunk ran (or it failed)
+                handle = admitting[id(gen)]
+                self.prefilling.remove(handle)
                 if isinstance(result, Exception):
-                    self._end(prefilling, result)
+                    self._end(handle, result)
                 else:
-                    self._started(prefilling, result)
+                    self._started(handle, result)
                 continue
             handle = by_gen[id(gen)]
             if isinstance(result, Exception) or gen.finished:

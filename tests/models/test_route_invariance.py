@@ -13,37 +13,16 @@ import torch
 from reference.tiny import GEMMA_WINDOW, QUANTIZED_COPIES, build_gemma3, build_llama, build_qwen3
 
 from runlm import load
+from runlm.bench import route_logits
 from runlm.quant import kernels
 
 BUILDERS = {"llama32": build_llama, "qwen3": build_qwen3, "gemma": build_gemma3}
 
 
-def routes(runner, ids: list[int], split: int, chunk: int) -> dict[str, torch.Tensor]:
-    """Logits of every position of `ids` reached five ways."""
-    whole = runner.extend(runner.new_session(), ids, all_positions=True)
-    stepped_session = runner.new_session()
-    stepped = [runner.extend(stepped_session, ids[:split], all_positions=True)]
-    stepped += [runner.decode(stepped_session, t)[None] for t in ids[split:]]
-    chunk_session = runner.new_session()
-    chunked = [runner.extend(chunk_session, ids[i : i + chunk], all_positions=True) for i in range(0, len(ids), chunk)]
-    batch_session, other = runner.new_session(), runner.new_session()
-    runner.prefill(batch_session, ids[:split])
-    runner.prefill(other, list(reversed(ids[:5])))
-    batched = [whole[:split]]
-    for i, token in enumerate(ids[split:]):
-        batched.append(runner.decode_batch([other, batch_session], [ids[i % 7], token])[1:2])
-    snap = runner.export(chunk_session)
-    reused_session = runner.new_session()
-    last, reused = runner.prefill_reusing(reused_session, ids + [7], snap, len(ids))
-    assert reused == len(ids)
-    fresh_last = runner.prefill(runner.new_session(), ids + [7])
-    return {"whole": whole, "stepped": torch.cat(stepped), "chunked": torch.cat(chunked),
-            "batched": torch.cat(batched), "reuse": last[None], "fresh": fresh_last[None]}
-
-
-def assert_identical(got: dict[str, torch.Tensor]) -> None:
+def assert_identical(got: dict) -> None:
     for name in ("stepped", "chunked", "batched"):
         assert torch.equal(got[name], got["whole"]), name
+    assert got["reused"] == len(got["whole"])  # the prompt cache really reused the whole snapshot
     assert torch.equal(got["reuse"], got["fresh"])
 
 
@@ -55,13 +34,13 @@ def test_tiny_quantized_models_of_every_family(family, tmp_path):
     for quant in QUANTIZED_COPIES:
         runner = load(tmp_path / f"model-{quant.lower()}.gguf").runner
         assert runner.fused_blocks == len(runner.model.layers)  # every block on the route-invariant fused call
-        assert_identical(routes(runner, ids, split=GEMMA_WINDOW + 1, chunk=5))
+        assert_identical(route_logits(runner, ids, split=GEMMA_WINDOW + 1, chunk=5))
 
 
 @pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
 def test_real_smollm2(smollm2_loaded):
     ids = smollm2_loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 12)[:100]
-    assert_identical(routes(smollm2_loaded.runner, ids, split=40, chunk=17))
+    assert_identical(route_logits(smollm2_loaded.runner, ids, split=40, chunk=17))
 
 
 @pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
@@ -69,4 +48,4 @@ def test_real_gemma3_past_its_sliding_window(gemma3_gguf):
     loaded = load(gemma3_gguf)
     assert loaded.config.sliding_window == 512
     ids = loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 80)[:540]
-    assert_identical(routes(loaded.runner, ids, split=500, chunk=130))
+    assert_identical(route_logits(loaded.runner, ids, split=500, chunk=130))
