@@ -33,6 +33,10 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     parser.add_argument("--ctx", type=int, default=None, help="context length (default: the model's)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when PyTorch sees a GPU)")
+    parser.add_argument(
+        "--swa-full", action="store_true",
+        help="keep every position in sliding-window layers' caches (more memory; prompt-cache reuse at any length)",
+    )
 
 
 def _add_sampling(parser: argparse.ArgumentParser) -> None:
@@ -121,7 +125,8 @@ def _load(args: argparse.Namespace, model: str | None = None):
         torch.set_num_threads(args.threads)
     name = model if model is not None else args.model
     return load(
-        name, dtype=args.dtype, max_context=args.ctx, mmproj=getattr(args, "mmproj", None), device=args.device
+        name, dtype=args.dtype, max_context=args.ctx, mmproj=getattr(args, "mmproj", None), device=args.device,
+        swa_full=args.swa_full,
     )
 
 

@@ -71,6 +71,7 @@ def load(
     max_context: int | None = None,
     mmproj: str | Path | None = None,
     device: str | None = None,
+    swa_full: bool = False,
 ) -> LoadedModel:
     """Load a GGUF file, a Hugging Face directory or a catalog model into a ready runner.
 
@@ -79,7 +80,8 @@ def load(
 
     dtype "f32" is the float32 reference; "auto" keeps GGUF weights as stored (packed). A vision
     tower is found by itself (an HF directory's vision_config, an mmproj*.gguf next to a GGUF)
-    or given as `mmproj`, llama.cpp's vision projector GGUF.
+    or given as `mmproj`, llama.cpp's vision projector GGUF. `swa_full` keeps every position in the
+    caches of sliding-window layers (llama.cpp's --swa-full), so the prompt cache can reuse any prefix.
     """
     if dtype not in DTYPES:
         raise InvalidInputError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -96,9 +98,9 @@ def load(
     catalog_name = name_or_path if isinstance(name_or_path, str) and name_or_path in catalog.CATALOG else None
     path = resolve_model(name_or_path)
     if path.is_dir():
-        loaded = _load_hf(path, dtype, packed, max_context)
+        loaded = _load_hf(path, dtype, packed, max_context, swa_full)
     else:
-        loaded = _load_gguf(path, dtype, packed, max_context)
+        loaded = _load_gguf(path, dtype, packed, max_context, swa_full)
     if target.type != "cpu":
         loaded.runner.to_device(target)
     if loaded.chat_template is None:
@@ -114,7 +116,7 @@ def load(
     return loaded
 
 
-def _load_gguf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | None) -> LoadedModel:
+def _load_gguf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | None, swa_full: bool) -> LoadedModel:
     gguf = GGUFFile(path)
     family = family_for_gguf(gguf.architecture, path)
     config = check_config(family.config_from_gguf(gguf), str(path), "gguf", gguf.architecture)
@@ -127,7 +129,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | 
         expect=expected_shapes(config),
     )
     model = family.build(config, WeightLoader(source, dtype, packed))
-    runner = family.runner(model, max_context)
+    runner = family.runner(model, max_context, swa_full=swa_full)
     return LoadedModel(
         runner=runner,
         tokenizer=tokenizer,
@@ -158,7 +160,7 @@ def _gguf_quantization(gguf) -> str:
     return max(counts, key=counts.get) if counts else "unknown"
 
 
-def _load_hf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | None) -> LoadedModel:
+def _load_hf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | None, swa_full: bool) -> LoadedModel:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelLoadError(f"{path}: not a Hugging Face model directory (no config.json)")
@@ -176,7 +178,7 @@ def _load_hf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | No
     check_vocabulary(tokenizer, config, path)
     source = SafetensorsSource(path, family.hf_prefixes, expect=expected_shapes(config))
     model = family.build(config, WeightLoader(source, dtype, packed=False))  # safetensors hold plain floats
-    runner = family.runner(model, max_context)
+    runner = family.runner(model, max_context, swa_full=swa_full)
     return LoadedModel(
         runner=runner,
         tokenizer=tokenizer,

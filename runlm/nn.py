@@ -109,7 +109,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
 
 
 class FullKVCache:
-    """Every position's keys and values, in a buffer that doubles when full."""
+    """Every position's keys and values, in a buffer that doubles when full (position p in row p)."""
+
+    ring = False
 
     def __init__(self, n_kv: int, head_dim: int, dtype: torch.dtype, device: torch.device, capacity: int = 256):
         self.k = torch.zeros(1, n_kv, capacity, head_dim, dtype=dtype, device=device)
@@ -174,6 +176,8 @@ class SlidingKVCache:
     newest `window` positions below it): nothing per slot to keep in step with the writes.
     """
 
+    ring = True
+
     def __init__(self, n_kv: int, head_dim: int, window: int, dtype: torch.dtype, device: torch.device):
         self.window = window
         self.k = torch.zeros(1, n_kv, window, head_dim, dtype=dtype, device=device)
@@ -207,8 +211,8 @@ class SlidingKVCache:
             self.v[:, :, slot] = v[:, :, 0]
             self.length = end
             live = min(end, self.window)
-            # Decode: every live slot is inside the window, and order does not matter to softmax.
-            return self.k[:, :, :live], self.v[:, :, :live], None
+            # Decode: every live slot is inside the window (their positions make the mask a no-op).
+            return self.k[:, :, :live], self.v[:, :, :live], self.positions()[:live]
         held = self.positions()
         live = held >= 0
         keys = torch.cat([self.k[:, :, live], k], dim=2)
@@ -258,7 +262,7 @@ def attention(
     n_rep = q.shape[1] // k.shape[1]
     t, s = q.shape[2], k.shape[2]
     mask = None
-    if t > 1 or key_pos is not None:
+    if t > 1 or key_pos is not None or window is not None:
         if key_pos is None:
             key_pos = torch.arange(s, device=q.device)
         allowed = key_pos[None, :] <= q_pos[:, None]

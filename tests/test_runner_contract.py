@@ -167,3 +167,27 @@ def test_prompt_cache_reports_tokens_really_reused_past_the_window(tmp_path_fact
     follow = engine.complete(greedy(held + diverged.token_ids[-1:] + [7, 8, 9], 4))
     assert follow.usage.cached_tokens == len(held)
     assert engine.prompt_cache.stats.hit_tokens == len(held)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "auto"])
+def test_swa_full_lets_the_prompt_cache_reuse_past_the_window(tmp_path_factory, dtype):
+    """With the sliding-window layers keeping every position (llama.cpp's --swa-full), the prefix the ring
+    had lost is reused, and the answer is the one a fresh prefill gives."""
+    directory = tmp_path_factory.mktemp("contract_gemma_swa")
+    reference = build_gemma3(directory)
+    loaded = load(directory / ("model.gguf" if dtype == "f32" else "model-q8_0.gguf"), dtype=dtype, swa_full=True)
+    engine = Engine(loaded.runner, loaded.tokenizer, prompt_cache_mb=64)
+    shared = prompt_ids(20, seed=3)  # > 3 windows of the tiny Gemma
+    engine.complete(greedy(shared + prompt_ids(10, seed=4), 4))
+    diverged = engine.complete(greedy(shared + prompt_ids(5, seed=5), 4))
+    assert diverged.usage.cached_tokens == len(shared)
+    fresh = Engine(loaded.runner, loaded.tokenizer, prompt_cache_mb=0).complete(greedy(shared + prompt_ids(5, 5), 4))
+    assert diverged.token_ids == fresh.token_ids
+    if dtype == "f32":  # and the full cache still attends within the window, as transformers does
+        ids = shared + prompt_ids(5, seed=5)
+        with torch.no_grad():
+            want = reference(torch.tensor([ids])).logits[0]
+        session = loaded.runner.new_session()
+        got = loaded.runner.extend(session, ids[:4], all_positions=True)
+        steps = [loaded.runner.decode(session, t) for t in ids[4:]]
+        assert (torch.cat([got, torch.stack(steps)]) - want).abs().max().item() <= 1e-4

@@ -110,12 +110,14 @@ class DecoderLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed.dtype
 
-    def new_cache(self) -> list:
+    def new_cache(self, swa_full: bool = False) -> list:
+        """One KV cache per layer: a ring of the window for sliding-window layers, unless `swa_full` keeps every
+        position there too (more memory, but a prompt-cache snapshot can then be reused at any length)."""
         cfg = self.config
         device = self.norm.scale.device
         return [
             SlidingKVCache(cfg.num_kv_heads, cfg.head_dim, cfg.sliding_window, self.dtype, device)
-            if cfg.is_sliding(i)
+            if cfg.is_sliding(i) and not swa_full
             else FullKVCache(cfg.num_kv_heads, cfg.head_dim, self.dtype, device)
             for i in range(cfg.num_layers)
         ]
@@ -200,9 +202,10 @@ class CachedRunner(LmRunner):
 
     family_name = ""
 
-    def __init__(self, model: DecoderLM, max_context: int | None = None):
+    def __init__(self, model: DecoderLM, max_context: int | None = None, swa_full: bool = False):
         self.model = model
         self.context = max_context or model.config.max_position
+        self.swa_full = swa_full  # sliding-window layers keep every position (see DecoderLM.new_cache)
         self.fused_blocks = fuse_blocks(model, model.dtype, self.device)
 
     @property
@@ -229,7 +232,7 @@ class CachedRunner(LmRunner):
         return self.prefill(self.new_session(), prompt_ids)
 
     def new_session(self) -> Session:
-        return Session(state=self.model.new_cache())
+        return Session(state=self.model.new_cache(self.swa_full))
 
     def reset_session(self, session: Session) -> None:
         for layer_cache in session.state:

@@ -85,7 +85,7 @@ class FusedBlock:
             cache.prepare(start, count)
         out = torch.ops.runlm.transformer_block.default(
             h.reshape(rows, shape[-1]), *self.weights, cos.reshape(rows, -1), sin.reshape(rows, -1),
-            [c.k for c in caches], [c.v for c in caches], self.window, row_seq, row_pos, *self.heads,
+            [c.k for c in caches], [c.v for c in caches], self.window, caches[0].ring, row_seq, row_pos, *self.heads,
         )
         for cache, start, count in zip(caches, starts, counts):
             cache.commit(start, count)

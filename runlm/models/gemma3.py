@@ -85,8 +85,8 @@ class GemmaRunner(CachedRunner):
 
     family_name = "gemma"
 
-    def __init__(self, model: DecoderLM, max_context: int | None = None):
-        super().__init__(model, max_context)
+    def __init__(self, model: DecoderLM, max_context: int | None = None, swa_full: bool = False):
+        super().__init__(model, max_context, swa_full)
         self.vision: VisionModel | None = None
         self.tokenizer = None  # the tokenizer image prompts are encoded with (given with the tower)
 

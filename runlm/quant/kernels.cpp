@@ -1695,12 +1695,13 @@ struct SeqRows {
   int64_t cap = 0;
 };
 
-// softmax(q K^T) V for every row and query head. q: [R, n_heads, D] (roped, scaled); knew / vnew: [R, n_kv, D]
-// this call's keys and values; older positions come from the caches ([1, n_kv, cap, D]; a ring of `window`
-// slots when window > 0, where position p sits in slot p % window). out: [R, n_heads * D].
+// softmax(q K^T) V for every row and query head over the last `window` positions (all when window is 0).
+// q: [R, n_heads, D] (roped, scaled); knew / vnew: [R, n_kv, D] this call's keys and values; older positions
+// come from the caches ([1, n_kv, cap, D]; with `ring`, a ring of `window` slots where position p sits in slot
+// p % window, else position p in row p). out: [R, n_heads * D].
 void attention_rows(const float* q, const float* knew, const float* vnew, const std::vector<SeqRows>& seqs,
                     const std::vector<int64_t>& row_seq, const std::vector<int64_t>& row_pos, int64_t window,
-                    int64_t n_heads, int64_t n_kv, int64_t D, float* out) {
+                    bool ring, int64_t n_heads, int64_t n_kv, int64_t D, float* out) {
   const int64_t R = static_cast<int64_t>(row_seq.size()), rep = n_heads / n_kv;
   // work items (row, kv head, chunk), chunks fixed by absolute position
   std::vector<int64_t> first_chunk(R), n_chunks(R), item_start(R + 1, 0);
@@ -1728,7 +1729,7 @@ void attention_rows(const float* q, const float* knew, const float* vnew, const 
           keys[t - t0] = knew + (row * n_kv + g) * D;
           values[t - t0] = vnew + (row * n_kv + g) * D;
         } else {
-          const int64_t slot = window > 0 ? t % window : t;
+          const int64_t slot = ring ? t % window : t;
           keys[t - t0] = sq.k + (g * sq.cap + slot) * D;
           values[t - t0] = sq.v + (g * sq.cap + slot) * D;
         }
@@ -1799,7 +1800,8 @@ at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double e
                       at::IntArrayRef qkv_rows, const at::Tensor& o_w, int64_t o_type, at::TensorList gate_up_ws,
                       at::IntArrayRef gate_up_types, at::IntArrayRef gate_up_rows, const at::Tensor& down_w,
                       int64_t down_type, bool gelu, const at::Tensor& cos, const at::Tensor& sin,
-                      at::TensorList k_caches, at::TensorList v_caches, int64_t window, at::IntArrayRef row_seq,
+                      at::TensorList k_caches, at::TensorList v_caches, int64_t window, bool ring,
+                      at::IntArrayRef row_seq,
                       at::IntArrayRef row_pos, int64_t n_heads, int64_t n_kv_heads, double scale) {
   const char* op = "runlm::transformer_block";
   TORCH_CHECK(norms.size() == 2 || norms.size() == 4, op, ": two (pre-norm) or four (sandwich) norms expected");
@@ -1833,7 +1835,7 @@ at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double e
                 op, ": cache ", s, " must be float [1, n_kv_heads, capacity, head_dim], contiguous");
     SeqRows& sq = seqs[s];
     sq.k = kc.data_ptr<float>(), sq.v = vc.data_ptr<float>(), sq.cap = kc.size(2);
-    TORCH_CHECK(window > 0 ? sq.cap == window : sq.first_pos + sq.count <= sq.cap, op, ": cache ", s,
+    TORCH_CHECK(ring ? window > 0 && sq.cap == window : sq.first_pos + sq.count <= sq.cap, op, ": cache ", s,
                 " is too small for its positions");
   }
   at::Tensor out = h.contiguous().clone();
@@ -1866,11 +1868,11 @@ at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double e
     }
   });
   at::Tensor attended = at::empty({R, q_width}, out.options());
-  attention_rows(q.data(), knew.data(), vnew.data(), seqs, rseq, rpos, window, n_heads, n_kv_heads, D,
+  attention_rows(q.data(), knew.data(), vnew.data(), seqs, rseq, rpos, window, ring, n_heads, n_kv_heads, D,
                  attended.data_ptr<float>());
   for (int64_t r = 0; r < R; ++r) {  // the caches take this call's keys / values (a ring keeps the newest)
     const SeqRows& sq = seqs[rseq[r]];
-    const int64_t slot = window > 0 ? rpos[r] % window : rpos[r];
+    const int64_t slot = ring ? rpos[r] % window : rpos[r];
     float* kc = const_cast<float*>(sq.k);
     float* vc = const_cast<float*>(sq.v);
     for (int64_t g = 0; g < n_kv_heads; ++g) {
@@ -1920,7 +1922,8 @@ TORCH_LIBRARY(runlm, m) {
       "transformer_block(Tensor h, Tensor[] norms, float eps, Tensor? q_norm, Tensor? k_norm, Tensor[] qkv_ws, "
       "int[] qkv_types, int[] qkv_rows, Tensor o_w, int o_type, Tensor[] gate_up_ws, int[] gate_up_types, "
       "int[] gate_up_rows, Tensor down_w, int down_type, bool gelu, Tensor cos, Tensor sin, Tensor(a!)[] k_caches, "
-      "Tensor(b!)[] v_caches, int window, int[] row_seq, int[] row_pos, int n_heads, int n_kv_heads, float scale) "
+      "Tensor(b!)[] v_caches, int window, bool ring, int[] row_seq, int[] row_pos, int n_heads, int n_kv_heads, "
+      "float scale) "
       "-> Tensor");
 }
 
