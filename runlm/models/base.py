@@ -10,7 +10,7 @@ from torch import nn
 from runlm.errors import InvalidInputError
 from runlm.formats import WeightSource
 from runlm.models.config import ModelConfig
-from runlm.models.fused import fuse_blocks
+from runlm.models.fused import Rows, fuse_blocks
 from runlm.nn import FullKVCache, Rope, SlidingKVCache
 from runlm.quant import kernels
 from runlm.quant.dequant import dequantize
@@ -105,6 +105,7 @@ class DecoderLM(nn.Module):
         self.norm, self.head = norm, head
         self.ropes = nn.ModuleList(ropes)
         self.embed_scale = embed_scale
+        self.fused_stack = False  # every block runs as one C++ call (set by models.fused)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -139,9 +140,12 @@ class DecoderLM(nn.Module):
         t = h.shape[1]
         positions = torch.arange(start, start + t, device=h.device)
         tables = {id(rope): rope.tables(positions, h.dtype) for rope in self.ropes}
-        extra = {} if image_group is None else {"image_group": image_group}
-        for layer, layer_cache in zip(self.layers, cache):
-            h = layer(h, positions, tables, layer_cache, start, **extra)
+        if self.fused_stack and image_group is None:
+            h = self._fused_rows(h[0], [cache], [start], [t], tables)[None]
+        else:
+            extra = {} if image_group is None else {"image_group": image_group}
+            for layer, layer_cache in zip(self.layers, cache):
+                h = layer(h, positions, tables, layer_cache, start, **extra)
         if last_only:
             h = h[:, -1:]
         logits = self.head(self.norm(h)).float()
@@ -167,15 +171,22 @@ class DecoderLM(nn.Module):
     def forward_rows(self, ids: torch.Tensor, caches: list[list], starts: list[int], counts: list[int]) -> torch.Tensor:
         """Ragged rows through fused blocks: counts[i] new tokens of sequence i from position starts[i], all in
         one call per block; the logits of each sequence's last new row [B, vocab]."""
-        h = self.embed_tokens(ids)[None]
+        h = self.embed_tokens(ids)
         positions = torch.tensor([s + j for s, c in zip(starts, counts) for j in range(c)], device=h.device)
         tables = {id(rope): rope.tables(positions, h.dtype) for rope in self.ropes}
-        for index, layer in enumerate(self.layers):
-            h = layer.fused(h, tables, [cache[index] for cache in caches], starts, counts)
+        h = self._fused_rows(h, caches, starts, counts, tables)
         last = torch.tensor(counts, device=h.device).cumsum(0) - 1
-        logits = self.head(self.norm(h[0, last])).float()
+        logits = self.head(self.norm(h[last])).float()
         cap = self.config.final_softcap
         return torch.tanh(logits / cap) * cap if cap is not None else logits
+
+    def _fused_rows(self, h: torch.Tensor, caches: list[list], starts: list[int], counts: list[int],
+                    tables: dict) -> torch.Tensor:
+        """h [R, hidden] through every block as one C++ call each (fused_stack)."""
+        rows = Rows(starts, counts, tables)
+        for index, layer in enumerate(self.layers):
+            h = layer.fused.run(h, rows, [cache[index] for cache in caches])
+        return h
 
     def forward_batch(self, ids: torch.Tensor, caches: list[list], starts: list[int]) -> torch.Tensor:
         """One decode step for B sequences, each with its own cache and position: logits [B, vocab].
@@ -279,7 +290,7 @@ class CachedRunner(LmRunner):
         starts = [len(session.tokens) for session in sessions]
         caches = [session.state for session in sessions]
         flat = torch.tensor([int(t) for ids in ids_lists for t in ids], dtype=torch.long, device=self.device)
-        if self.fused_blocks == len(self.model.layers):
+        if self.model.fused_stack:
             logits = self.model.forward_rows(flat, caches, starts, counts).cpu()
         elif all(count == 1 for count in counts):
             logits = self.model.forward_batch(flat, caches, starts).cpu()

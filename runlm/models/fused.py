@@ -28,6 +28,19 @@ def _kernel_parts(module: nn.Module) -> list[GGUFLinear] | None:
     return pieces if all(isinstance(p, GGUFLinear) for p in pieces) else None
 
 
+class Rows:
+    """A forward's rows: which sequence and position each one is, and the RoPE tables cut to rows. Made once per
+    forward and shared by every block (the per-block Python cost is what a small model's decode step pays)."""
+
+    def __init__(self, starts: list[int], counts: list[int], rope_tables: dict):
+        self.starts, self.counts = starts, counts
+        self.total = sum(counts)
+        self.seq = [i for i, count in enumerate(counts) for _ in range(count)]
+        self.pos = [start + j for start, count in zip(starts, counts) for j in range(count)]
+        self.tables = {key: (cos.reshape(self.total, -1), sin.reshape(self.total, -1))
+                       for key, (cos, sin) in rope_tables.items()}
+
+
 class FusedBlock:
     """A pre-norm (Llama, Qwen3) or sandwich (Gemma 3) block in one call per forward, for rows of any sequences.
 
@@ -70,26 +83,23 @@ class FusedBlock:
             and (attn.q_norm is None) == (attn.k_norm is None)
         )
 
-    def __call__(self, h: torch.Tensor, rope_tables, caches: list, starts: list[int],
-                 counts: list[int] | None = None) -> torch.Tensor:
-        """h [B, T, hidden]: T new tokens for each of the B sequences (caches[i] at positions starts[i]...);
-        or, with `counts`, h [1, R, hidden] holding counts[i] rows of sequence i in turn (ragged)."""
-        shape = h.shape
-        if counts is None:
-            counts = [shape[1]] * shape[0]
-        rows = sum(counts)
-        cos, sin = rope_tables[self.rope]
-        row_seq = [i for i, count in enumerate(counts) for _ in range(count)]
-        row_pos = [start + j for start, count in zip(starts, counts) for j in range(count)]
-        for cache, start, count in zip(caches, starts, counts):
+    def __call__(self, h: torch.Tensor, rope_tables, caches: list, starts: list[int]) -> torch.Tensor:
+        """h [B, T, hidden]: T new tokens for each of the B sequences (caches[i] at positions starts[i]...)."""
+        b, t, hidden = h.shape
+        return self.run(h.reshape(b * t, hidden), Rows(starts, [t] * b, rope_tables), caches).view(b, t, hidden)
+
+    def run(self, h: torch.Tensor, rows: Rows, caches: list) -> torch.Tensor:
+        """h [R, hidden], the rows `rows` describes (rows.counts[i] of them for caches[i], in turn)."""
+        cos, sin = rows.tables[self.rope]
+        for cache, start, count in zip(caches, rows.starts, rows.counts):
             cache.prepare(start, count)
         out = torch.ops.runlm.transformer_block.default(
-            h.reshape(rows, shape[-1]), *self.weights, cos.reshape(rows, -1), sin.reshape(rows, -1),
-            [c.k for c in caches], [c.v for c in caches], self.window, caches[0].ring, row_seq, row_pos, *self.heads,
+            h, *self.weights, cos, sin, [c.k for c in caches], [c.v for c in caches], self.window, caches[0].ring,
+            rows.seq, rows.pos, *self.heads,
         )
-        for cache, start, count in zip(caches, starts, counts):
+        for cache, start, count in zip(caches, rows.starts, rows.counts):
             cache.commit(start, count)
-        return out.view(shape)
+        return out
 
 
 def fuse_blocks(model: nn.Module, dtype: torch.dtype, device: torch.device) -> int:
@@ -112,6 +122,7 @@ def fuse_blocks(model: nn.Module, dtype: torch.dtype, device: torch.device) -> i
         attn.fused_attention = native and attn.window is None and attn.softcap is None
     if isinstance(model.head, DenseLinear):  # a float head (tiny or unusual files) on a fused model
         model.head.row_by_row = fused > 0
+    model.fused_stack = fused == len(model.layers)
     return fused
 
 
