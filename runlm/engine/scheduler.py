@@ -250,21 +250,7 @@ class Scheduler:
         gen = self.engine.new_generation(request, submitted_at=time.perf_counter())
         handle = RequestHandle(gen, loop)
         handle.on_done = on_done
-        with self._cond:
-            if self._closed:
-                raise SchedulerClosedError("the server is shutting down")
-            # Cancelled requests do not hold slots.
-            if any(h.cancelled for h in self._waiting):
-                self._waiting = deque(h for h in self._waiting if not h.cancelled or self._drop(h))
-            # Waiting requests first fill the free batch slots (the worker admits one per step), then the queue.
-            free = max(0, self.max_batch - self.in_flight)
-            if len(self._waiting) >= self.max_queue + free:
-                raise QueueFullError(
-                    f"the server is busy: {len(self._waiting)} requests are already waiting (max_queue "
-                    f"{self.max_queue}); retry later"
-                )
-            self._waiting.append(handle)
-            self._cond.notify()
+        self._enqueue([handle])
         return handle
 
     def submit_group(
@@ -283,20 +269,28 @@ class Scheduler:
         for handle in handles:
             handle.on_done = on_done
             handle.group = handles
+        self._enqueue(handles)
+        return RequestGroup(handles)
+
+    def _enqueue(self, handles: list[RequestHandle]) -> None:
+        """Queue one request's handles (a group's together), or raise QueueFullError / SchedulerClosedError.
+
+        Waiting requests first fill the free batch slots (the worker admits what fits each step), then the
+        queue; a group larger than the whole queue is still taken when nothing waits."""
         with self._cond:
             if self._closed:
                 raise SchedulerClosedError("the server is shutting down")
-            if any(h.cancelled for h in self._waiting):
+            if any(h.cancelled for h in self._waiting):  # cancelled requests do not hold slots
                 self._waiting = deque(h for h in self._waiting if not h.cancelled or self._drop(h))
             free = max(0, self.max_batch - self.in_flight)
-            if self._waiting and len(self._waiting) + n > self.max_queue + free:
+            over = len(self._waiting) + len(handles) > self.max_queue + free
+            if over and (self._waiting or len(handles) == 1):
                 raise QueueFullError(
                     f"the server is busy: {len(self._waiting)} requests are already waiting (max_queue "
                     f"{self.max_queue}); retry later"
                 )
             self._waiting.extend(handles)
             self._cond.notify()
-        return RequestGroup(handles)
 
     def run(self, fn: Callable[[], T]) -> Future[T]:
         """Run `fn` on the worker between decode steps; the future gets its result or its exception.

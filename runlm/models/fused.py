@@ -79,6 +79,7 @@ class FusedBlock:
             and _kernel_parts(mlp.gate_up) is not None
             and all(p is not None and len(p) == 1 for p in singles)
             and attn.softcap is None
+            and attn.head_dim % 8 == 0
             and mlp.activation in ("silu", "gelu_tanh")
             and (attn.q_norm is None) == (attn.k_norm is None)
         )
@@ -119,7 +120,7 @@ def fuse_blocks(model: nn.Module, dtype: torch.dtype, device: torch.device) -> i
         block.fused = FusedBlock(block) if native and FusedBlock.applies(block) else None
         fused += block.fused is not None
         attn: Attention = block.attn
-        attn.fused_attention = native and attn.window is None and attn.softcap is None
+        attn.fused_attention = native and attn.window is None and attn.softcap is None and attn.head_dim % 8 == 0
     if isinstance(model.head, DenseLinear):  # a float head (tiny or unusual files) on a fused model
         model.head.row_by_row = fused > 0
     model.fused_stack = fused == len(model.layers)

@@ -1434,31 +1434,39 @@ inline void gated_activation(const float* g, const float* u, float* out, int64_t
   }
 }
 
-// out[t] = q . keys[t] for n keys of D floats (rows D apart). AVX2: 8 keys at a time, their 8 partial-sum vectors
-// reduced together by a transposing horizontal add, so the reduction costs little even for D = 64.
-inline void key_scores(const float* q, const float* keys, int64_t n, int64_t D, float* out) {
+// The 8 lanes of a dot product's accumulator reduced in the order _mm256_hadd_ps pairs them below.
+inline float tree8(const float* l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
+
+// out[t] = q . keys[t] for n keys given by row pointers (D % 8 == 0; the decode attention of the float32 path and
+// the fused blocks both score keys here): lane l of key t's accumulator sums
+// q[i + l] * k[i + l] by FMA over i = 0, 8, ..., and the lanes meet in tree8's order, for a key in a group of 8
+// (AVX2) and for a key on its own alike, so a key's score never depends on which keys share the call.
+inline void score_rows(const float* q, const float* const* keys, int64_t n, int64_t D, float* out) {
   int64_t t = 0;
 #if RUNLM_AVX2
-  if (D % 8 == 0) {
-    for (; t + 8 <= n; t += 8) {
-      __m256 acc[8];
-      for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
-      const float* k = keys + t * D;
-      for (int64_t i = 0; i < D; i += 8) {
-        const __m256 qv = _mm256_loadu_ps(q + i);
-        for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + j * D + i), acc[j]);
-      }
-      const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-      const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-      _mm256_storeu_ps(out + t, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
+  for (; t + 8 <= n; t += 8) {
+    __m256 acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < D; i += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + i);
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys[t + j] + i), acc[j]);
     }
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+    _mm256_storeu_ps(out + t, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
   }
 #endif
-  for (; t < n; ++t) out[t] = dot_f32(q, keys + t * D, D);
+  for (; t < n; ++t) {
+    float lanes[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int64_t i = 0; i < D; i += 8)
+      for (int l = 0; l < 8; ++l) lanes[l] = std::fma(q[i + l], keys[t][i + l], lanes[l]);
+    out[t] = tree8(lanes);
+  }
 }
 
-// out[0..D) = sum_t w[t] * values[t] (overwrites out). AVX2: 64 output floats stay in 8 registers over all t.
-inline void weighted_values(const float* w, const float* values, int64_t n, int64_t D, float* out) {
+// out[0..D) = sum_t w[t] * values[t] for n value rows given by pointers: every output element is one FMA chain
+// over t in order (vector lanes and the scalar tail alike).
+inline void weighted_rows(const float* w, const float* const* values, int64_t n, int64_t D, float* out) {
   int64_t i = 0;
 #if RUNLM_AVX2
   for (; i + 64 <= D; i += 64) {
@@ -1466,20 +1474,19 @@ inline void weighted_values(const float* w, const float* values, int64_t n, int6
     for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
     for (int64_t t = 0; t < n; ++t) {
       const __m256 wt = _mm256_set1_ps(w[t]);
-      const float* v = values + t * D + i;
-      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(v + 8 * j), acc[j]);
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(values[t] + i + 8 * j), acc[j]);
     }
     for (int j = 0; j < 8; ++j) _mm256_storeu_ps(out + i + 8 * j, acc[j]);
   }
   for (; i + 8 <= D; i += 8) {
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t t = 0; t < n; ++t) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), _mm256_loadu_ps(values + t * D + i), acc);
+    for (int64_t t = 0; t < n; ++t) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), _mm256_loadu_ps(values[t] + i), acc);
     _mm256_storeu_ps(out + i, acc);
   }
 #endif
   for (; i < D; ++i) {
     float acc = 0.f;
-    for (int64_t t = 0; t < n; ++t) acc += w[t] * values[t * D + i];
+    for (int64_t t = 0; t < n; ++t) acc = std::fma(w[t], values[t][i], acc);
     out[i] = acc;
   }
 }
@@ -1501,7 +1508,8 @@ at::Tensor attend_one(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(1) == n_kv_heads && k_cache.sizes() == v_cache.sizes(),
               "runlm::decode_attention: cache shape mismatch");
   const int64_t D = k_cache.size(3), cap = k_cache.size(2);
-  TORCH_CHECK(D % 2 == 0 && cos.numel() == D && sin.numel() == D, "runlm::decode_attention: bad head dim / tables");
+  TORCH_CHECK(D % 8 == 0 && cos.numel() == D && sin.numel() == D, "runlm::decode_attention: head dim must be a "
+              "multiple of 8, with tables of that size");
   TORCH_CHECK(qkv.numel() == (n_heads + 2 * n_kv_heads) * D, "runlm::decode_attention: qkv has the wrong size");
   TORCH_CHECK(0 <= pos && pos < cap && 0 < len && len <= cap,
               "runlm::decode_attention: position ", pos, " outside the cache of ", cap);
@@ -1530,19 +1538,22 @@ at::Tensor attend_one(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
   std::vector<float> part_out(items * rep * D), part_max(items * rep), part_sum(items * rep);
   auto work = [&](int64_t begin, int64_t end) {
     std::vector<float> scores(rep * chunk);
+    std::vector<const float*> keys(chunk), values(chunk);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t g = item / n_chunks, t0 = (item % n_chunks) * chunk, t1 = std::min(len, t0 + chunk), n = t1 - t0;
-      const float* keys = kc + (g * cap + t0) * D;
-      const float* values = vc + (g * cap + t0) * D;
+      for (int64_t t = 0; t < n; ++t) {
+        keys[t] = kc + (g * cap + t0 + t) * D;
+        values[t] = vc + (g * cap + t0 + t) * D;
+      }
       const float* qg = q.data() + g * rep * D;
       float* o = part_out.data() + item * rep * D;
       for (int64_t r = 0; r < rep; ++r) {
         float* sr = scores.data() + r * chunk;
-        key_scores(qg + r * D, keys, n, D, sr);
+        score_rows(qg + r * D, keys.data(), n, D, sr);
         const float best = *std::max_element(sr, sr + n);
         part_max[item * rep + r] = best;
         part_sum[item * rep + r] = exp_shift_sum(sr, n, best);
-        weighted_values(sr, values, n, D, o + r * D);
+        weighted_rows(sr, values.data(), n, D, o + r * D);
       }
     }
   };
@@ -1629,62 +1640,6 @@ at::Tensor linear_parts(const at::Tensor& x, at::TensorList ws, at::IntArrayRef 
 // each key with one fixed reduction (score_row), and merges the chunks in position order.
 
 constexpr int64_t kKeyChunk = 64;  // attention chunk k covers absolute key positions [64k, 64k + 64)
-
-// The 8 lanes of a dot product's accumulator reduced in the order _mm256_hadd_ps pairs them below.
-inline float tree8(const float* l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
-
-// out[t] = q . keys[t] for n keys given by row pointers (D % 8 == 0): lane l of key t's accumulator sums
-// q[i + l] * k[i + l] by FMA over i = 0, 8, ..., and the lanes meet in tree8's order, for a key in a group of 8
-// (AVX2) and for a key on its own alike, so a key's score never depends on which keys share the call.
-inline void score_rows(const float* q, const float* const* keys, int64_t n, int64_t D, float* out) {
-  int64_t t = 0;
-#if RUNLM_AVX2
-  for (; t + 8 <= n; t += 8) {
-    __m256 acc[8];
-    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < D; i += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + i);
-      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys[t + j] + i), acc[j]);
-    }
-    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-    _mm256_storeu_ps(out + t, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
-  }
-#endif
-  for (; t < n; ++t) {
-    float lanes[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int64_t i = 0; i < D; i += 8)
-      for (int l = 0; l < 8; ++l) lanes[l] = std::fma(q[i + l], keys[t][i + l], lanes[l]);
-    out[t] = tree8(lanes);
-  }
-}
-
-// out[0..D) = sum_t w[t] * values[t] for n value rows given by pointers: every output element is one FMA chain
-// over t in order (vector lanes and the scalar tail alike).
-inline void weighted_rows(const float* w, const float* const* values, int64_t n, int64_t D, float* out) {
-  int64_t i = 0;
-#if RUNLM_AVX2
-  for (; i + 64 <= D; i += 64) {
-    __m256 acc[8];
-    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
-    for (int64_t t = 0; t < n; ++t) {
-      const __m256 wt = _mm256_set1_ps(w[t]);
-      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(values[t] + i + 8 * j), acc[j]);
-    }
-    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(out + i + 8 * j, acc[j]);
-  }
-  for (; i + 8 <= D; i += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t t = 0; t < n; ++t) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), _mm256_loadu_ps(values[t] + i), acc);
-    _mm256_storeu_ps(out + i, acc);
-  }
-#endif
-  for (; i < D; ++i) {
-    float acc = 0.f;
-    for (int64_t t = 0; t < n; ++t) acc = std::fma(w[t], values[t][i], acc);
-    out[i] = acc;
-  }
-}
 
 // Where each sequence's rows of this call sit: rows [first_row, first_row + count) hold positions
 // [first_pos, first_pos + count); earlier positions are in the sequence's cache.
@@ -1810,7 +1765,8 @@ at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double e
   TORCH_CHECK(h.scalar_type() == at::kFloat && h.dim() == 2 && h.size(1) == hidden, op, ": h must be float [R, hidden]");
   TORCH_CHECK(static_cast<int64_t>(row_seq.size()) == R && static_cast<int64_t>(row_pos.size()) == R, op,
               ": one sequence index and position per row");
-  TORCH_CHECK(cos.numel() == R * D && sin.numel() == R * D && D % 2 == 0, op, ": cos / sin must be [R, D]");
+  TORCH_CHECK(cos.numel() == R * D && sin.numel() == R * D && D % 8 == 0, op,
+              ": cos / sin must be [R, D], D a multiple of 8");
   TORCH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, op, ": heads must group evenly");
   TORCH_CHECK(k_caches.size() == v_caches.size() && !k_caches.empty(), op, ": one k and v cache per sequence");
   const int64_t n_seq = static_cast<int64_t>(k_caches.size()), q_width = n_heads * D, kv_width = n_kv_heads * D;
