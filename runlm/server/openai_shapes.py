@@ -26,7 +26,7 @@ from runlm.server.schemas import (
     SamplingFields,
 )
 from runlm.server.state import ServerState
-from runlm.server.tools import ToolPlan, add_tools_prompt, plan_tools, template_message
+from runlm.server.tools import ToolPlan, add_tools_prompt, plan_tools, split_reply, template_message
 
 MIN_LOGPROB = -9999.0  # what OpenAI reports for probabilities that underflow
 RESERVED_TEMPLATE_KWARGS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
@@ -290,10 +290,7 @@ def _envelope(state: ServerState, obj: str, rid: str, created: int, model: str) 
 
 def chat_choice(state: ServerState, plan: ChatPlan, body: ChatCompletionRequest, result: Completion,
                 index: int) -> dict[str, Any]:
-    filt = ToolCallStreamFilter(plan.tools.active, plan.tools.names)
-    content = filt.push(result.text)
-    rest, calls = filt.finish()
-    content += rest
+    content, calls = split_reply(plan.tools, result.text)
     message: dict[str, Any] = {"role": "assistant", "content": content if (content or not calls) else None}
     finish = finish_reason(result.finish_reason)
     if calls:

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from runlm.engine import StreamRecord, Usage
-from runlm.server.errors import APIError, api_error_from, error_body
+from runlm.server.errors import APIError, api_error_from, openai_error_body
 
 DONE = "data: [DONE]\n\n"
 
@@ -51,7 +51,7 @@ def json_line(obj: Any) -> str:
 
 
 def openai_failure(err: APIError) -> list[dict[str, Any]]:
-    return [error_body(err.status, err.message, err.param, err.code, err.type)]
+    return [openai_error_body(err)]
 
 
 async def event_stream(handle: RecordSource, shaper: EventShaper, *, typed: bool = False, lines: bool = False,
