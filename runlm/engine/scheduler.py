@@ -1,10 +1,12 @@
 """One worker thread owns the engine; requests wait in a bounded queue and stream back through handles.
 
 Continuous batching: the worker keeps up to `max_batch` generations in flight, each in a session of
-its own. Each loop admits at most one waiting request (its prefill, with the prompt cache) and then
-runs ONE decode step (`Engine.step`) for every generation in flight, each at its own position over
-its own session; generations join and leave at token boundaries. Every runner batches this way (the
-contract's `decode_batch` steps sessions one by one where a runner has nothing faster). A request
+its own. Each loop admits the waiting requests that fit (their sessions opened from the prompt cache,
+`Engine.begin`) and then runs ONE batched step (`Engine.step`): a decode step for every generation in
+flight, each at its own position over its own session, and the next chunk of every prompt being
+admitted (chunked prefill: a long prompt does not stall the streams); generations join and leave at
+token boundaries. Every runner batches this way (the
+contract's `extend_batch` steps sessions one by one where a runner has nothing faster). A request
 that fails ends alone and the worker keeps serving the others. Cancellation is checked between
 tokens, and a request cancelled while it waits leaves the queue at once. Other model work (embeddings)
 is handed to the worker with `run(fn)` and runs between decode steps, one call per loop.
