@@ -81,7 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(serve)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=None, help="require this bearer token (or set RUNLM_API_KEY)")
+    serve.add_argument("--api-key", default=None,
+                       help="require this bearer token, or one of several comma-separated (better: RUNLM_API_KEY "
+                            "or --api-keys-file, a flag shows in ps); each key has its own prompt cache")
+    serve.add_argument("--api-keys-file", default=None, help="API keys, one per line ('#' comments)")
+    serve.add_argument("--shared-prompt-cache", action="store_true",
+                       help="let every API key reuse every other key's cached prompts (they can then probe them)")
     serve.add_argument("--prompt-cache-mb", type=int, default=256)
     serve.add_argument("--max-queue", type=int, default=16)
     serve.add_argument("--parallel", type=int, default=8, help="sequences decoded together (continuous batching)")
@@ -231,7 +236,8 @@ def _chat_web(args: argparse.Namespace) -> int:
 
     threading.Thread(target=open_when_listening, name="runlm-open-browser", daemon=True).start()
     serve_args = argparse.Namespace(
-        **vars(args), host="127.0.0.1", api_key=None, prompt_cache_mb=256, max_queue=16, parallel=8,
+        **vars(args), host="127.0.0.1", api_key=None, api_keys_file=None, shared_prompt_cache=False,
+        prompt_cache_mb=256, max_queue=16, parallel=8,
         mmproj=None, allow_remote_images=False, pooling=None, allowed_hosts=[], api_docs=False,
     )
     return cmd_serve(serve_args)
@@ -272,6 +278,14 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def serve_keys(args: argparse.Namespace) -> list[str]:
+    """--api-key, the keys file and RUNLM_API_KEY together (any of them may hold several keys)."""
+    from runlm.server.middleware import api_keys_from, read_api_keys_file  # optional: the [server] extra
+
+    keys = api_keys_from(args.api_key) + api_keys_from(os.environ.get("RUNLM_API_KEY"))
+    return keys + (read_api_keys_file(args.api_keys_file) if args.api_keys_file else [])
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from runlm.server import serve  # optional: the [server] extra
 
@@ -280,7 +294,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         loaded,
         host=args.host,
         port=args.port,
-        api_key=args.api_key or os.environ.get("RUNLM_API_KEY"),
+        api_key=serve_keys(args),
+        shared_prompt_cache=args.shared_prompt_cache,
         prompt_cache_mb=args.prompt_cache_mb,
         max_queue=args.max_queue,
         max_batch=args.parallel,

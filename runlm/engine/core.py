@@ -44,6 +44,7 @@ class GenerationRequest:
     use_prompt_cache: bool = True
     image: ImageInput | None = None
     prompt_text: str | None = None
+    cache_scope: str = ""  # whose prompt-cache entries it may reuse: the server's tenant, never the request body
 
 
 @dataclass
@@ -303,7 +304,7 @@ class Engine:
         gen.session = self.runner.new_session()
         prompt = gen.request.prompt_ids
         if self.prompt_cache is not None and gen.request.use_prompt_cache:
-            snap, match = self.prompt_cache.lookup(prompt)
+            snap, match = self.prompt_cache.lookup(prompt, gen.request.cache_scope)
             reuse = min(match, len(prompt) - 1)  # the last prompt token must run to give logits
             if snap is not None and reuse > 0 and self.runner.restore(gen.session, snap, reuse):
                 gen.reused = reuse
@@ -324,7 +325,7 @@ class Engine:
         else:
             snap, match = (None, 0)
             if self.prompt_cache is not None and request.use_prompt_cache:
-                snap, match = self.prompt_cache.lookup(request.prompt_ids)
+                snap, match = self.prompt_cache.lookup(request.prompt_ids, request.cache_scope)
             if snap is not None:
                 logits, reused = self.runner.prefill_reusing(gen.session, request.prompt_ids, snap, match)
                 self.prompt_cache.record_hit(reused)
@@ -391,7 +392,7 @@ class Engine:
             snap = self.runner.export(session)
         except Exception:  # a runner that cannot snapshot just gets no cache
             snap = None
-        self.prompt_cache.store(snap)
+        self.prompt_cache.store(snap, gen.request.cache_scope)
 
     def generate(self, request: GenerationRequest | Generation,
                  cancelled: Callable[[], bool] = lambda: False) -> Iterator[StreamRecord]:

@@ -28,7 +28,7 @@ router = APIRouter()
 
 @router.post("/v1/messages")
 async def messages(body: MessagesRequest, request: Request, state: ServerState = Depends(get_state)):
-    plan, handle, _ = await submit(state, plan_messages, body, "msg")
+    plan, handle, _ = await submit(state, plan_messages, body, "msg", request)
     mid = message_id()
     if body.stream:
         events = MessageEvents(plan, body, handle.gen, mid)

@@ -22,7 +22,7 @@ from runlm.engine.embeddings import check_pooling
 from runlm.server import anthropic_api, embeddings_api, llamacpp_api, ollama_api, openai_api, responses_api
 from runlm.server.errors import install_error_handlers
 from runlm.server.metrics import Metrics
-from runlm.server.middleware import DEFAULT_ALLOWED_HOSTS, GuardMiddleware, HostList, OriginGuard
+from runlm.server.middleware import DEFAULT_ALLOWED_HOSTS, GuardMiddleware, HostList, OriginGuard, api_keys_from
 from runlm.server.responses_shapes import DEFAULT_STORED_RESPONSES, ResponseStore
 from runlm.server.state import ServerState, served_names
 from runlm.server.web import WebPage
@@ -36,7 +36,8 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 def create_app(
     loaded: Any,
     *,
-    api_key: str | None = None,
+    api_key: str | Sequence[str] | None = None,
+    shared_prompt_cache: bool = False,
     prompt_cache_mb: float = 256,
     max_queue: int = 16,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -51,7 +52,9 @@ def create_app(
 ) -> FastAPI:
     """A FastAPI app serving one loaded model (a runlm.LoadedModel).
 
-    `api_key` (or env RUNLM_API_KEY when None; "" turns it off) guards every route but /health.
+    `api_key` (or env RUNLM_API_KEY when None; "" turns it off) guards every route but /health: one key, or
+    several (a list or comma-separated), each a tenant whose prompt-cache entries no other key can reuse or
+    probe, unless `shared_prompt_cache`.
     `max_queue` requests may wait behind the running ones; more get 429. `default_max_tokens` caps
     requests that set no max_tokens (None: up to the context's end). `pooling` ("mean" or "last") sets how
     embeddings pool token states; None pools as the model's files declare (mean where they say nothing).
@@ -62,6 +65,7 @@ def create_app(
     """
     if api_key is None:
         api_key = os.environ.get("RUNLM_API_KEY") or None
+    api_keys = api_keys_from(api_key)
     pooling = check_pooling(pooling) if pooling is not None else None
     hosts = HostList((*DEFAULT_ALLOWED_HOSTS, *allowed_hosts))
     engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length,
@@ -84,7 +88,8 @@ def create_app(
     app.state.runlm = state
     app.state.responses = ResponseStore(stored_responses)
     install_error_handlers(app)
-    app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes, metrics=metrics)
+    app.add_middleware(GuardMiddleware, api_keys=api_keys, max_body_bytes=max_body_bytes, metrics=metrics,
+                       shared_tenant=shared_prompt_cache)
     # The chat page at / (outside the key guard: it holds no secrets and asks for the key on a 401).
     app.add_middleware(WebPage, metrics=metrics)
     # Outermost: a request for a foreign host name or from a foreign web origin reaches nothing else.

@@ -8,10 +8,11 @@ before any route sees it.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import json
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from runlm.errors import InvalidInputError
@@ -23,6 +24,7 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 OPEN_PATHS = frozenset({"/health"})
+TENANT_KEY = "runlm.tenant"  # the ASGI scope entry naming the authenticated tenant (see tenant_of)
 KNOWN_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/embeddings", "/v1/messages",
                 "/api/chat", "/api/generate", "/api/embed", "/api/tags", "/api/show", "/api/ps", "/api/version",
                 "/health", "/metrics", "/tokenize", "/detokenize", "/props", "/openapi.json", "/docs")
@@ -44,10 +46,44 @@ def route_label(path: str) -> str:
     return "other"
 
 
+def api_keys_from(value: str | Sequence[str] | None) -> list[str]:
+    """Keys from a comma-separated string (`--api-key`, RUNLM_API_KEY) or a list; blanks dropped."""
+    items = value.split(",") if isinstance(value, str) else list(value or ())
+    return [key.strip() for key in items if key.strip()]
+
+
+def read_api_keys_file(path: str) -> list[str]:
+    """`--api-keys-file`: one key per line, blank lines and '#' comments skipped (keeps keys out of `ps`)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInputError(f"cannot read the API keys file {path!r}: {exc}") from None
+    keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not keys:
+        raise InvalidInputError(f"the API keys file {path!r} holds no key")
+    return keys
+
+
+def tenant_of(scope: Scope) -> str:
+    """Who sent this request, as the key check found it: "" without keys (one tenant) or with a shared cache."""
+    return scope.get(TENANT_KEY, "")
+
+
+def key_tenant(key: bytes) -> str:
+    """A key's tenant name: a digest, so the key itself is kept nowhere else."""
+    return "key-" + hashlib.sha256(key).hexdigest()[:16]
+
+
 class GuardMiddleware:
-    def __init__(self, app: Any, api_key: str | None, max_body_bytes: int, metrics: Metrics):
+    """Key auth, body limit and request counting. With several `api_keys`, each key is its own tenant (its
+    prompt-cache entries are its own) unless `shared_tenant`."""
+
+    def __init__(self, app: Any, api_keys: Sequence[str], max_body_bytes: int, metrics: Metrics,
+                 shared_tenant: bool = False):
         self.app = app
-        self.api_key = api_key.encode() if api_key else None
+        self.api_keys = [key.encode() for key in api_keys if key]
+        self.shared_tenant = shared_tenant
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
 
@@ -69,10 +105,13 @@ class GuardMiddleware:
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if self.api_key is not None and path not in OPEN_PATHS and not self._authorized(scope):
+        key = self._presented_key(scope) if self.api_keys else None
+        if self.api_keys and path not in OPEN_PATHS and key is None:
             await _send_error(send, path, 401, "missing or invalid API key: send 'Authorization: Bearer <key>' "
                               "(or 'x-api-key: <key>')", "invalid_api_key", [(b"www-authenticate", b"Bearer")])
             return
+        if key is not None and not self.shared_tenant:
+            scope[TENANT_KEY] = key_tenant(key)
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
         if length is not None:
@@ -116,16 +155,21 @@ class GuardMiddleware:
         await _send_error(send, path, 413, f"the request body is larger than the limit of {self.max_body_bytes} bytes",
                           "request_too_large")
 
-    def _authorized(self, scope: Scope) -> bool:
-        """A bearer token (OpenAI, Ollama clients) or an x-api-key header (Anthropic's) holding the key."""
+    def _presented_key(self, scope: Scope) -> bytes | None:
+        """The configured key a bearer token (OpenAI, Ollama clients) or an x-api-key header (Anthropic's) holds."""
         for name, value in scope.get("headers") or []:
+            token = None
             if name == b"authorization":
-                scheme, _, token = value.partition(b" ")
-                if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key):
-                    return True
-            elif name == b"x-api-key" and hmac.compare_digest(value.strip(), self.api_key):
-                return True
-        return False
+                scheme, _, rest = value.partition(b" ")
+                token = rest.strip() if scheme.lower() == b"bearer" else None
+            elif name == b"x-api-key":
+                token = value.strip()
+            if token is not None:
+                # every key compared, in constant time each: which key matched does not show in the timing
+                matches = [key for key in self.api_keys if hmac.compare_digest(token, key)]
+                if matches:
+                    return matches[0]
+        return None
 
 
 # -- origins ---------------------------------------------------------------------------------------

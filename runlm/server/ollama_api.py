@@ -49,7 +49,7 @@ async def chat(body: ChatBody, request: Request, state: ServerState = Depends(ge
     if not body.messages:
         state.check_model(body.model)
         return loaded_reply(body, chat=True)
-    plan, handle, _ = await submit(state, plan_ollama_chat, body, "chat")
+    plan, handle, _ = await submit(state, plan_ollama_chat, body, "chat", request)
     if body.stream:
         return json_lines(handle, ChatLines(plan, body, handle.gen))
     return chat_reply(plan, body, await collect(handle, request), handle.gen)
@@ -60,7 +60,7 @@ async def generate(body: GenerateBody, request: Request, state: ServerState = De
     if not body.prompt and not body.images:
         state.check_model(body.model)
         return loaded_reply(body, chat=False)
-    _, handle, _ = await submit(state, plan_ollama_generate, body, "generate")
+    _, handle, _ = await submit(state, plan_ollama_generate, body, "generate", request)
     if body.stream:
         return json_lines(handle, GenerateLines(body, handle.gen))
     return generate_reply(body, await collect(handle, request), handle.gen)

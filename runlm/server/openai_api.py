@@ -18,6 +18,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from runlm.engine import RequestGroup, RequestHandle
+from runlm.server.middleware import tenant_of
 from runlm.server.openai_shapes import (
     ChatChunks,
     CompletionChunks,
@@ -44,10 +45,13 @@ class Pending(Protocol[Result]):
     async def aresult(self) -> Result: ...
 
 
-async def plan_request(state: ServerState, planner: Callable, body: Any) -> Any:
-    """Check the model and plan the request off the event loop (templates and tokenizing cost CPU)."""
+async def plan_request(state: ServerState, planner: Callable, body: Any, request: Request) -> Any:
+    """Check the model and plan the request off the event loop (templates and tokenizing cost CPU); the
+    generation reuses only the prompt cache of the tenant the key check found (never one the body names)."""
     state.check_model(body.model)
-    return await run_in_threadpool(planner, state, body)
+    plan = await run_in_threadpool(planner, state, body)
+    plan.request.cache_scope = tenant_of(request.scope)
+    return plan
 
 
 def metrics_hook(state: ServerState) -> Callable[[RequestHandle], None]:
@@ -60,17 +64,18 @@ def metrics_hook(state: ServerState) -> Callable[[RequestHandle], None]:
     return observe
 
 
-async def submit(state: ServerState, planner: Callable, body: Any, id_prefix: str) -> tuple[Any, RequestHandle, str]:
+async def submit(state: ServerState, planner: Callable, body: Any, id_prefix: str,
+                 request: Request) -> tuple[Any, RequestHandle, str]:
     """Check the model, plan off the event loop, queue the request: (plan, handle, response id)."""
-    plan = await plan_request(state, planner, body)
+    plan = await plan_request(state, planner, body, request)
     handle = state.scheduler.submit(plan.request, loop=asyncio.get_running_loop(), on_done=metrics_hook(state))
     return plan, handle, f"{id_prefix}-{uuid.uuid4().hex}"
 
 
-async def submit_choices(state: ServerState, planner: Callable, body: Any, id_prefix: str,
-                         n: int) -> tuple[Any, RequestGroup, str]:
+async def submit_choices(state: ServerState, planner: Callable, body: Any, id_prefix: str, n: int,
+                         request: Request) -> tuple[Any, RequestGroup, str]:
     """`submit` for a request that asks for `n` choices: prefilled once, decoded side by side."""
-    plan = await plan_request(state, planner, body)
+    plan = await plan_request(state, planner, body, request)
     group = state.scheduler.submit_group(plan.request, n, loop=asyncio.get_running_loop(),
                                          on_done=metrics_hook(state))
     return plan, group, f"{id_prefix}-{uuid.uuid4().hex}"
@@ -100,7 +105,7 @@ def streaming(events) -> StreamingResponse:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: ServerState = Depends(get_state)):
-    plan, group, rid = await submit_choices(state, plan_chat, body, "chatcmpl", body.n or 1)
+    plan, group, rid = await submit_choices(state, plan_chat, body, "chatcmpl", body.n or 1, request)
     created = int(time.time())
     if body.stream:
         return streaming(event_stream(group, ChatChunks(state, plan, body, rid, created)))
@@ -109,7 +114,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request, state: ServerState = Depends(get_state)):
-    plan, group, rid = await submit_choices(state, plan_completion, body, "cmpl", choices_asked(body)[1])
+    plan, group, rid = await submit_choices(state, plan_completion, body, "cmpl", choices_asked(body)[1], request)
     created = int(time.time())
     if body.stream:
         return streaming(event_stream(group, CompletionChunks(state, plan, body, rid, created)))

@@ -35,7 +35,7 @@ def get_store(request: Request) -> ResponseStore:
 @router.post("/v1/responses")
 async def create_response(body: ResponsesRequest, request: Request, state: ServerState = Depends(get_state),
                           store: ResponseStore = Depends(get_store)):
-    plan, handle, _ = await submit(state, partial(plan_response, store=store), body, "resp")
+    plan, handle, _ = await submit(state, partial(plan_response, store=store), body, "resp", request)
     if body.stream:
         events = ResponseEvents(plan, store)
         return streaming(event_stream(handle, events, typed=True, failure=events.failure))

@@ -192,6 +192,26 @@ def test_prompt_cache_drops_snapshots_a_longer_one_covers():
     assert len(cache) == 1
 
 
+def test_prompt_cache_scopes_do_not_see_each_other():
+    cache = PromptCache(budget_bytes=10_000)
+    cache.store(SessionSnapshot(token_ids=[1, 2, 3], cache=None, nbytes=10), scope="a")
+    assert cache.lookup([1, 2, 3, 4], scope="b") == (None, 0)
+    assert cache.lookup([1, 2, 3, 4]) == (None, 0)  # the unscoped tenant is a scope of its own
+    assert cache.lookup([1, 2, 3, 4], scope="a")[1] == 3
+    # b's longer snapshot neither covers nor replaces a's
+    assert cache.store(SessionSnapshot(token_ids=[1, 2, 3, 4], cache=None, nbytes=10), scope="b")
+    assert len(cache) == 2 and cache.lookup([1, 2, 3, 4, 5], scope="a")[1] == 3
+
+
+def test_engine_reuses_only_its_own_scope():
+    eng = engine(ids("Hello", "<eos>"))
+    run(eng, cache_scope="alice")
+    other = run(eng, cache_scope="bob")
+    same = run(eng, cache_scope="alice")
+    assert other[-1].usage.cached_tokens == 0
+    assert same[-1].usage.cached_tokens == len(PROMPT) - 1
+
+
 def test_scheduler_streams_and_serialises_requests():
     eng = engine(ids("Hello", " world", "<eos>"), delay_s=0.001)
     sched = Scheduler(eng, max_queue=4)
