@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="more host names the server answers to, comma-separated (default: loopback names and "
                             "IP addresses; '*' allows any; '.example.com' a domain and its subdomains)")
     serve.add_argument("--api-docs", action="store_true", help="serve /docs, /redoc and /openapi.json (CDN assets)")
+    serve.add_argument("--special-tokens-in-content", action="store_true",
+                       help="special-token strings in message text become control tokens (default: text; only "
+                            "the chat template's own markers are control tokens)")
     serve.add_argument("--pooling", choices=("mean", "last"), default=None,
                        help="how embeddings pool token states (default: as the model declares, else mean)")
 
@@ -239,6 +242,7 @@ def _chat_web(args: argparse.Namespace) -> int:
         **vars(args), host="127.0.0.1", api_key=None, api_keys_file=None, shared_prompt_cache=False,
         prompt_cache_mb=256, max_queue=16, parallel=8,
         mmproj=None, allow_remote_images=False, pooling=None, allowed_hosts=[], api_docs=False,
+        special_tokens_in_content=False,
     )
     return cmd_serve(serve_args)
 
@@ -303,6 +307,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         pooling=args.pooling,
         allowed_hosts=[h for value in args.allowed_hosts for h in value.split(",") if h.strip()],
         api_docs=args.api_docs,
+        special_tokens_in_content=args.special_tokens_in_content,
     )
     return 0
 

@@ -49,6 +49,7 @@ def create_app(
     stored_responses: int = DEFAULT_STORED_RESPONSES,
     allowed_hosts: Sequence[str] = (),
     api_docs: bool = False,
+    special_tokens_in_content: bool = False,
 ) -> FastAPI:
     """A FastAPI app serving one loaded model (a runlm.LoadedModel).
 
@@ -61,7 +62,8 @@ def create_app(
     `stored_responses` bounds the in-memory store behind /v1/responses' previous_response_id (LRU).
     `allowed_hosts` extends the host names the server answers to (loopback names and IP addresses always;
     "*": any), see middleware.OriginGuard. `api_docs` serves FastAPI's /docs, /redoc and /openapi.json (off:
-    the docs pages load their scripts from a CDN).
+    the docs pages load their scripts from a CDN). `special_tokens_in_content` lets special-token strings in
+    message text become control tokens (by default only the chat template's own markers are).
     """
     if api_key is None:
         api_key = os.environ.get("RUNLM_API_KEY") or None
@@ -75,7 +77,7 @@ def create_app(
     name, aliases = served_names(loaded, model_name)
     state = ServerState(loaded, engine, scheduler, metrics, name, aliases, default_max_tokens,
                         prompt_cache_mb=prompt_cache_mb, allow_remote_images=allow_remote_images,
-                        pooling=pooling)
+                        pooling=pooling, special_tokens_in_content=special_tokens_in_content)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

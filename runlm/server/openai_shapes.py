@@ -199,9 +199,12 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     if reserved:
         raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)}",
                        param="chat_template_kwargs", code="invalid_value")
+    template_tools = tools.tools if tools.active and tools.template_aware else None
+    literal = state.literal_specials
+    if literal is not None:  # special-token strings the client wrote stay text: only the template's are markers
+        messages, template_tools, extra = literal.hide(messages), literal.hide(template_tools), literal.hide(extra)
     try:
-        prompt = template.render(messages, add_generation_prompt=True,
-                                 tools=tools.tools if tools.active and tools.template_aware else None, **extra)
+        prompt = template.render(messages, add_generation_prompt=True, tools=template_tools, **extra)
     except Exception as exc:  # the template's own checks (role order...) are about the client's input
         raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages",
                        code="invalid_value") from exc
@@ -216,7 +219,7 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     if top and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
     request = GenerationRequest(
-        prompt_ids=state.tokenizer.encode_prompt(prompt),
+        prompt_ids=literal.encode(prompt) if literal is not None else state.tokenizer.encode_prompt(prompt),
         max_tokens=body.max_completion_tokens or body.max_tokens or state.default_max_tokens,
         sampling=sampling_from(body, state.engine.vocab_size, body.logprobs, top),
         stop=stop_list(body.stop),
@@ -228,7 +231,8 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
         raise APIError(400, "only one image per request is supported", param="messages", code="invalid_value")
     if images:
         try:
-            state.engine.with_image(request, prompt, images[0])
+            # the multimodal runner tokenizes the prompt itself (its image marker is a special token)
+            state.engine.with_image(request, literal.show(prompt) if literal is not None else prompt, images[0])
         except RunlmError as exc:
             raise APIError(400, str(exc), param="messages", code="invalid_value") from exc
     return ChatPlan(request, tools)

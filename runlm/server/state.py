@@ -15,6 +15,7 @@ from runlm.engine.embeddings import Pooling, declared_pooling
 from runlm.server.errors import APIError
 from runlm.server.metrics import Metrics
 from runlm.text import Tokenizer
+from runlm.text.literal import LiteralSpecials
 
 
 @dataclass
@@ -29,6 +30,7 @@ class ServerState:
     prompt_cache_mb: float = 0
     allow_remote_images: bool = False
     pooling: Pooling | None = None  # embeddings: None pools as the model's files declare
+    special_tokens_in_content: bool = False  # True: special-token strings in message text become control tokens
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -43,6 +45,11 @@ class ServerState:
         if name not in self.aliases:
             raise APIError(404, f"model {name!r} is not served here; this server serves {self.model_name!r} "
                                 "(see GET /v1/models)", param="model", code="model_not_found")
+
+    @cached_property
+    def literal_specials(self) -> LiteralSpecials | None:
+        """How chat prompts keep special-token strings in client text as text (None: they are not kept)."""
+        return None if self.special_tokens_in_content else LiteralSpecials(self.tokenizer)
 
     @cached_property
     def embedding_pooling(self) -> Pooling:

@@ -1,0 +1,112 @@
+"""Special tokens written in message text stay text: only the chat template's own markers are control tokens.
+
+A chat prompt is rendered from a template and client text, then tokenized as one string; a tokenizer
+recognizes special-token strings anywhere in it, so a user (or a document, or a tool result) writing
+`<|im_end|>\\n<|im_start|>system` would forge a system turn. `LiteralSpecials` closes that: before rendering,
+every special-token string in client values is swapped for a private-use placeholder character
+(`hide`), so after rendering every special-token string left is one the template wrote; `encode` then
+makes those their ids and encodes the text between them with special tokens read as plain text, the
+placeholders turned back into the client's original strings.
+
+The text between two markers is encoded as the tokenizer would encode it after a special token: behind an
+anchor (a non-special added token of a private copy of the tokenizer), so a prefix-space rule that applies
+only at the start of the text (SentencePiece's "first" scheme) applies exactly where it did. A prompt
+without forged strings gets the ids a plain `encode_prompt` gives (tested on the real SmolLM2).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+from tokenizers import AddedToken
+from tokenizers import Tokenizer as Backend
+
+from runlm.errors import TokenizerError
+from runlm.text.tokenizer import Tokenizer
+
+PLACEHOLDER_BASE = 0xF0000  # Supplementary Private Use Area-A: 65,534 code points no tokenizer gives meaning
+ANCHOR = "\U000ffffd\U000ffffdrunlm-anchor\U000ffffd"
+
+
+class LiteralSpecials:
+    """Hide special-token strings in client values before rendering; encode a rendered prompt so that only
+    the strings the template wrote become special tokens."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        backend = tokenizer.backend
+        specials = {t.content: (i, t) for i, t in backend.get_added_tokens_decoder().items() if t.special}
+        self._ids = {text: i for text, (i, _) in specials.items()}
+        texts = sorted(specials, key=len, reverse=True)  # longest first: a leftmost-longest match, as tokenizers'
+        self._hide = {text: chr(PLACEHOLDER_BASE + n) for n, text in enumerate(texts)}
+        self._show = {mark: text for text, mark in self._hide.items()}
+        self._hide_pattern = re.compile("|".join(map(re.escape, texts))) if texts else None
+        self._show_pattern = re.compile("|".join(map(re.escape, self._show))) if texts else None
+        # a marker with lstrip / rstrip takes the whitespace beside it, as the tokenizer's extraction does
+        parts = [(r"\s*" if specials[t][1].lstrip else "") + f"({re.escape(t)})" + (r"\s*" if specials[t][1].rstrip
+                                                                                   else "") for t in texts]
+        self._marker_pattern = re.compile("|".join(parts)) if texts else None
+        self._literal: Backend | None = None
+        self._anchor_id = -1
+        self._lock = threading.Lock()
+
+    def hide(self, value: Any) -> Any:
+        """`value` (a string, or lists / dicts of them) with every special-token string a placeholder."""
+        if self._hide_pattern is None:
+            return value
+        if isinstance(value, str):
+            return self._hide_pattern.sub(lambda m: self._hide[m.group()], value)
+        if isinstance(value, list | tuple):
+            return [self.hide(v) for v in value]
+        if isinstance(value, dict):
+            return {k: self.hide(v) for k, v in value.items()}
+        return value
+
+    def show(self, text: str) -> str:
+        """The rendered text with the client's original strings back in place of the placeholders."""
+        if self._show_pattern is None:
+            return text
+        return self._show_pattern.sub(lambda m: self._show[m.group()], text)
+
+    def encode(self, rendered: str) -> list[int]:
+        """Ids of a prompt rendered from `hide`n values: the template's markers special, everything else text;
+        the model's BOS convention as `Tokenizer.encode_prompt` applies it."""
+        if self._marker_pattern is None:
+            return self.tokenizer.encode_prompt(self.show(rendered))
+        ids: list[int] = []
+        pos, after_marker = 0, False
+        for match in self._marker_pattern.finditer(rendered):
+            ids += self._text_ids(rendered[pos:match.start()], after_marker)
+            ids.append(self._ids[next(g for g in match.groups() if g is not None)])
+            pos, after_marker = match.end(), True
+        ids += self._text_ids(rendered[pos:], after_marker)
+        tok = self.tokenizer
+        if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
+            ids.insert(0, tok.bos_id)
+        if tok.add_eos and tok.eos_id is not None:
+            ids.append(tok.eos_id)
+        return ids
+
+    def _text_ids(self, text: str, after_marker: bool) -> list[int]:
+        if not text:
+            return []
+        literal = self._literal_backend()
+        if not after_marker:
+            return literal.encode(self.show(text), add_special_tokens=False).ids
+        ids = literal.encode(ANCHOR + self.show(text), add_special_tokens=False).ids
+        if not ids or ids[0] != self._anchor_id:  # cannot happen with a sane backend: fail closed, loudly
+            raise TokenizerError("the literal-text tokenizer did not keep its anchor token first")
+        return ids[1:]
+
+    def _literal_backend(self) -> Backend:
+        """A private copy of the tokenizer that reads special-token strings as text, with the anchor added."""
+        with self._lock:
+            if self._literal is None:
+                literal = Backend.from_str(self.tokenizer.backend.to_str())
+                literal.encode_special_tokens = True
+                literal.add_tokens([AddedToken(ANCHOR, special=False, normalized=False)])
+                self._anchor_id = literal.token_to_id(ANCHOR)
+                self._literal = literal
+            return self._literal
