@@ -7,14 +7,25 @@ can be enforced by the grammar sampler instead of hoped for.
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
-_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+
+def tool_call_bodies(text: str) -> list[str]:
+    """The stripped text of each `<tool_call>` block, the last one possibly unclosed. Plain string search, so
+    linear in the text (a lazy regex with `\\s*` around the body was quadratic on long whitespace runs)."""
+    bodies = []
+    start = text.find(TOOL_CALL_OPEN)
+    while start != -1:
+        start += len(TOOL_CALL_OPEN)
+        end = text.find(TOOL_CALL_CLOSE, start)
+        bodies.append((text[start:] if end == -1 else text[start:end]).strip())
+        start = -1 if end == -1 else text.find(TOOL_CALL_OPEN, end + len(TOOL_CALL_CLOSE))
+    return bodies
 
 
 @dataclass
@@ -78,7 +89,7 @@ def parse_tool_calls(text: str, known_names: set[str] | None = None) -> tuple[st
     """
     if TOOL_CALL_OPEN in text:
         calls: list[ToolCall] = []
-        for body in _BLOCK.findall(text):
+        for body in tool_call_bodies(text):
             for value in _decode_json_values(body) or []:
                 for item in value if isinstance(value, list) else [value]:
                     call = _call_from_obj(item, known_names)

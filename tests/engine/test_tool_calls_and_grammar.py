@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 
 import pytest
 from engine_mocks import MockTokenizer, ScriptedRunner
+from hypothesis import given
+from hypothesis import strategies as st
 
 from runlm.engine import Engine, GenerationRequest, parse_tool_calls
 from runlm.engine.grammar import GrammarConstraint
-from runlm.engine.tools import ToolCallStreamFilter, tool_call_schema
+from runlm.engine.tools import ToolCallStreamFilter, tool_call_bodies, tool_call_schema
 from runlm.errors import InvalidInputError
 from runlm.sampling import SamplingParams
 
@@ -83,3 +87,19 @@ def test_broken_schema_is_invalid_input():
     tok = MockTokenizer()
     with pytest.raises(InvalidInputError):
         GrammarConstraint.json_schema({"$ref": "#/nowhere"}, tok, tok.vocab_size, [0])
+
+
+QUADRATIC_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)  # the old parser
+
+
+@given(st.lists(st.sampled_from(["<tool_call>", "</tool_call>", " ", "\n", "{}", "a", "\t "]), max_size=12))
+def test_tool_call_bodies_split_as_the_old_regex_did(pieces):
+    text = "".join(pieces)
+    assert tool_call_bodies(text) == QUADRATIC_BLOCK.findall(text)
+
+
+def test_tool_call_parsing_is_linear_on_long_whitespace_runs():
+    text = "<tool_call>" + " " * 200_000 + "x"  # the old regex took 6 s at 32k characters, minutes here
+    started = time.perf_counter()
+    assert parse_tool_calls(text, {"f"}) == (text, [])
+    assert time.perf_counter() - started < 2.0
