@@ -28,11 +28,13 @@ import torch
 import torch.nn.functional as F
 
 from runlm.engine import Engine, GenerationRequest, Scheduler
+from runlm.errors import InvalidInputError
 from runlm.formats.gguf import GGUFFile
 from runlm.loading import load, resolve_model
 from runlm.quant import kernels
 from runlm.quant.int4 import pack_linear
 from runlm.sampling import SamplingParams
+from runlm.shapes import ensure_shape
 from runlm.text import Tokenizer
 
 PEERS = ("runlm", "runlm-f32", "llama.cpp", "transformers")
@@ -209,6 +211,10 @@ def worker(spec: dict) -> dict:
 
 
 def run_bench(args) -> int:
+    if args.shape:  # a random-weight model at a real shape, built once and cached
+        if args.model:
+            raise InvalidInputError("give either -m/--model or --shape, not both")
+        args.model = str(ensure_shape(args.shape, args.quant, threads=args.threads))
     if args.kernels:
         return run_kernel_bench(args)
     if args.streams or args.prompt_cache:
@@ -243,14 +249,58 @@ def run_bench(args) -> int:
         else:
             results.append(outcome)
     print_table(path, threads, args, results, skipped)
+    limit = print_decode_limit(path, threads, results)
     if args.json:
         Path(args.json).write_text(
             json.dumps(
-                {"model": str(path), "threads": threads, "results": results, "skipped": skipped, "machine": machine()},
+                {"model": str(path), "threads": threads, "results": results, "skipped": skipped, "machine": machine(),
+                 "decode_limit": limit},
                 indent=2,
             )
         )
     return 0 if results else 1
+
+
+def read_bandwidth_gbs(threads: int, megabytes: int = 1024, budget_s: float = 1.0) -> float:
+    """Memory read bandwidth with `threads` threads: the fastest of repeated sums over a buffer far larger than
+    any cache (a reduction is the cheapest full read torch has)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        buffer = torch.ones(megabytes << 18)  # float32: megabytes MiB
+        seconds = best_ms(buffer.sum, budget_s) / 1e3
+        return buffer.numel() * buffer.element_size() / seconds / 1e9
+    finally:
+        torch.set_num_threads(saved)
+
+
+def weights_bytes_per_token(path: Path) -> int:
+    """Bytes of weights one decode step reads: every tensor of the file, but only one row of an untied
+    embedding table (a tied one is read whole as the output head). The KV cache is not counted."""
+    gguf = GGUFFile(path)
+    total = 0
+    for name in gguf.tensor_names():
+        nbytes = gguf.raw(name).data.nbytes
+        if name == "token_embd.weight" and gguf.has("output.weight"):
+            nbytes //= gguf.raw(name).shape[0]
+        total += nbytes
+    return total
+
+
+def print_decode_limit(path: Path, threads: int, results: list[dict]) -> dict | None:
+    """Print the decode ceiling memory bandwidth sets (bytes of weights per token / read bandwidth) and each
+    peer's decode rate as a share of it."""
+    if path.is_dir():
+        return None
+    bandwidth = read_bandwidth_gbs(threads)
+    per_token = weights_bytes_per_token(path)
+    limit = bandwidth * 1e9 / per_token
+    print(f"memory read bandwidth ({threads} threads): {bandwidth:.1f} GB/s; weights read per decoded token: "
+          f"{per_token / 1e6:.0f} MB; decode limit: {limit:.1f} tok/s")
+    for row in results:
+        rate = row["decode_tok_s"]
+        print(f"  {row['peer']}: decode {rate:.1f} tok/s = {rate / limit:.0%} of the limit")
+    return {"bandwidth_gb_s": bandwidth, "weights_bytes_per_token": per_token, "decode_limit_tok_s": limit}
 
 
 def load_tokenizer(path: Path):

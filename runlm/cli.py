@@ -20,6 +20,7 @@ from runlm.errors import RunlmError
 from runlm.loading import load
 from runlm.models.vision import image_to_rgb
 from runlm.sampling import SamplingParams
+from runlm.shapes import SHAPES
 
 
 def _add_model(parser: argparse.ArgumentParser) -> None:
@@ -125,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--kernels", action="store_true", help="one matmul per weight type and shape: kernel vs f32 vs torch int4"
     )
+    bench.add_argument("--shape", choices=list(SHAPES), default=None,
+                       help="instead of -m: a random-weight GGUF at this real model's shape, built once and cached")
+    bench.add_argument("--quant", default="Q4_K_M",
+                       help="--shape's type: F16, F32, or a llama.cpp type (Q4_K_M, Q8_0, Q4_0...) made by llama.cpp's "
+                            "quantizer")
     return parser
 
 

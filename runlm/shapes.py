@@ -1,0 +1,302 @@
+"""Random-weight GGUFs at the shapes people run, so speed and memory at 1B-3B can be measured without a download.
+
+`ensure_shape("llama-1b", "Q4_K_M")` writes the model at F16 (F32 for norms and rope factors), streaming one
+tensor at a time to disk, then quantizes it with llama.cpp's own quantizer (`llama_model_quantize` from
+llama-cpp-python) and caches the result under `$RUNLM_HOME/shapes/`; the F16 intermediate is deleted.
+
+The numbers below are the published config.json values of each model (Hugging Face repos named in
+`Shape.source`), cross-checked by parameter count:
+
+| shape | arch | hidden | layers | heads/kv | head_dim | ffn | vocab | tied | rope | params |
+|---|---|---|---|---|---|---|---|---|---|---|
+| llama-1b | llama | 2048 | 16 | 32/8 | 64 | 8192 | 128,256 | yes | 5e5, llama3 (a) | 1,235,814,400 |
+| llama-3b | llama | 3072 | 28 | 24/8 | 128 | 8192 | 128,256 | yes | 5e5, llama3 (a) | 3,212,749,824 |
+| qwen3-1.7b | qwen3 | 2048 | 28 | 16/8 | 128 | 6144 | 151,936 | yes | 1e6 (q/k norms) | 1,720,574,976 |
+| gemma3-1b | gemma3 | 1152 | 26 | 4/1 | 256 | 6912 | 262,144 | yes | 1e6 global, 1e4 local | 999,885,952 |
+
+(a) llama3 rope scaling: factor 32, low_freq_factor 1, high_freq_factor 4, original context 8192, written as
+the `rope_freqs` tensor as llama.cpp's converter does. rms_norm_eps 1e-5 (Llama), 1e-6 (Qwen3, Gemma 3).
+(Llama 3.2 1B / 3B and Gemma 3 1B counts equal the published ones; Qwen3 1.7B's card says 1.7B, 1.4B
+without the embedding.) Gemma 3 1B's rope_scaling is null (the linear x8 is only on 4B and up), its sliding
+pattern is 5 local layers then 1 global, and query_pre_attn_scalar is 256 (= head_dim).
+
+Tokenizer: the real SmolLM2 GGUF's `tokenizer.ggml.*` metadata (a 49,152-token byte-level BPE, chat
+template included), padded to the shape's real vocabulary with `[PAD{i}]` tokens of type UNUSED, the way
+llama.cpp's convert_hf_to_gguf.py pads a vocabulary. Padding, not shrinking, because the embedding and the
+tied output head are a large share of the bytes read per token (21 % of Llama 3.2 1B, 30 % of Gemma 3 1B);
+a 49k head would make these files faster than the models they stand for.
+
+Weights are normal * 0.02 (norms 1, as stored in the GGUF), so the models run without NaNs; they are
+for speed and memory, not for text.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from runlm.catalog import pull, runlm_home
+from runlm.errors import CatalogError
+from runlm.formats.gguf import GGUFFile
+
+BUILDER_VERSION = 1  # part of each cached file's name: bump when the written file changes
+TOKENIZER_SOURCE = "smollm2-135m"
+UNUSED_TOKEN = int(gguf.TokenType.UNUSED)
+FLOAT_TYPES = ("F32", "F16")
+CHUNK = 1 << 24  # values drawn at a time: bounds the float32 scratch to 64 MB whatever the tensor
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One model's architecture numbers, as its config.json states them."""
+
+    name: str
+    arch: str  # GGUF architecture: llama, qwen3, gemma3
+    source: str  # where the numbers come from
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    context: int
+    rms_eps: float
+    rope_theta: float
+    tied: bool = True
+    llama3_rope: tuple[float, float, float, int] | None = None  # factor, low_freq, high_freq, original context
+    sliding_window: int | None = None  # gemma3: local layers' window; llama.cpp fixes the pattern at 5 local : 1
+    scale: float = 0.02  # standard deviation of the random matrices
+
+    def tensors(self) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """(GGUF name, numpy shape) of every tensor, in file order."""
+        yield "token_embd.weight", (self.vocab, self.hidden)
+        if self.llama3_rope:
+            yield "rope_freqs.weight", (self.head_dim // 2,)
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        for i in range(self.layers):
+            blk = f"blk.{i}."
+            yield blk + "attn_norm.weight", (self.hidden,)
+            yield blk + "attn_q.weight", (q, self.hidden)
+            yield blk + "attn_k.weight", (kv, self.hidden)
+            yield blk + "attn_v.weight", (kv, self.hidden)
+            yield blk + "attn_output.weight", (self.hidden, q)
+            if self.arch in ("qwen3", "gemma3"):
+                yield blk + "attn_q_norm.weight", (self.head_dim,)
+                yield blk + "attn_k_norm.weight", (self.head_dim,)
+            if self.arch == "gemma3":
+                yield blk + "post_attention_norm.weight", (self.hidden,)
+                yield blk + "post_ffw_norm.weight", (self.hidden,)
+            yield blk + "ffn_norm.weight", (self.hidden,)
+            yield blk + "ffn_gate.weight", (self.ffn, self.hidden)
+            yield blk + "ffn_up.weight", (self.ffn, self.hidden)
+            yield blk + "ffn_down.weight", (self.hidden, self.ffn)
+        yield "output_norm.weight", (self.hidden,)
+        if not self.tied:
+            yield "output.weight", (self.vocab, self.hidden)
+
+    def parameter_count(self) -> int:
+        return sum(math.prod(shape) for name, shape in self.tensors() if name != "rope_freqs.weight")
+
+    def digest(self) -> str:
+        """Short hash of every number and the builder version: a changed shape never reuses a stale file."""
+        text = json.dumps([BUILDER_VERSION, dataclasses.asdict(self)], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+LLAMA3_2_ROPE = (32.0, 1.0, 4.0, 8192)
+
+SHAPES: dict[str, Shape] = {
+    s.name: s
+    for s in (
+        Shape("llama-1b", "llama", "meta-llama/Llama-3.2-1B", hidden=2048, layers=16, heads=32, kv_heads=8,
+              head_dim=64, ffn=8192, vocab=128256, context=131072, rms_eps=1e-5, rope_theta=500000.0,
+              llama3_rope=LLAMA3_2_ROPE),
+        Shape("llama-3b", "llama", "meta-llama/Llama-3.2-3B", hidden=3072, layers=28, heads=24, kv_heads=8,
+              head_dim=128, ffn=8192, vocab=128256, context=131072, rms_eps=1e-5, rope_theta=500000.0,
+              llama3_rope=LLAMA3_2_ROPE),
+        Shape("qwen3-1.7b", "qwen3", "Qwen/Qwen3-1.7B", hidden=2048, layers=28, heads=16, kv_heads=8,
+              head_dim=128, ffn=6144, vocab=151936, context=40960, rms_eps=1e-6, rope_theta=1000000.0),
+        Shape("gemma3-1b", "gemma3", "google/gemma-3-1b-it", hidden=1152, layers=26, heads=4, kv_heads=1,
+              head_dim=256, ffn=6912, vocab=262144, context=32768, rms_eps=1e-6, rope_theta=1000000.0,
+              sliding_window=512),
+    )
+}
+
+
+def lookup_shape(name: str) -> Shape:
+    shape = SHAPES.get(name)
+    if shape is None:
+        raise CatalogError(f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
+    return shape
+
+
+def shapes_dir() -> Path:
+    """Where built shapes are cached: $RUNLM_HOME/shapes."""
+    return runlm_home() / "shapes"
+
+
+def llama_ftypes() -> dict[str, int]:
+    """llama.cpp's file types by short name (Q4_K_M, Q8_0, ...); empty without llama-cpp-python."""
+    try:
+        import llama_cpp  # optional: the quantizer
+    except ImportError:
+        return {}
+    prefix = "LLAMA_FTYPE_MOSTLY_"
+    return {name.removeprefix(prefix): value for name, value in vars(llama_cpp).items() if name.startswith(prefix)}
+
+
+def shape_path(shape: Shape, quant: str, directory: Path | None = None) -> Path:
+    return (directory or shapes_dir()) / f"{shape.name}-{quant}-{shape.digest()}.gguf"
+
+
+def ensure_shape(shape: Shape | str, quant: str = "Q4_K_M", threads: int | None = None,
+                 progress: bool = True, directory: Path | None = None) -> Path:
+    """The cached GGUF of `shape` at `quant` (in `directory`, default `shapes_dir()`), built on first use;
+    F16 and F32 need no llama.cpp."""
+    shape = lookup_shape(shape) if isinstance(shape, str) else shape
+    quant = quant.upper()
+    target = shape_path(shape, quant, directory)
+    if target.is_file():
+        return target
+    ftypes = {} if quant in FLOAT_TYPES else llama_ftypes()
+    if quant not in FLOAT_TYPES and quant not in ftypes:
+        if not ftypes:
+            raise CatalogError(f"quantizing to {quant} needs llama.cpp's quantizer: pip install llama-cpp-python "
+                               f"(F16 and F32 are written without it)")
+        raise CatalogError(f"unknown quantization {quant!r}; known: {', '.join(FLOAT_TYPES + tuple(ftypes))}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    float_type = "F32" if quant == "F32" else "F16"
+    staged = target.with_name(target.name + ".partial")
+    intermediate = staged if quant in FLOAT_TYPES else target.with_name(f"{target.stem}.{float_type}.partial")
+    try:
+        if progress:
+            print(f"runlm: writing {shape.name} ({shape.parameter_count() / 1e9:.2f}B random weights) at "
+                  f"{float_type} ...", file=sys.stderr, flush=True)
+        write_shape(shape, intermediate, float_type)
+        if quant not in FLOAT_TYPES:
+            if progress:
+                print(f"runlm: quantizing to {quant} with llama.cpp's quantizer ...", file=sys.stderr, flush=True)
+            quantize(intermediate, staged, ftypes[quant], threads or os.cpu_count() or 1)
+        staged.replace(target)
+    finally:
+        intermediate.unlink(missing_ok=True)
+        staged.unlink(missing_ok=True)
+    return target
+
+
+def quantize(source: Path, target: Path, ftype: int, threads: int) -> None:
+    """llama.cpp's own quantizer (its mixes: Q4_K_M keeps some tensors at Q6_K, as real files do)."""
+    import llama_cpp  # optional: the quantizer
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = threads
+    status = llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params))
+    if status != 0 or not target.is_file():
+        raise CatalogError(f"llama.cpp could not quantize {source.name} (status {status})")
+
+
+def write_shape(shape: Shape, path: Path, float_type: str = "F16", seed: int = 0) -> None:
+    """Write `shape` with random weights; matrices at `float_type`, vectors at F32, one tensor in memory at a
+    time (the header is written first from the shapes alone)."""
+    tokenizer = GGUFFile(pull(TOKENIZER_SOURCE, progress=False)).metadata
+    tokens = tokenizer["tokenizer.ggml.tokens"]
+    if shape.vocab < len(tokens):
+        raise CatalogError(f"shape {shape.name}: vocab {shape.vocab} is smaller than the tokenizer's {len(tokens)}")
+    matrix_dtype = np.float16 if float_type == "F16" else np.float32
+    writer = gguf.GGUFWriter(str(path), shape.arch)
+    _write_metadata(writer, shape, float_type)
+    _write_tokenizer(writer, tokenizer, shape.vocab)
+    plan = list(shape.tensors())
+    for name, dims in plan:
+        dtype = matrix_dtype if len(dims) == 2 else np.float32
+        writer.add_tensor_info(name, dims, np.dtype(dtype), math.prod(dims) * np.dtype(dtype).itemsize)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for name, dims in plan:
+        writer.write_tensor_data(_tensor_values(shape, name, dims, matrix_dtype, rng))
+    writer.close()
+
+
+def _tensor_values(shape: Shape, name: str, dims: tuple[int, ...], matrix_dtype, rng) -> np.ndarray:
+    if name == "rope_freqs.weight":
+        return llama3_rope_factors(shape)
+    if len(dims) == 1:  # norms: 1, the stored multiplier (Gemma's GGUF stores 1 + w too)
+        return np.ones(dims, dtype=np.float32)
+    out = np.empty(dims, dtype=matrix_dtype)
+    flat = out.reshape(-1)
+    for start in range(0, flat.size, CHUNK):
+        stop = min(flat.size, start + CHUNK)
+        values = rng.standard_normal(stop - start, dtype=np.float32)
+        values *= shape.scale
+        flat[start:stop] = values
+    return out
+
+
+def llama3_rope_factors(shape: Shape) -> np.ndarray:
+    """The `rope_freqs` tensor llama.cpp's converter writes for llama3 rope scaling (per-frequency divisors)."""
+    assert shape.llama3_rope is not None
+    factor, low_freq, high_freq, original = shape.llama3_rope
+    inv_freq = 1.0 / shape.rope_theta ** (np.arange(0, shape.head_dim, 2, dtype=np.float64) / shape.head_dim)
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen, high_wavelen = original / low_freq, original / high_freq
+    smooth = (original / wavelen - low_freq) / (high_freq - low_freq)
+    mixed = 1.0 / ((1 - smooth) / factor + smooth)
+    factors = np.where(wavelen < high_wavelen, 1.0, np.where(wavelen > low_wavelen, factor, mixed))
+    return factors.astype(np.float32)
+
+
+def _write_metadata(writer: gguf.GGUFWriter, shape: Shape, float_type: str) -> None:
+    writer.add_name(f"random-weight {shape.name} shape ({shape.source})")
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if float_type == "F16" else gguf.LlamaFileType.ALL_F32)
+    writer.add_context_length(shape.context)
+    writer.add_embedding_length(shape.hidden)
+    writer.add_block_count(shape.layers)
+    writer.add_feed_forward_length(shape.ffn)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_key_length(shape.head_dim)
+    writer.add_value_length(shape.head_dim)
+    writer.add_layer_norm_rms_eps(shape.rms_eps)
+    writer.add_rope_freq_base(shape.rope_theta)
+    writer.add_vocab_size(shape.vocab)
+    if shape.arch == "llama":
+        writer.add_rope_dimension_count(shape.head_dim)
+    if shape.sliding_window:
+        writer.add_sliding_window(shape.sliding_window)
+        writer.add_rope_freq_base_swa(10000.0)
+
+
+def _write_tokenizer(writer: gguf.GGUFWriter, metadata: dict, vocab: int) -> None:
+    """Every `tokenizer.*` key of the source GGUF, with the vocabulary padded to `vocab` entries."""
+    for key, value in metadata.items():
+        if not key.startswith("tokenizer."):
+            continue
+        if key == "tokenizer.ggml.tokens":
+            value = list(value) + [f"[PAD{i}]" for i in range(len(value), vocab)]
+        elif key == "tokenizer.ggml.token_type":
+            value = list(value) + [UNUSED_TOKEN] * (vocab - len(value))
+        if isinstance(value, list):
+            writer.add_array(key, value)
+        elif isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)  # token ids, as llama.cpp reads them
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            writer.add_string(key, str(value))
