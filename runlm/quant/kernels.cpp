@@ -1640,6 +1640,7 @@ at::Tensor linear_parts(const at::Tensor& x, at::TensorList ws, at::IntArrayRef 
 // each key with one fixed reduction (score_row), and merges the chunks in position order.
 
 constexpr int64_t kKeyChunk = 64;  // attention chunk k covers absolute key positions [64k, 64k + 64)
+constexpr int64_t kAttnScratchFloats = int64_t{1} << 22;  // partial attention outputs held at once (16 MiB)
 
 // Where each sequence's rows of this call sit: rows [first_row, first_row + count) hold positions
 // [first_pos, first_pos + count); earlier positions are in the sequence's cache.
@@ -1659,72 +1660,86 @@ void attention_rows(const float* q, const float* knew, const float* vnew, const 
                     bool ring, int64_t n_heads, int64_t n_kv, int64_t D, float* out) {
   const int64_t R = static_cast<int64_t>(row_seq.size()), rep = n_heads / n_kv;
   // work items (row, kv head, chunk), chunks fixed by absolute position
-  std::vector<int64_t> first_chunk(R), n_chunks(R), item_start(R + 1, 0);
+  std::vector<int64_t> first_chunk(R), n_chunks(R);
   for (int64_t r = 0; r < R; ++r) {
     const int64_t p = row_pos[r], lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
     first_chunk[r] = lo / kKeyChunk;
     n_chunks[r] = p / kKeyChunk - first_chunk[r] + 1;
-    item_start[r + 1] = item_start[r] + n_chunks[r] * n_kv;
   }
-  const int64_t items = item_start[R];
-  std::vector<float> part_out(items * rep * D), part_max(items * rep), part_sum(items * rep);
-  auto work = [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(rep * kKeyChunk);
-    std::vector<const float*> keys(kKeyChunk), values(kKeyChunk);
-    int64_t r = std::upper_bound(item_start.begin(), item_start.end(), begin) - item_start.begin() - 1;
-    for (int64_t item = begin; item < end; ++item) {
-      while (item >= item_start[r + 1]) ++r;
-      const int64_t local = item - item_start[r], g = local / n_chunks[r], c = first_chunk[r] + local % n_chunks[r];
-      const int64_t p = row_pos[r], lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
-      const int64_t t0 = std::max(lo, c * kKeyChunk), t1 = std::min(p + 1, (c + 1) * kKeyChunk), n = t1 - t0;
-      const SeqRows& sq = seqs[row_seq[r]];
-      for (int64_t t = t0; t < t1; ++t) {
-        if (t >= sq.first_pos) {
-          const int64_t row = sq.first_row + (t - sq.first_pos);
-          keys[t - t0] = knew + (row * n_kv + g) * D;
-          values[t - t0] = vnew + (row * n_kv + g) * D;
-        } else {
-          const int64_t slot = ring ? t % window : t;
-          keys[t - t0] = sq.k + (g * sq.cap + slot) * D;
-          values[t - t0] = sq.v + (g * sq.cap + slot) * D;
+  // Rows go in blocks whose partial results fit kAttnScratchFloats (a long prompt at a long context would
+  // otherwise hold every row's per-chunk outputs at once); each row is computed the same in any block.
+  std::vector<float> part_out, part_max, part_sum;
+  std::vector<int64_t> item_start;
+  for (int64_t r0 = 0; r0 < R;) {
+    int64_t r1 = r0, items = 0;
+    item_start.assign(1, 0);
+    while (r1 < R && (r1 == r0 || (items + n_chunks[r1] * n_kv) * rep * D <= kAttnScratchFloats)) {
+      items += n_chunks[r1] * n_kv;
+      item_start.push_back(items);
+      ++r1;
+    }
+    part_out.resize(items * rep * D), part_max.resize(items * rep), part_sum.resize(items * rep);
+    auto work = [&](int64_t begin, int64_t end) {
+      std::vector<float> scores(rep * kKeyChunk);
+      std::vector<const float*> keys(kKeyChunk), values(kKeyChunk);
+      int64_t k = std::upper_bound(item_start.begin(), item_start.end(), begin) - item_start.begin() - 1;
+      for (int64_t item = begin; item < end; ++item) {
+        while (item >= item_start[k + 1]) ++k;
+        const int64_t r = r0 + k, local = item - item_start[k];
+        const int64_t g = local / n_chunks[r], c = first_chunk[r] + local % n_chunks[r];
+        const int64_t p = row_pos[r], lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+        const int64_t t0 = std::max(lo, c * kKeyChunk), t1 = std::min(p + 1, (c + 1) * kKeyChunk), n = t1 - t0;
+        const SeqRows& sq = seqs[row_seq[r]];
+        for (int64_t t = t0; t < t1; ++t) {
+          if (t >= sq.first_pos) {
+            const int64_t row = sq.first_row + (t - sq.first_pos);
+            keys[t - t0] = knew + (row * n_kv + g) * D;
+            values[t - t0] = vnew + (row * n_kv + g) * D;
+          } else {
+            const int64_t slot = ring ? t % window : t;
+            keys[t - t0] = sq.k + (g * sq.cap + slot) * D;
+            values[t - t0] = sq.v + (g * sq.cap + slot) * D;
+          }
+        }
+        const float* qg = q + (r * n_heads + g * rep) * D;
+        for (int64_t j = 0; j < rep; ++j) {
+          float* sr = scores.data() + j * kKeyChunk;
+          score_rows(qg + j * D, keys.data(), n, D, sr);
+          const float best = *std::max_element(sr, sr + n);
+          part_max[item * rep + j] = best;
+          part_sum[item * rep + j] = exp_shift_sum(sr, n, best);
+          weighted_rows(sr, values.data(), n, D, part_out.data() + (item * rep + j) * D);
         }
       }
-      const float* qg = q + (r * n_heads + g * rep) * D;
-      for (int64_t j = 0; j < rep; ++j) {
-        float* sr = scores.data() + j * kKeyChunk;
-        score_rows(qg + j * D, keys.data(), n, D, sr);
-        const float best = *std::max_element(sr, sr + n);
-        part_max[item * rep + j] = best;
-        part_sum[item * rep + j] = exp_shift_sum(sr, n, best);
-        weighted_rows(sr, values.data(), n, D, part_out.data() + (item * rep + j) * D);
-      }
+    };
+    if (items > 1 && items * rep * kKeyChunk * D >= (1 << 16)) {
+      at::parallel_for(0, items, 1, work);
+    } else {
+      work(0, items);
     }
-  };
-  if (items > 1 && items * rep * kKeyChunk * D >= (1 << 16)) {
-    at::parallel_for(0, items, 1, work);
-  } else if (items > 0) {
-    work(0, items);
-  }
-  at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t h = 0; h < n_heads; ++h) {
-        const int64_t g = h / rep, j = h % rep;
-        auto at = [&](int64_t c) { return (item_start[r] + g * n_chunks[r] + c) * rep + j; };
-        float best = -INFINITY, total = 0.f;
-        for (int64_t c = 0; c < n_chunks[r]; ++c) best = std::max(best, part_max[at(c)]);
-        float* o = out + (r * n_heads + h) * D;
-        std::fill(o, o + D, 0.f);
-        for (int64_t c = 0; c < n_chunks[r]; ++c) {
-          const float w = std::exp(part_max[at(c)] - best);
-          total += w * part_sum[at(c)];
-          const float* po = part_out.data() + at(c) * D;
-          for (int64_t i = 0; i < D; ++i) o[i] += w * po[i];
+    at::parallel_for(r0, r1, 16, [&](int64_t b0, int64_t b1) {
+      for (int64_t r = b0; r < b1; ++r) {
+        const int64_t k = r - r0;
+        for (int64_t h = 0; h < n_heads; ++h) {
+          const int64_t g = h / rep, j = h % rep;
+          auto at = [&](int64_t c) { return (item_start[k] + g * n_chunks[r] + c) * rep + j; };
+          float best = -INFINITY, total = 0.f;
+          for (int64_t c = 0; c < n_chunks[r]; ++c) best = std::max(best, part_max[at(c)]);
+          float* o = out + (r * n_heads + h) * D;
+          std::fill(o, o + D, 0.f);
+          for (int64_t c = 0; c < n_chunks[r]; ++c) {
+            const float w = std::exp(part_max[at(c)] - best);
+            total += w * part_sum[at(c)];
+            const float* po = part_out.data() + at(c) * D;
+            for (int64_t i = 0; i < D; ++i) o[i] += w * po[i];
+          }
+          const float inv = 1.f / total;
+          for (int64_t i = 0; i < D; ++i) o[i] *= inv;
         }
-        const float inv = 1.f / total;
-        for (int64_t i = 0; i < D; ++i) o[i] *= inv;
       }
-    }
-  });
+    });
+    r0 = r1;
+  }
 }
 
 // Rows [R, width] viewed as [R * heads, D]: RMSNorm of every head row (Qwen3 / Gemma q and k norms), in place.
