@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.concurrency import run_in_threadpool
 
 from runlm.server.errors import APIError
 from runlm.server.openai_shapes import token_text
@@ -44,20 +45,30 @@ async def prometheus_metrics(state: ServerState = Depends(get_state)):
     return PlainTextResponse(state.metrics.render(gauges), media_type="text/plain; version=0.0.4")
 
 
-@router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, state: ServerState = Depends(get_state)):
+def tokenized(state: ServerState, body: TokenizeRequest) -> JSONResponse:
+    """The reply, serialized here in the worker: a quarter-million pieces take a second to write as JSON."""
     tok = state.tokenizer
     ids = tok.encode(body.content, add_bos=bool(body.add_special))
     if body.with_pieces:
-        return {"tokens": [{"id": i, "piece": token_text(tok, i)} for i in ids]}
-    return {"tokens": ids}
+        return JSONResponse({"tokens": [{"id": i, "piece": token_text(tok, i)} for i in ids]})
+    return JSONResponse({"tokens": ids})
 
 
-@router.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, state: ServerState = Depends(get_state)):
+def detokenized(state: ServerState, body: DetokenizeRequest) -> JSONResponse:
     vocab = state.tokenizer.vocab_size
     bad = next((t for t in body.tokens if t >= vocab), None)
     if bad is not None:
         raise APIError(400, f"tokens: token id {bad} is outside the vocabulary [0, {vocab})", param="tokens",
                        code="invalid_value")
-    return {"content": state.tokenizer.decode(body.tokens)}
+    return JSONResponse({"content": state.tokenizer.decode(body.tokens)})
+
+
+# Tokenizing a megabyte costs seconds of CPU: off the event loop, so /health and streams keep answering.
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, state: ServerState = Depends(get_state)):
+    return await run_in_threadpool(tokenized, state, body)
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, state: ServerState = Depends(get_state)):
+    return await run_in_threadpool(detokenized, state, body)

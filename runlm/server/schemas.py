@@ -166,14 +166,17 @@ class CompletionRequest(SamplingFields):
     response_format: ResponseFormat | None = None
 
 
+MAX_TOKENIZE_CHARS = 1_000_000  # ~250k tokens: more than any context, and its pieces list stays a few MB
+
+
 class TokenizeRequest(Strict):
-    content: str
+    content: Annotated[str, Field(max_length=MAX_TOKENIZE_CHARS)]
     add_special: bool = False
     with_pieces: bool = False
 
 
 class DetokenizeRequest(Strict):
-    tokens: list[Annotated[int, Field(ge=0)]]
+    tokens: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_TOKENIZE_CHARS)]
 
 
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]

@@ -8,6 +8,8 @@ the same template renders the same text here.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -23,13 +25,59 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from runlm.errors import TokenizerError
 from runlm.text.tokenizer import token_text
 
+MAX_RENDER_CHARS = 16 * 1024 * 1024  # a rendered prompt past this cannot fit any context anyway
+MAX_RENDER_S = 5.0  # a normal render takes milliseconds; nested loops over a long message list take forever
+MAX_POWER_EXPONENT = 1024  # `10 ** 10 ** 10` would run in C, where no deadline can stop it
+
+
+class _RenderBudget(threading.local):
+    """The running render's deadline, per thread (renders run in a server's worker threads side by side)."""
+
+    deadline: float = float("inf")
+
+    def check(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise TokenizerError(f"the chat template ran longer than {MAX_RENDER_S:g} s (nested loops over the "
+                                 "messages?): the prompt is refused")
+
+
+_budget = _RenderBudget()
+
 
 class _StrictSandbox(ImmutableSandboxedEnvironment):
     """The immutable sandbox, but reaching for an unsafe attribute (`__class__`, `__globals__`...)
-    fails at once instead of quietly rendering as an empty string."""
+    fails at once instead of quietly rendering as an empty string; and bounded: every attribute, item and
+    call checks the render's deadline (a loop that does anything does one of these), and `*` / `**` refuse
+    results past the output bound."""
+
+    intercepted_binops = frozenset({"*", "**"})
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
         raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        _budget.check()
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        _budget.check()
+        return super().getitem(obj, argument)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (Jinja's)
+        _budget.check()
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        _budget.check()
+        if operator == "**":
+            if isinstance(right, int) and abs(right) > MAX_POWER_EXPONENT:
+                raise SecurityError(f"the chat template raises a number to the power {right}: too large")
+            return left**right
+        sizes = [len(x) for x in (left, right) if isinstance(x, str | list | tuple)]
+        counts = [x for x in (left, right) if isinstance(x, int)]
+        if sizes and counts and sizes[0] * counts[0] > MAX_RENDER_CHARS:
+            raise SecurityError("the chat template repeats a value past the output bound")
+        return left * right
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -141,14 +189,25 @@ class ChatTemplate:
             tools=_plain(tools) if tools is not None else None,
             add_generation_prompt=bool(add_generation_prompt),
         )
+        _budget.deadline = time.monotonic() + MAX_RENDER_S
         try:
-            return self._template.render(**variables)
+            pieces, size = [], 0
+            for piece in self._template.generate(**variables):
+                size += len(piece)
+                if size > MAX_RENDER_CHARS:
+                    raise TokenizerError(f"the chat template's output passed {MAX_RENDER_CHARS} characters: "
+                                         "the prompt is refused")
+                _budget.check()
+                pieces.append(piece)
+            return "".join(pieces)
         except TokenizerError:
             raise
         except TemplateError as exc:
             raise TokenizerError(f"chat template failed: {exc}") from exc
         except Exception as exc:  # a template can raise anything (TypeError on bad concatenation, ...)
             raise TokenizerError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            _budget.deadline = float("inf")
 
     # ------------------------------------------------------------------ constructors
 

@@ -164,3 +164,14 @@ def test_render_does_not_mutate_messages():
     messages = [{"role": "user", "content": "x"}]
     ChatTemplate("{% set m = messages[0] %}{{ m.content }}").render(messages)
     assert messages == [{"role": "user", "content": "x"}]
+
+
+@pytest.mark.parametrize("source, message", [
+    ("{{ 'x' * 10**9 }}", "past the output bound"),
+    ("{{ 2 ** 100000000 }}", "to the power"),
+    ("{% for a in range(100000) %}{% for b in range(1000) %}{{ 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx' }}"
+     "{% endfor %}{% endfor %}", "output passed"),
+])
+def test_templates_are_bounded_in_output(source, message):
+    with pytest.raises(TokenizerError, match=message):
+        ChatTemplate(source).render([{"role": "user", "content": "hi"}])
