@@ -32,7 +32,8 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         help="auto: GGUF weights kept as stored, run by runlm's kernels; f32: the float32 reference",
     )
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    parser.add_argument("--ctx", type=int, default=None, help="context length (default: the model's)")
+    parser.add_argument("--ctx", "--ctx-size", type=int, default=None,
+                        help="context length: no prompt + reply runs past it (default: the model's)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when PyTorch sees a GPU)")
     parser.add_argument(
         "--swa-full", action="store_true",
@@ -85,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=None,
                        help="require this bearer token, or one of several comma-separated (better: RUNLM_API_KEY "
                             "or --api-keys-file, a flag shows in ps); each key has its own prompt cache")
+    serve.add_argument("--max-tokens", type=int, default=None,
+                       help="max_tokens of requests that set none (default: up to the context's end)")
     serve.add_argument("--api-keys-file", default=None, help="API keys, one per line ('#' comments)")
     serve.add_argument("--shared-prompt-cache", action="store_true",
                        help="let every API key reuse every other key's cached prompts (they can then probe them)")
@@ -250,6 +253,7 @@ def _chat_web(args: argparse.Namespace) -> int:
         mmproj=None, allow_remote_images=False, pooling=None, allowed_hosts=[], api_docs=False,
         special_tokens_in_content=False,
     )
+    serve_args.max_tokens = None  # the page's requests run to their end unless they say otherwise
     return cmd_serve(serve_args)
 
 
@@ -299,6 +303,8 @@ def serve_keys(args: argparse.Namespace) -> list[str]:
 def cmd_serve(args: argparse.Namespace) -> int:
     from runlm.server import serve  # optional: the [server] extra
 
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise RunlmError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     loaded = _load(args)
     serve(
         loaded,
@@ -306,6 +312,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=args.port,
         api_key=serve_keys(args),
         shared_prompt_cache=args.shared_prompt_cache,
+        default_max_tokens=args.max_tokens,
         prompt_cache_mb=args.prompt_cache_mb,
         max_queue=args.max_queue,
         max_batch=args.parallel,

@@ -11,16 +11,17 @@ import uvicorn
 
 
 class LiveServer:
-    """A uvicorn server for `app` on 127.0.0.1:<free port>; `stop()` shuts it down."""
+    """A uvicorn server for `app` on 127.0.0.1:<free port> (`options`: more uvicorn.Config keywords, such as
+    runlm.server.timeouts.uvicorn_options()); `stop()` shuts it down."""
 
-    def __init__(self, app: Any):
+    def __init__(self, app: Any, **options: Any):
         self.app = app
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", **options))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.time() + 30

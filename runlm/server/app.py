@@ -25,6 +25,7 @@ from runlm.server.metrics import Metrics
 from runlm.server.middleware import DEFAULT_ALLOWED_HOSTS, GuardMiddleware, HostList, OriginGuard, api_keys_from
 from runlm.server.responses_shapes import DEFAULT_STORED_RESPONSES, ResponseStore
 from runlm.server.state import ServerState, served_names
+from runlm.server.timeouts import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, uvicorn_options
 from runlm.server.web import WebPage
 
 log = logging.getLogger("runlm.server")
@@ -41,6 +42,7 @@ def create_app(
     prompt_cache_mb: float = 256,
     max_queue: int = 16,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    body_timeout_s: float = BODY_TIMEOUT_S,
     model_name: str | None = None,
     default_max_tokens: int | None = None,
     max_batch: int = 8,
@@ -91,7 +93,7 @@ def create_app(
     app.state.responses = ResponseStore(stored_responses)
     install_error_handlers(app)
     app.add_middleware(GuardMiddleware, api_keys=api_keys, max_body_bytes=max_body_bytes, metrics=metrics,
-                       shared_tenant=shared_prompt_cache)
+                       shared_tenant=shared_prompt_cache, body_timeout_s=body_timeout_s)
     # The chat page at / (outside the key guard: it holds no secrets and asks for the key on a 401).
     app.add_middleware(WebPage, metrics=metrics)
     # Outermost: a request for a foreign host name or from a foreign web origin reaches nothing else.
@@ -105,15 +107,18 @@ def create_app(
     return app
 
 
-def serve(loaded: Any, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info", **kw: Any) -> None:
-    """Run the server until interrupted (the CLI's `runlm serve`). Binds loopback unless told otherwise."""
+def serve(loaded: Any, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info",
+          header_timeout_s: float = HEADER_TIMEOUT_S, **kw: Any) -> None:
+    """Run the server until interrupted (the CLI's `runlm serve`). Binds loopback unless told otherwise; a
+    request's headers must arrive within `header_timeout_s` (server.timeouts)."""
     api_key = kw.get("api_key")
     if api_key is None:
         api_key = os.environ.get("RUNLM_API_KEY") or None
     if host not in LOOPBACK_HOSTS and not api_key:
         log.warning("serving on %s without an API key: anyone who can reach this address can use the model",
                     host)
-    uvicorn.run(create_app(loaded, **kw), host=host, port=port, log_level=log_level)
+    uvicorn.run(create_app(loaded, **kw), host=host, port=port, log_level=log_level,
+                **uvicorn_options(header_timeout_s))
 
 
 __all__ = ["create_app", "serve", "ServerState"]

@@ -8,6 +8,7 @@ before any route sees it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
@@ -80,8 +81,9 @@ class GuardMiddleware:
     prompt-cache entries are its own) unless `shared_tenant`."""
 
     def __init__(self, app: Any, api_keys: Sequence[str], max_body_bytes: int, metrics: Metrics,
-                 shared_tenant: bool = False):
+                 shared_tenant: bool = False, body_timeout_s: float = 60.0):
         self.app = app
+        self.body_timeout_s = body_timeout_s
         self.api_keys = [key.encode() for key in api_keys if key]
         self.shared_tenant = shared_tenant
         self.max_body_bytes = max_body_bytes
@@ -127,8 +129,15 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         chunks, size = [], 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.body_timeout_s
         while True:
-            message = await receive()
+            try:  # a body sent a byte at a time would hold the connection (and its handler) forever
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                await _send_error(send, path, 408, f"the request body did not arrive within {self.body_timeout_s:g} s",
+                                  "request_timeout", [(b"connection", b"close")])
+                return
             if message["type"] == "http.disconnect":
                 return
             chunk = message.get("body", b"")
