@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--parallel", type=int, default=8, help="sequences decoded together (continuous batching)")
     serve.add_argument("--mmproj", default=None, help="llama.cpp vision projector GGUF for a GGUF model")
     serve.add_argument("--allow-remote-images", action="store_true", help="fetch http(s) image_url parts")
+    serve.add_argument("--allow-private-image-urls", action="store_true",
+                       help="with --allow-remote-images: also fetch from loopback, private and link-local addresses")
     serve.add_argument("--allowed-hosts", action="append", default=[], metavar="HOSTS",
                        help="more host names the server answers to, comma-separated (default: loopback names and "
                             "IP addresses; '*' allows any; '.example.com' a domain and its subdomains)")
@@ -250,7 +252,8 @@ def _chat_web(args: argparse.Namespace) -> int:
     serve_args = argparse.Namespace(
         **vars(args), host="127.0.0.1", api_key=None, api_keys_file=None, shared_prompt_cache=False,
         prompt_cache_mb=256, max_queue=16, parallel=8,
-        mmproj=None, allow_remote_images=False, pooling=None, allowed_hosts=[], api_docs=False,
+        mmproj=None, allow_remote_images=False, allow_private_image_urls=False, pooling=None, allowed_hosts=[],
+        api_docs=False,
         special_tokens_in_content=False,
     )
     serve_args.max_tokens = None  # the page's requests run to their end unless they say otherwise
@@ -317,6 +320,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_batch=args.parallel,
         allow_remote_images=args.allow_remote_images,
+        allow_private_image_urls=args.allow_private_image_urls,
         pooling=args.pooling,
         allowed_hosts=[h for value in args.allowed_hosts for h in value.split(",") if h.strip()],
         api_docs=args.api_docs,

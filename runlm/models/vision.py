@@ -524,10 +524,16 @@ def image_to_rgb(path: str | Path) -> tuple[bytes, int, int]:
     return image_bytes_to_rgb(path.read_bytes(), str(path))
 
 
-def image_bytes_to_rgb(data: bytes, what: str = "image") -> tuple[bytes, int, int]:
-    """Encoded image bytes (PNG, JPEG...) as RGB bytes, width, height; unreadable data is InvalidInputError."""
+def image_bytes_to_rgb(data: bytes, what: str = "image", formats: tuple[str, ...] | None = None,
+                       max_pixels: int | None = None) -> tuple[bytes, int, int]:
+    """Encoded image bytes (PNG, JPEG...) as RGB bytes, width, height; unreadable data is InvalidInputError.
+    `formats` (Pillow's names) limits the decoders tried; `max_pixels` refuses a larger image from its header,
+    before any pixel is decoded (a small file can declare gigapixels)."""
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with Image.open(io.BytesIO(data), formats=formats) as image:
+            width, height = image.size
+            if max_pixels is not None and width * height > max_pixels:
+                raise InvalidInputError(f"{what}: the image is {width}x{height}, more than {max_pixels} pixels")
             image.load()
             rgb = image.convert("RGB")
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError) as exc:

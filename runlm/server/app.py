@@ -47,6 +47,7 @@ def create_app(
     default_max_tokens: int | None = None,
     max_batch: int = 8,
     allow_remote_images: bool = False,
+    allow_private_image_urls: bool = False,
     pooling: str | None = None,
     stored_responses: int = DEFAULT_STORED_RESPONSES,
     allowed_hosts: Sequence[str] = (),
@@ -64,7 +65,8 @@ def create_app(
     `stored_responses` bounds the in-memory store behind /v1/responses' previous_response_id (LRU).
     `allowed_hosts` extends the host names the server answers to (loopback names and IP addresses always;
     "*": any), see middleware.OriginGuard. `api_docs` serves FastAPI's /docs, /redoc and /openapi.json (off:
-    the docs pages load their scripts from a CDN). `special_tokens_in_content` lets special-token strings in
+    the docs pages load their scripts from a CDN). `allow_remote_images` fetches http(s) image URLs, from public
+    addresses only unless `allow_private_image_urls`. `special_tokens_in_content` lets special-token strings in
     message text become control tokens (by default only the chat template's own markers are).
     """
     if api_key is None:
@@ -79,6 +81,7 @@ def create_app(
     name, aliases = served_names(loaded, model_name)
     state = ServerState(loaded, engine, scheduler, metrics, name, aliases, default_max_tokens,
                         prompt_cache_mb=prompt_cache_mb, allow_remote_images=allow_remote_images,
+                        allow_private_image_urls=allow_private_image_urls,
                         pooling=pooling, special_tokens_in_content=special_tokens_in_content)
 
     @asynccontextmanager

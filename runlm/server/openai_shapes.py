@@ -170,7 +170,7 @@ def message_text(state: ServerState, message: ChatMessage, index: int, images: l
             if marker is None:
                 raise APIError(400, f"{where}: this model has no vision tower and cannot take images",
                                param=f"messages.{index}.content", code="invalid_value")
-            images.append(fetch_image(part.image_url.url, where, state.allow_remote_images))
+            images.append(fetch_image(part.image_url.url, where, state.remote_images))
             parts.append(marker)
         else:
             raise APIError(400, f"{where}: content of type {part.type!r} is not supported (text and image_url are)",
@@ -191,6 +191,10 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
         raise APIError(400, "this model has no chat template: use /v1/completions with a raw prompt",
                        param="messages", code="no_chat_template")
     tools = plan_tools(body, template)
+    image_parts = sum(1 for m in body.messages if isinstance(m.content, list)
+                      for part in m.content if part.type == "image_url")
+    if image_parts > 1:  # counted before any is fetched or decoded
+        raise APIError(400, "only one image per request is supported", param="messages", code="invalid_value")
     images: list[ImageInput] = []
     messages = [template_message(m, message_text(state, m, i, images), tools) for i, m in enumerate(body.messages)]
     add_tools_prompt(messages, tools)
@@ -227,8 +231,6 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
         grammar=grammar,
         use_prompt_cache=body.cache_prompt,
     )
-    if len(images) > 1:
-        raise APIError(400, "only one image per request is supported", param="messages", code="invalid_value")
     if images:
         try:
             # the multimodal runner tokenizes the prompt itself (its image marker is a special token)

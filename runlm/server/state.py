@@ -13,6 +13,7 @@ from runlm import catalog
 from runlm.engine import Engine, Scheduler
 from runlm.engine.embeddings import Pooling, declared_pooling
 from runlm.server.errors import APIError
+from runlm.server.images import RemoteImages, public_address
 from runlm.server.metrics import Metrics
 from runlm.text import Tokenizer
 from runlm.text.literal import LiteralSpecials
@@ -29,6 +30,7 @@ class ServerState:
     default_max_tokens: int | None
     prompt_cache_mb: float = 0
     allow_remote_images: bool = False
+    allow_private_image_urls: bool = False  # remote images from loopback / private / link-local addresses too
     pooling: Pooling | None = None  # embeddings: None pools as the model's files declare
     special_tokens_in_content: bool = False  # True: special-token strings in message text become control tokens
     created: int = field(default_factory=lambda: int(time.time()))
@@ -45,6 +47,11 @@ class ServerState:
         if name not in self.aliases:
             raise APIError(404, f"model {name!r} is not served here; this server serves {self.model_name!r} "
                                 "(see GET /v1/models)", param="model", code="model_not_found")
+
+    @property
+    def remote_images(self) -> RemoteImages:
+        anywhere = self.allow_private_image_urls
+        return RemoteImages(self.allow_remote_images, (lambda _ip: True) if anywhere else public_address)
 
     @cached_property
     def literal_specials(self) -> LiteralSpecials | None:
