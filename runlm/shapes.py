@@ -32,13 +32,16 @@ for speed and memory, not for text.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,9 +206,27 @@ def quantize(source: Path, target: Path, ftype: int, threads: int) -> None:
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     params.nthread = threads
-    status = llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params))
+    # llama.cpp logs a line per tensor, from C to fd 2 or through llama-cpp-python's callback to sys.stderr
+    # (which drops errors once a Llama(verbose=False) has run: hence the level): all go to a file, read back
+    # only to explain a failure.
+    relay = logging.getLogger("llama-cpp-python")
+    level = relay.level
+    with tempfile.TemporaryFile(mode="w+", errors="replace") as log, contextlib.redirect_stderr(log):
+        sys.__stderr__.flush()
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        relay.setLevel(logging.DEBUG)
+        try:
+            status = llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params))
+        finally:
+            relay.setLevel(level)
+            log.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        log.seek(0)
+        tail = log.read().strip().splitlines()[-3:]
     if status != 0 or not target.is_file():
-        raise CatalogError(f"llama.cpp could not quantize {source.name} (status {status})")
+        raise CatalogError(f"llama.cpp could not quantize {source.name} (status {status}): {' / '.join(tail)}")
 
 
 def write_shape(shape: Shape, path: Path, float_type: str = "F16", seed: int = 0) -> None:

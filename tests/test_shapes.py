@@ -19,7 +19,7 @@ from runlm.bench import read_bandwidth_gbs, run_bench, weights_bytes_per_token
 from runlm.cli import build_parser
 from runlm.errors import CatalogError, InvalidInputError
 from runlm.formats.gguf import GGUFFile
-from runlm.shapes import SHAPES, Shape, ensure_shape, llama3_rope_factors, shape_path
+from runlm.shapes import SHAPES, Shape, ensure_shape, llama3_rope_factors, llama_ftypes, quantize, shape_path
 from runlm.text import Tokenizer
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
@@ -172,3 +172,13 @@ def test_logits_agree_with_llama_cpp_on_the_same_file(shape_dir, name, quant):
     clear = top[:, -1] - top[:, -2] > 2 * delta.max()  # positions whose winner no Δ within the bound could flip
     assert (ours.argmax(-1) == ref.argmax(-1))[clear].all()
     assert (ours.argmax(-1) == ref.argmax(-1)).mean() >= 0.85
+
+
+@needs_llama_cpp
+def test_quantizer_failure_is_a_typed_error_with_llama_cpps_reason(tmp_path):
+    """The quantizer's per-tensor log is kept off the terminal; when it fails its last lines name the cause."""
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 7)
+    with pytest.raises(CatalogError, match="could not quantize broken.gguf.*failed to"):
+        quantize(broken, tmp_path / "out.gguf", llama_ftypes()["Q8_0"], threads=1)
+    assert not (tmp_path / "out.gguf").exists()
