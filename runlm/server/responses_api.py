@@ -11,11 +11,13 @@ from functools import partial
 
 from fastapi import APIRouter, Depends, Request
 
+from runlm.server.middleware import tenant_of
 from runlm.server.openai_api import collect, streaming, submit
 from runlm.server.responses_shapes import (
     ResponseEvents,
     ResponsesRequest,
     ResponseStore,
+    TenantResponses,
     finish_response,
     not_found,
     output_items,
@@ -27,14 +29,16 @@ from runlm.server.state import ServerState, get_state
 router = APIRouter()
 
 
-def get_store(request: Request) -> ResponseStore:
-    """FastAPI dependency: the store create_app put on the app."""
-    return request.app.state.responses
+def get_store(request: Request) -> TenantResponses:
+    """FastAPI dependency: the calling tenant's view of the store create_app put on the app (one API key
+    never finds another's stored responses)."""
+    store: ResponseStore = request.app.state.responses
+    return store.scoped(tenant_of(request.scope))
 
 
 @router.post("/v1/responses")
 async def create_response(body: ResponsesRequest, request: Request, state: ServerState = Depends(get_state),
-                          store: ResponseStore = Depends(get_store)):
+                          store: TenantResponses = Depends(get_store)):
     plan, handle, _ = await submit(state, partial(plan_response, store=store), body, "resp", request)
     if body.stream:
         events = ResponseEvents(plan, store)
@@ -44,7 +48,7 @@ async def create_response(body: ResponsesRequest, request: Request, state: Serve
 
 
 @router.get("/v1/responses/{response_id}")
-async def get_response(response_id: str, store: ResponseStore = Depends(get_store)):
+async def get_response(response_id: str, store: TenantResponses = Depends(get_store)):
     entry = store.get(response_id)
     if entry is None:
         raise not_found(response_id)
@@ -52,7 +56,7 @@ async def get_response(response_id: str, store: ResponseStore = Depends(get_stor
 
 
 @router.delete("/v1/responses/{response_id}")
-async def delete_response(response_id: str, store: ResponseStore = Depends(get_store)):
+async def delete_response(response_id: str, store: TenantResponses = Depends(get_store)):
     if not store.delete(response_id):
         raise not_found(response_id)
     return {"id": response_id, "object": "response.deleted", "deleted": True}

@@ -142,10 +142,11 @@ class ResponseStore:
         self._items: OrderedDict[str, StoredResponse] = OrderedDict()
         self._lock = threading.Lock()
 
-    def put(self, entry: StoredResponse) -> None:
+    def put(self, entry: StoredResponse, key: str | None = None) -> None:
+        key = entry.response["id"] if key is None else key
         with self._lock:
-            self._items[entry.response["id"]] = entry
-            self._items.move_to_end(entry.response["id"])
+            self._items[key] = entry
+            self._items.move_to_end(key)
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
 
@@ -163,6 +164,26 @@ class ResponseStore:
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)
+
+    def scoped(self, tenant: str) -> TenantResponses:
+        """The responses one tenant (API key) can store, find and delete: no other key sees them."""
+        return TenantResponses(self, tenant)
+
+
+class TenantResponses:
+    """One tenant's view of a ResponseStore (the same calls; ids are looked up under the tenant's name)."""
+
+    def __init__(self, store: ResponseStore, tenant: str):
+        self.store, self.prefix = store, f"{tenant}\x00"
+
+    def put(self, entry: StoredResponse) -> None:
+        self.store.put(entry, key=self.prefix + entry.response["id"])
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        return self.store.get(self.prefix + response_id)
+
+    def delete(self, response_id: str) -> bool:
+        return self.store.delete(self.prefix + response_id)
 
 
 def not_found(response_id: str) -> APIError:
@@ -317,7 +338,7 @@ class ResponsesPlan:
     created_at: int = field(default_factory=lambda: int(time.time()))
 
 
-def plan_response(state: ServerState, body: ResponsesRequest, store: ResponseStore) -> ResponsesPlan:
+def plan_response(state: ServerState, body: ResponsesRequest, store: ResponseStore | TenantResponses) -> ResponsesPlan:
     """Resolve previous_response_id, turn instructions and input into chat messages, plan them as chat."""
     _refuse_unsupported(body)
     history: list[dict[str, Any]] = []
@@ -410,7 +431,7 @@ def conversation_after(plan: ResponsesPlan, output: list[dict[str, Any]]) -> lis
 
 
 def finish_response(plan: ResponsesPlan, output: list[dict[str, Any]], finish_reason: str | None, usage: Usage,
-                    store: ResponseStore) -> dict[str, Any]:
+                    store: ResponseStore | TenantResponses) -> dict[str, Any]:
     """The final Response object, kept in the store when the request asked for it (store defaults to true)."""
     response = response_object(plan, output, status_of(finish_reason), usage)
     if plan.body.store:
@@ -436,7 +457,7 @@ class ResponseEvents:
     as they form (a message's text deltas stream; tool calls, held back by the tool-call filter until the
     end, come as function_call items with their arguments), then completed (or incomplete)."""
 
-    def __init__(self, plan: ResponsesPlan, store: ResponseStore):
+    def __init__(self, plan: ResponsesPlan, store: ResponseStore | TenantResponses):
         self.plan = plan
         self.store = store
         self.sequence = 0

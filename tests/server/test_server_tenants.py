@@ -47,6 +47,23 @@ def test_a_key_reuses_its_own_prompts_and_never_another_keys(smollm2_loaded):
         server.stop()
 
 
+def test_stored_responses_belong_to_the_key_that_made_them(smollm2_loaded):
+    server = LiveServer(create_app(smollm2_loaded, model_name=MODEL, api_key="alice-key,bob-key"))
+    try:
+        alice, bob = clients(server, "alice-key", "bob-key")
+        made = alice.responses.create(model=MODEL, input="Hi", max_output_tokens=2, temperature=0, store=True)
+        assert alice.responses.retrieve(made.id).id == made.id
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.retrieve(made.id)
+        with pytest.raises(openai.NotFoundError):  # nor can bob continue alice's conversation
+            bob.responses.create(model=MODEL, input="More", previous_response_id=made.id, max_output_tokens=2)
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.delete(made.id)
+        alice.responses.delete(made.id)
+    finally:
+        server.stop()
+
+
 def test_shared_prompt_cache_lets_keys_reuse_each_other(smollm2_loaded):
     server = LiveServer(create_app(smollm2_loaded, model_name=MODEL, api_key=["alice-key", "bob-key"],
                                    prompt_cache_mb=64, shared_prompt_cache=True))
