@@ -115,9 +115,12 @@ def parse_tool_calls(text: str, known_names: set[str] | None = None) -> tuple[st
 
 
 def might_be_tool_call(text: str) -> bool:
-    """Whether streamed output so far could still turn out to be a bare JSON tool call."""
-    stripped = text.lstrip()
-    return stripped == "" or stripped.startswith(("{", "["))
+    """Whether streamed output so far could still turn out to be a bare JSON tool call (reads only the leading
+    whitespace and one character: the stream filter asks on every token)."""
+    for ch in text:
+        if not ch.isspace():
+            return ch in "{["
+    return True
 
 
 def tool_call_schema(tools: list[dict[str, Any]], name: str | None = None) -> dict[str, Any]:
@@ -163,6 +166,8 @@ class ToolCallStreamFilter:
         self.known = known_names
         self.text = ""
         self.emitted = 0
+        self.open_at = -1  # where `<tool_call>` starts in text, once seen
+        self.searched = 0  # text before this was searched for it (each token searches only its new text)
 
     def push(self, delta: str) -> str:
         self.text += delta
@@ -171,7 +176,10 @@ class ToolCallStreamFilter:
             return out
         if might_be_tool_call(self.text):
             return ""
-        i = self.text.find(TOOL_CALL_OPEN)
+        if self.open_at == -1:
+            self.open_at = self.text.find(TOOL_CALL_OPEN, max(0, self.searched - len(TOOL_CALL_OPEN) + 1))
+            self.searched = len(self.text)
+        i = self.open_at
         if i != -1:
             end = i
         else:
