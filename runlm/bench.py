@@ -579,6 +579,7 @@ def run_kernel_bench(args, max_rows: int = 8192) -> int:
         raw = gguf.raw(name)
         if raw.type_name in kernels.KERNEL_TYPES and len(raw.shape) == 2:
             picked.setdefault((raw.type_name, raw.shape), name)
+    kernels.available()  # builds or loads the kernels, so that build_info has something to say
     print(f"model: {gguf.path.name}   threads: {torch.get_num_threads()}   kernels: {kernels.build_info()}")
     print(f"machine: {machine()}   (ms, best of repeated runs; rows capped at {max_rows})")
     print("| tensor | type | shape | M | kernel | f32 GEMM | int4 bf16 | module (path) |")
