@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import os
 import platform
-import resource
 import subprocess
 import sys
 import threading
@@ -27,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from runlm import bench_worker
 from runlm.engine import Engine, GenerationRequest, Scheduler
 from runlm.errors import InvalidInputError
 from runlm.formats.gguf import GGUFFile
@@ -38,173 +37,11 @@ from runlm.shapes import ensure_shape
 from runlm.text import Tokenizer
 
 PEERS = ("runlm", "runlm-f32", "llama.cpp", "transformers")
-PPL_CHUNK = 128
 
 
 def english_text() -> str:
     """The GNU GPL v3: real English prose that no one here wrote, shipped with the package."""
     return resources.files("runlm").joinpath("data/GPL-3.txt").read_text()
-
-
-def peak_rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def nll_of(logits, targets) -> float:
-    logprobs = torch.log_softmax(torch.as_tensor(logits).float(), dim=-1)
-    return -logprobs.gather(-1, torch.as_tensor(targets)[:, None]).sum().item()
-
-
-# -- one adapter per peer: load, prefill, decode step, perplexity -----------------------------
-
-
-class RunlmPeer:
-    def __init__(self, path: str, threads: int, packed: bool):
-        torch.set_num_threads(threads)
-        self.runner = load(path, dtype="auto" if packed else "f32").runner
-
-    def prefill(self, ids: list[int]) -> int:
-        return int(self.runner.prefill_logits(ids).argmax())
-
-    def decode(self, token: int) -> int:
-        return int(self.runner.decode_logits(token).argmax())
-
-    def nll(self, ids: list[int]) -> float:
-        """Total negative log-likelihood of ids[1:], chunk by chunk on the KV cache."""
-        total, prev = 0.0, None
-        session = self.runner.new_session()
-        for start in range(0, len(ids), PPL_CHUNK):
-            chunk = ids[start : start + PPL_CHUNK]
-            logits = self.runner.extend(session, chunk, all_positions=True)
-            if prev is not None:
-                total += nll_of(prev[None], chunk[:1])
-            total += nll_of(logits[:-1], chunk[1:])
-            prev = logits[-1]
-        return total
-
-
-class LlamaCppPeer:
-    def __init__(self, path: str, threads: int, n_ctx: int):
-        from llama_cpp import Llama  # optional peer
-
-        self.llm = Llama(
-            model_path=path,
-            n_threads=threads,
-            n_threads_batch=threads,
-            n_ctx=n_ctx,
-            n_batch=512,
-            logits_all=False,
-            verbose=False,
-        )
-        self.path, self.threads, self.n_ctx = path, threads, n_ctx
-
-    def _last_logits(self):
-        return np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),))
-
-    def prefill(self, ids: list[int]) -> int:
-        self.llm.reset()
-        self.llm.eval(ids)
-        return int(self._last_logits().argmax())
-
-    def decode(self, token: int) -> int:
-        self.llm.eval([token])
-        return int(self._last_logits().argmax())
-
-    def nll(self, ids: list[int]) -> float:
-        from llama_cpp import Llama  # optional peer
-
-        del self.llm
-        llm = Llama(
-            model_path=self.path,
-            n_threads=self.threads,
-            n_ctx=self.n_ctx,
-            n_batch=PPL_CHUNK,
-            logits_all=True,
-            verbose=False,
-        )
-        llm.eval(ids)
-        return nll_of(llm.scores[: len(ids) - 1], ids[1:])
-
-
-class TransformersPeer:
-    def __init__(self, path: str, threads: int):
-        from transformers import AutoModelForCausalLM  # optional peer
-
-        torch.set_num_threads(threads)
-        p = Path(path)
-        self.model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32).eval()
-        self.past = None
-
-    def _run(self, ids: list[int]):
-        with torch.inference_mode():
-            out = self.model(torch.tensor([ids]), past_key_values=self.past, use_cache=True)
-        self.past = out.past_key_values
-        return out.logits[0]
-
-    def prefill(self, ids: list[int]) -> int:
-        self.past = None
-        return int(self._run(ids)[-1].argmax())
-
-    def decode(self, token: int) -> int:
-        return int(self._run([token])[-1].argmax())
-
-    def nll(self, ids: list[int]) -> float:
-        self.past = None
-        total, prev = 0.0, None
-        for start in range(0, len(ids), PPL_CHUNK):
-            chunk = ids[start : start + PPL_CHUNK]
-            logits = self._run(chunk)
-            if prev is not None:
-                total += nll_of(prev[None], chunk[:1])
-            total += nll_of(logits[:-1], chunk[1:])
-            prev = logits[-1]
-        return total
-
-
-def worker(spec: dict) -> dict:
-    """Measure one peer in this process; returns the numbers as a dict."""
-    peer_name, path, threads = spec["peer"], spec["path"], spec["threads"]
-    prompt, gen, ppl_ids = spec["prompt_ids"], spec["gen_tokens"], spec["ppl_ids"]
-    started = time.perf_counter()
-    if peer_name in ("runlm", "runlm-f32"):
-        peer = RunlmPeer(path, threads, packed=peer_name == "runlm")
-    elif peer_name == "llama.cpp":
-        peer = LlamaCppPeer(path, threads, n_ctx=max(len(prompt) + gen, len(ppl_ids)) + 16)
-    else:
-        peer = TransformersPeer(path, threads)
-    load_s = time.perf_counter() - started
-
-    warm = time.perf_counter()
-    token = peer.prefill(prompt[:16])
-    for _ in range(4):
-        token = peer.decode(token)
-    warmup_s = time.perf_counter() - warm
-
-    prefill_s = decode_s = math.inf
-    for _ in range(max(1, spec.get("repeat", 1))):
-        t0 = time.perf_counter()
-        token = peer.prefill(prompt)
-        t1 = time.perf_counter()
-        for _ in range(gen):
-            token = peer.decode(token)
-        t2 = time.perf_counter()
-        prefill_s, decode_s = min(prefill_s, t1 - t0), min(decode_s, t2 - t1)
-    rss = peak_rss_mb()
-
-    nll = peer.nll(ppl_ids)
-    return {
-        "peer": peer_name,
-        "load_s": load_s,
-        "warmup_s": warmup_s,
-        "prefill_tok_s": len(prompt) / prefill_s,
-        "decode_tok_s": gen / decode_s,
-        "peak_rss_mb": rss,
-        "ppl": math.exp(nll / (len(ppl_ids) - 1)),
-    }
 
 
 # -- the parent: spawn workers, print the table ------------------------------------------------
@@ -317,10 +154,12 @@ def missing_peer(peer: str) -> str | None:
 
 
 def run_worker(spec: dict) -> dict:
+    """Measure one peer in a fresh process that runs runlm/bench_worker.py by path (no runlm, no torch
+    imported before the peer's own)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"])}
-    proc = subprocess.run(
-        [sys.executable, "-m", "runlm.bench"], input=json.dumps(spec), capture_output=True, text=True, env=env
-    )
+    script = f"import runpy; runpy.run_path({str(Path(bench_worker.__file__))!r}, run_name='__main__')"
+    proc = subprocess.run([sys.executable, "-c", script], input=json.dumps(spec), capture_output=True, text=True,
+                          env=env)
     for line in reversed(proc.stdout.strip().splitlines()):
         if line.startswith("{"):
             return json.loads(line)
@@ -605,5 +444,3 @@ def run_kernel_bench(args, max_rows: int = 8192) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    print(json.dumps(worker(json.loads(sys.stdin.read()))))

@@ -14,7 +14,8 @@ import torch
 from reference.tiny import QUANTIZED_COPIES, build_gemma3, build_llama, build_qwen3
 
 from runlm import load
-from runlm.bench import english_text, nll_of
+from runlm.bench import english_text
+from runlm.bench_worker import nll_of
 from runlm.quant import kernels
 from runlm.runner import LmRunner
 

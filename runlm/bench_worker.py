@@ -1,0 +1,192 @@
+"""One peer measured in a process of its own (`runlm bench` runs this file as a script, by path).
+
+Kept free of torch and of the runlm package at import: a llama.cpp worker must not carry PyTorch in the
+resident memory the bench reports for it, so each peer imports what it runs when it is made.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+PPL_CHUNK = 128
+
+
+def peak_rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def nll_of(logits, targets) -> float:
+    """Total negative log-likelihood of `targets` under rows of `logits` (log-softmax in float64)."""
+    rows = np.asarray(logits, dtype=np.float64).reshape(len(targets), -1)
+    top = rows.max(axis=-1, keepdims=True)
+    logz = np.log(np.exp(rows - top).sum(axis=-1)) + top[:, 0]
+    return float((logz - rows[np.arange(len(targets)), np.asarray(targets)]).sum())
+
+
+# -- one adapter per peer: load, prefill, decode step, perplexity -----------------------------
+
+
+class RunlmPeer:
+    def __init__(self, path: str, threads: int, packed: bool):
+        import torch  # here, not at the top: the llama.cpp worker must not pay for torch in its memory
+
+        from runlm import load
+
+        torch.set_num_threads(threads)
+        self.runner = load(path, dtype="auto" if packed else "f32").runner
+
+    def prefill(self, ids: list[int]) -> int:
+        return int(self.runner.prefill_logits(ids).argmax())
+
+    def decode(self, token: int) -> int:
+        return int(self.runner.decode_logits(token).argmax())
+
+    def nll(self, ids: list[int]) -> float:
+        """Total negative log-likelihood of ids[1:], chunk by chunk on the KV cache."""
+        total, prev = 0.0, None
+        session = self.runner.new_session()
+        for start in range(0, len(ids), PPL_CHUNK):
+            chunk = ids[start : start + PPL_CHUNK]
+            logits = self.runner.extend(session, chunk, all_positions=True)
+            if prev is not None:
+                total += nll_of(prev[None], chunk[:1])
+            total += nll_of(logits[:-1], chunk[1:])
+            prev = logits[-1]
+        return total
+
+
+class LlamaCppPeer:
+    def __init__(self, path: str, threads: int, n_ctx: int):
+        from llama_cpp import Llama  # optional peer
+
+        self.llm = Llama(
+            model_path=path,
+            n_threads=threads,
+            n_threads_batch=threads,
+            n_ctx=n_ctx,
+            n_batch=512,
+            logits_all=False,
+            verbose=False,
+        )
+        self.path, self.threads, self.n_ctx = path, threads, n_ctx
+
+    def _last_logits(self):
+        return np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),))
+
+    def prefill(self, ids: list[int]) -> int:
+        self.llm.reset()
+        self.llm.eval(ids)
+        return int(self._last_logits().argmax())
+
+    def decode(self, token: int) -> int:
+        self.llm.eval([token])
+        return int(self._last_logits().argmax())
+
+    def nll(self, ids: list[int]) -> float:
+        from llama_cpp import Llama  # optional peer
+
+        del self.llm
+        llm = Llama(
+            model_path=self.path,
+            n_threads=self.threads,
+            n_ctx=self.n_ctx,
+            n_batch=PPL_CHUNK,
+            logits_all=True,
+            verbose=False,
+        )
+        llm.eval(ids)
+        return nll_of(llm.scores[: len(ids) - 1], ids[1:])
+
+
+class TransformersPeer:
+    def __init__(self, path: str, threads: int):
+        import torch  # optional peer (see RunlmPeer)
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(threads)
+        p = Path(path)
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32).eval()
+        self.past = None
+
+    def _run(self, ids: list[int]):
+        with self.torch.inference_mode():
+            out = self.model(self.torch.tensor([ids]), past_key_values=self.past, use_cache=True)
+        self.past = out.past_key_values
+        return out.logits[0]
+
+    def prefill(self, ids: list[int]) -> int:
+        self.past = None
+        return int(self._run(ids)[-1].argmax())
+
+    def decode(self, token: int) -> int:
+        return int(self._run([token])[-1].argmax())
+
+    def nll(self, ids: list[int]) -> float:
+        self.past = None
+        total, prev = 0.0, None
+        for start in range(0, len(ids), PPL_CHUNK):
+            chunk = ids[start : start + PPL_CHUNK]
+            logits = self._run(chunk)
+            if prev is not None:
+                total += nll_of(prev[None], chunk[:1])
+            total += nll_of(logits[:-1], chunk[1:])
+            prev = logits[-1]
+        return total
+
+
+def worker(spec: dict) -> dict:
+    """Measure one peer in this process; returns the numbers as a dict."""
+    peer_name, path, threads = spec["peer"], spec["path"], spec["threads"]
+    prompt, gen, ppl_ids = spec["prompt_ids"], spec["gen_tokens"], spec["ppl_ids"]
+    started = time.perf_counter()
+    if peer_name in ("runlm", "runlm-f32"):
+        peer = RunlmPeer(path, threads, packed=peer_name == "runlm")
+    elif peer_name == "llama.cpp":
+        peer = LlamaCppPeer(path, threads, n_ctx=max(len(prompt) + gen, len(ppl_ids)) + 16)
+    else:
+        peer = TransformersPeer(path, threads)
+    load_s = time.perf_counter() - started
+
+    warm = time.perf_counter()
+    token = peer.prefill(prompt[:16])
+    for _ in range(4):
+        token = peer.decode(token)
+    warmup_s = time.perf_counter() - warm
+
+    prefill_s = decode_s = math.inf
+    for _ in range(max(1, spec.get("repeat", 1))):
+        t0 = time.perf_counter()
+        token = peer.prefill(prompt)
+        t1 = time.perf_counter()
+        for _ in range(gen):
+            token = peer.decode(token)
+        t2 = time.perf_counter()
+        prefill_s, decode_s = min(prefill_s, t1 - t0), min(decode_s, t2 - t1)
+    rss = peak_rss_mb()
+
+    nll = peer.nll(ppl_ids)
+    return {
+        "peer": peer_name,
+        "load_s": load_s,
+        "warmup_s": warmup_s,
+        "prefill_tok_s": len(prompt) / prefill_s,
+        "decode_tok_s": gen / decode_s,
+        "peak_rss_mb": rss,
+        "ppl": math.exp(nll / (len(ppl_ids) - 1)),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(worker(json.loads(sys.stdin.read()))))
