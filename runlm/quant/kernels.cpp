@@ -1491,6 +1491,39 @@ inline void weighted_rows(const float* w, const float* const* values, int64_t n,
   }
 }
 
+// Softmax attention of `rep` query heads (q, D floats apart) over one chunk of n keys / values given by row
+// pointers: per head, the chunk's max score, its exp-sum and the unnormalized weighted values (merged later by
+// merge_chunks). `scores` is scratch for rep * n floats (stride `stride`).
+inline void attend_chunk(const float* q, int64_t rep, const float* const* keys, const float* const* values, int64_t n,
+                         int64_t D, float* scores, int64_t stride, float* part_max, float* part_sum, float* part_out) {
+  for (int64_t j = 0; j < rep; ++j) {
+    float* sr = scores + j * stride;
+    score_rows(q + j * D, keys, n, D, sr);
+    const float best = *std::max_element(sr, sr + n);
+    part_max[j] = best;
+    part_sum[j] = exp_shift_sum(sr, n, best);
+    weighted_rows(sr, values, n, D, part_out + j * D);
+  }
+}
+
+// One query head's output from its chunks' partial results, in chunk order: partial c sits at index
+// first + c * step of part_max / part_sum (and of part_out, D floats each).
+inline void merge_chunks(const float* part_max, const float* part_sum, const float* part_out, int64_t first,
+                         int64_t step, int64_t n_chunks, int64_t D, float* o) {
+  float best = -INFINITY, total = 0.f;
+  for (int64_t c = 0; c < n_chunks; ++c) best = std::max(best, part_max[first + c * step]);
+  std::fill(o, o + D, 0.f);
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const int64_t k = first + c * step;
+    const float w = std::exp(part_max[k] - best);
+    total += w * part_sum[k];
+    const float* po = part_out + k * D;
+    for (int64_t i = 0; i < D; ++i) o[i] += w * po[i];
+  }
+  const float inv = 1.f / total;
+  for (int64_t i = 0; i < D; ++i) o[i] *= inv;
+}
+
 // One decode step of attention for one sequence: RoPE on the new query and key, the new key / value written into
 // the pre-allocated cache at `pos`, then softmax(q K^T * scale) V over positions 0..pos for every query head (GQA:
 // query head h reads kv head h / (n_heads / n_kv_heads)). qkv: float32 [n_heads + 2 * n_kv_heads, D] (queries, keys,
@@ -1545,16 +1578,8 @@ at::Tensor attend_one(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
         keys[t] = kc + (g * cap + t0 + t) * D;
         values[t] = vc + (g * cap + t0 + t) * D;
       }
-      const float* qg = q.data() + g * rep * D;
-      float* o = part_out.data() + item * rep * D;
-      for (int64_t r = 0; r < rep; ++r) {
-        float* sr = scores.data() + r * chunk;
-        score_rows(qg + r * D, keys.data(), n, D, sr);
-        const float best = *std::max_element(sr, sr + n);
-        part_max[item * rep + r] = best;
-        part_sum[item * rep + r] = exp_shift_sum(sr, n, best);
-        weighted_rows(sr, values.data(), n, D, o + r * D);
-      }
+      attend_chunk(q.data() + g * rep * D, rep, keys.data(), values.data(), n, D, scores.data(), chunk,
+                   part_max.data() + item * rep, part_sum.data() + item * rep, part_out.data() + item * rep * D);
     }
   };
   if (len * n_heads * D >= (1 << 16) && items > 1) {
@@ -1565,20 +1590,9 @@ at::Tensor attend_one(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
   at::Tensor out = at::empty({n_heads * D}, x.options());
   float* op = out.data_ptr<float>();
   for (int64_t h = 0; h < n_heads; ++h) {
-    const int64_t g = h / rep, r = h % rep;
-    float best = -INFINITY, total = 0.f;
-    for (int64_t c = 0; c < n_chunks; ++c) best = std::max(best, part_max[(g * n_chunks + c) * rep + r]);
-    float* o = op + h * D;
-    std::fill(o, o + D, 0.f);
-    for (int64_t c = 0; c < n_chunks; ++c) {
-      const int64_t k = (g * n_chunks + c) * rep + r;
-      const float w = std::exp(part_max[k] - best);
-      total += w * part_sum[k];
-      const float* po = part_out.data() + k * D;
-      for (int64_t i = 0; i < D; ++i) o[i] += w * po[i];
-    }
-    const float inv = 1.f / total;
-    for (int64_t i = 0; i < D; ++i) o[i] *= inv;
+    const int64_t g = h / rep;
+    merge_chunks(part_max.data(), part_sum.data(), part_out.data(), g * n_chunks * rep + h % rep, rep, n_chunks, D,
+                 op + h * D);
   }
   return out;
 }
@@ -1701,15 +1715,9 @@ void attention_rows(const float* q, const float* knew, const float* vnew, const 
             values[t - t0] = sq.v + (g * sq.cap + slot) * D;
           }
         }
-        const float* qg = q + (r * n_heads + g * rep) * D;
-        for (int64_t j = 0; j < rep; ++j) {
-          float* sr = scores.data() + j * kKeyChunk;
-          score_rows(qg + j * D, keys.data(), n, D, sr);
-          const float best = *std::max_element(sr, sr + n);
-          part_max[item * rep + j] = best;
-          part_sum[item * rep + j] = exp_shift_sum(sr, n, best);
-          weighted_rows(sr, values.data(), n, D, part_out.data() + (item * rep + j) * D);
-        }
+        attend_chunk(q + (r * n_heads + g * rep) * D, rep, keys.data(), values.data(), n, D, scores.data(),
+                     kKeyChunk, part_max.data() + item * rep, part_sum.data() + item * rep,
+                     part_out.data() + item * rep * D);
       }
     };
     if (items > 1 && items * rep * kKeyChunk * D >= (1 << 16)) {
@@ -1721,20 +1729,10 @@ void attention_rows(const float* q, const float* knew, const float* vnew, const 
       for (int64_t r = b0; r < b1; ++r) {
         const int64_t k = r - r0;
         for (int64_t h = 0; h < n_heads; ++h) {
-          const int64_t g = h / rep, j = h % rep;
-          auto at = [&](int64_t c) { return (item_start[k] + g * n_chunks[r] + c) * rep + j; };
-          float best = -INFINITY, total = 0.f;
-          for (int64_t c = 0; c < n_chunks[r]; ++c) best = std::max(best, part_max[at(c)]);
-          float* o = out + (r * n_heads + h) * D;
-          std::fill(o, o + D, 0.f);
-          for (int64_t c = 0; c < n_chunks[r]; ++c) {
-            const float w = std::exp(part_max[at(c)] - best);
-            total += w * part_sum[at(c)];
-            const float* po = part_out.data() + at(c) * D;
-            for (int64_t i = 0; i < D; ++i) o[i] += w * po[i];
-          }
-          const float inv = 1.f / total;
-          for (int64_t i = 0; i < D; ++i) o[i] *= inv;
+          const int64_t g = h / rep;
+          merge_chunks(part_max.data(), part_sum.data(), part_out.data(),
+                       (item_start[k] + g * n_chunks[r]) * rep + h % rep, rep, n_chunks[r], D,
+                       out + (r * n_heads + h) * D);
         }
       }
     });
