@@ -300,6 +300,12 @@ class Engine:
         them). An image prompt runs whole here instead: its first record is returned (else None)."""
         if gen.request.image is not None:
             return self.start(gen)
+        self._open(gen)
+        return None
+
+    def _open(self, gen: Generation) -> None:
+        """A new session for a text prompt, restored from the longest cached prefix that really restores;
+        `gen.pending` is what of the prompt is left to run."""
         gen.mark_started()
         gen.session = self.runner.new_session()
         prompt = gen.request.prompt_ids
@@ -312,26 +318,18 @@ class Engine:
             elif snap is not None:
                 self.runner.reset_session(gen.session)
         gen.pending = list(prompt[gen.reused:])
-        return None
 
     def _prefill(self, gen: Generation) -> torch.Tensor:
         """Make `gen` a session holding its prompt (from the prompt cache where it can); the last logits."""
-        gen.mark_started()
-        gen.session = self.runner.new_session()
         request = gen.request
-        reused = 0
         if request.image is not None:
+            gen.mark_started()
+            gen.session = self.runner.new_session()
             logits = self.runner.prefill_multimodal(gen.session, request.prompt_text, request.image)
         else:
-            snap, match = (None, 0)
-            if self.prompt_cache is not None and request.use_prompt_cache:
-                snap, match = self.prompt_cache.lookup(request.prompt_ids, request.cache_scope)
-            if snap is not None:
-                logits, reused = self.runner.prefill_reusing(gen.session, request.prompt_ids, snap, match)
-                self.prompt_cache.record_hit(reused)
-            else:
-                logits = self.runner.prefill(gen.session, request.prompt_ids)
-        gen.mark_prefilled(reused)
+            self._open(gen)
+            logits, gen.pending = self.runner.extend(gen.session, gen.pending), []
+        gen.mark_prefilled(gen.reused)
         return logits
 
     def step(self, gens: Sequence[Generation], prefilling: Sequence[Generation] = (),
