@@ -137,33 +137,31 @@ class DecoderLM(nn.Module):
         `image_group` (multimodal prefill only): per absolute position, the image block
         it belongs to or -1; layers that take it make each block attend bidirectionally.
         """
+        h = self._stack(h, cache, start, image_group)
+        return self._logits(self.norm(h[:, -1:] if last_only else h))[0]
+
+    def _stack(self, h: torch.Tensor, cache: list, start: int, image_group: torch.Tensor | None = None) -> torch.Tensor:
+        """Every block over h [1, T, hidden] at positions start..start+T-1 (fused where it can be)."""
         t = h.shape[1]
         positions = torch.arange(start, start + t, device=h.device)
         tables = {id(rope): rope.tables(positions, h.dtype) for rope in self.ropes}
         if self.fused_stack and image_group is None:
-            h = self._fused_rows(h[0], [cache], [start], [t], tables)[None]
-        else:
-            extra = {} if image_group is None else {"image_group": image_group}
-            for layer, layer_cache in zip(self.layers, cache):
-                h = layer(h, positions, tables, layer_cache, start, **extra)
-        if last_only:
-            h = h[:, -1:]
-        logits = self.head(self.norm(h)).float()
+            return self._fused_rows(h[0], [cache], [start], [t], tables)[None]
+        extra = {} if image_group is None else {"image_group": image_group}
+        for layer, layer_cache in zip(self.layers, cache):
+            h = layer(h, positions, tables, layer_cache, start, **extra)
+        return h
+
+    def _logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """The LM head (and the final soft cap where the model has one), in float32."""
+        logits = self.head(normed).float()
         cap = self.config.final_softcap
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
-        return logits[0]
+        return torch.tanh(logits / cap) * cap if cap is not None else logits
 
     def hidden_states(self, ids: torch.Tensor, cache: list) -> torch.Tensor:
-        """The final norm's output for ids [T] from position 0 on an empty cache: [T, hidden].
-
-        The stack as forward_embeds runs it, without the LM head: embeddings pool these rows."""
-        h = self.embed_tokens(ids)[None]
-        positions = torch.arange(0, h.shape[1], device=h.device)
-        tables = {id(rope): rope.tables(positions, h.dtype) for rope in self.ropes}
-        for layer, layer_cache in zip(self.layers, cache):
-            h = layer(h, positions, tables, layer_cache, 0)
-        return self.norm(h)[0]
+        """The final norm's output for ids [T] from position 0 on an empty cache: [T, hidden] (the stack as
+        forward_embeds runs it, without the LM head: embeddings pool these rows)."""
+        return self.norm(self._stack(self.embed_tokens(ids)[None], cache, 0))[0]
 
     def forward(self, ids: torch.Tensor, cache: list, start: int, last_only: bool = True) -> torch.Tensor:
         return self.forward_embeds(self.embed_tokens(ids)[None], cache, start, last_only)
@@ -176,9 +174,7 @@ class DecoderLM(nn.Module):
         tables = {id(rope): rope.tables(positions, h.dtype) for rope in self.ropes}
         h = self._fused_rows(h, caches, starts, counts, tables)
         last = torch.tensor(counts, device=h.device).cumsum(0) - 1
-        logits = self.head(self.norm(h[last])).float()
-        cap = self.config.final_softcap
-        return torch.tanh(logits / cap) * cap if cap is not None else logits
+        return self._logits(self.norm(h[last]))
 
     def _fused_rows(self, h: torch.Tensor, caches: list[list], starts: list[int], counts: list[int],
                     tables: dict) -> torch.Tensor:
@@ -199,9 +195,7 @@ class DecoderLM(nn.Module):
         tables = {id(rope): rope.tables(positions, h.dtype) for rope in self.ropes}
         for index, layer in enumerate(self.layers):
             h = layer.forward_batch(h, positions, tables, [cache[index] for cache in caches], starts)
-        logits = self.head(self.norm(h[:, -1])).float()
-        cap = self.config.final_softcap
-        return torch.tanh(logits / cap) * cap if cap is not None else logits
+        return self._logits(self.norm(h[:, -1]))
 
 
 # -- the runner --------------------------------------------------------------------------
