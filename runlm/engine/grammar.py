@@ -95,6 +95,7 @@ class GrammarConstraint:
 
     def __init__(self, grammar: str, tokenizer: Any, n_vocab: int, eos_ids: list[int]):
         llg = _llguidance()
+        self.grammar = grammar  # the text, so the constraint can be rebuilt in another process (cluster)
         self.n_vocab = n_vocab
         self.matcher = llg.LLMatcher(ll_tokenizer(tokenizer, n_vocab, eos_ids), grammar, log_level=0)
         if self.matcher.is_error():
@@ -109,7 +110,8 @@ class GrammarConstraint:
     def copy(self) -> GrammarConstraint:
         """An independent matcher in the same state (each of a request's n choices advances its own)."""
         twin = object.__new__(GrammarConstraint)
-        twin.n_vocab, twin.eos_ids, twin.matcher = self.n_vocab, list(self.eos_ids), self.matcher.deep_copy()
+        twin.grammar, twin.n_vocab, twin.eos_ids = self.grammar, self.n_vocab, list(self.eos_ids)
+        twin.matcher = self.matcher.deep_copy()
         return twin
 
     def allowed(self) -> torch.Tensor:

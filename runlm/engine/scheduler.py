@@ -37,6 +37,10 @@ class SchedulerClosedError(RunlmError):
     """The scheduler was shut down."""
 
 
+class ReplicaLostError(RunlmError):
+    """The process generating a request went away (a cluster replica died); the request may be retried."""
+
+
 _END = object()
 T = TypeVar("T")
 

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from runlm.engine import QueueFullError
 from runlm.engine.grammar import GrammarUnavailableError
-from runlm.engine.scheduler import SchedulerClosedError
+from runlm.engine.scheduler import ReplicaLostError, SchedulerClosedError
 from runlm.errors import (
     ContextOverflowError,
     InvalidInputError,
@@ -99,6 +99,8 @@ def api_error_from(exc: BaseException) -> APIError:
         return APIError(429, str(exc), code="server_busy", headers={"Retry-After": "1"})
     if isinstance(exc, SchedulerClosedError):
         return APIError(503, str(exc), code="shutting_down")
+    if isinstance(exc, ReplicaLostError):
+        return APIError(503, str(exc), code="replica_lost", headers={"Retry-After": "1"})
     if isinstance(exc, GrammarUnavailableError):
         return APIError(501, str(exc), param="response_format", code="not_implemented")
     if isinstance(exc, InvalidInputError):
