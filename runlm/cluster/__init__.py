@@ -1,0 +1,1 @@
+"""Serving one model from many runlm replicas: request routing and its simulation."""
