@@ -107,6 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
                             "the chat template's own markers are control tokens)")
     serve.add_argument("--pooling", choices=("mean", "last"), default=None,
                        help="how embeddings pool token states (default: as the model declares, else mean)")
+    cluster = serve.add_argument_group("replicas on Ray Serve (pip install 'runlm[cluster]')")
+    cluster.add_argument("--replicas", type=int, default=None,
+                         help="serve N model replicas behind one endpoint on Ray Serve (default: one process, no Ray)")
+    cluster.add_argument("--threads-per-replica", type=int, default=1, help="CPU threads (and Ray CPUs) per replica")
+    cluster.add_argument("--ray-address", default=None,
+                         help="join this Ray cluster ('auto', 'ray://host:10001'); default: start a local Ray")
+    cluster.add_argument("--routing", choices=("prefix-affinity", "power-of-two", "round-robin"),
+                         default="prefix-affinity", help="how requests pick a replica")
+    cluster.add_argument("--min-replicas", type=int, default=None, help="autoscale: at least this many replicas")
+    cluster.add_argument("--max-replicas", type=int, default=None, help="autoscale: at most this many replicas")
+    cluster.add_argument("--target-ongoing-requests", type=float, default=4.0,
+                         help="autoscale: requests per replica the autoscaler aims for")
 
     bench = sub.add_parser("bench", help="speed, memory and perplexity side by side with peers")
     _add_model(bench)
@@ -308,17 +320,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.max_tokens is not None and args.max_tokens < 1:
         raise RunlmError(f"--max-tokens must be at least 1, got {args.max_tokens}")
-    loaded = _load(args)
-    serve(
-        loaded,
-        host=args.host,
-        port=args.port,
+    server_options = dict(
         api_key=serve_keys(args),
         shared_prompt_cache=args.shared_prompt_cache,
         default_max_tokens=args.max_tokens,
-        prompt_cache_mb=args.prompt_cache_mb,
-        max_queue=args.max_queue,
-        max_batch=args.parallel,
         allow_remote_images=args.allow_remote_images,
         allow_private_image_urls=args.allow_private_image_urls,
         pooling=args.pooling,
@@ -326,6 +331,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_docs=args.api_docs,
         special_tokens_in_content=args.special_tokens_in_content,
     )
+    if args.replicas is not None or args.min_replicas is not None or args.max_replicas is not None:
+        return serve_on_ray(args, server_options)
+    loaded = _load(args)
+    serve(loaded, host=args.host, port=args.port, prompt_cache_mb=args.prompt_cache_mb, max_queue=args.max_queue,
+          max_batch=args.parallel, **server_options)
+    return 0
+
+
+def serve_on_ray(args: argparse.Namespace, server_options: dict) -> int:
+    """`runlm serve --replicas N`: the same server, its model half replicated on Ray Serve."""
+    from runlm.cluster.deploy import ClusterOptions, ReplicaOptions, serve_replicas
+
+    if args.device not in (None, "cpu"):
+        raise RunlmError("--replicas runs on CPUs here; --device is not supported with it yet")
+    replica = ReplicaOptions(model=args.model, dtype=args.dtype, ctx=args.ctx, swa_full=args.swa_full,
+                             mmproj=args.mmproj, prompt_cache_mb=args.prompt_cache_mb, max_batch=args.parallel,
+                             max_queue=args.max_queue)
+    cluster = ClusterOptions(replicas=args.replicas or args.min_replicas or 1,
+                             threads_per_replica=args.threads_per_replica, ray_address=args.ray_address,
+                             policy=args.routing, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                             target_ongoing_requests=args.target_ongoing_requests, host=args.host, port=args.port)
+    serve_replicas(replica, cluster, server_options)
     return 0
 
 

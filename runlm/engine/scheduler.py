@@ -242,6 +242,11 @@ class Scheduler:
     def in_flight(self) -> int:
         return len(self.active) + len(self.prefilling)
 
+    def replica_stats(self) -> list[dict[str, Any]]:
+        """Per-replica reports for /metrics: none here (one local worker; the server's own gauges cover it).
+        A cluster's scheduler (runlm.cluster.remote) returns one per replica."""
+        return []
+
     def submit(
         self,
         request: GenerationRequest,

@@ -53,6 +53,7 @@ def create_app(
     allowed_hosts: Sequence[str] = (),
     api_docs: bool = False,
     special_tokens_in_content: bool = False,
+    scheduler: Any = None,
 ) -> FastAPI:
     """A FastAPI app serving one loaded model (a runlm.LoadedModel).
 
@@ -68,15 +69,19 @@ def create_app(
     the docs pages load their scripts from a CDN). `allow_remote_images` fetches http(s) image URLs, from public
     addresses only unless `allow_private_image_urls`. `special_tokens_in_content` lets special-token strings in
     message text become control tokens (by default only the chat template's own markers are).
+    `scheduler`: one made elsewhere with the Scheduler's face (runlm.cluster's RemoteScheduler over replicas),
+    whose `engine` validates requests; None: a local Engine and Scheduler over `loaded.runner`.
     """
     if api_key is None:
         api_key = os.environ.get("RUNLM_API_KEY") or None
     api_keys = api_keys_from(api_key)
     pooling = check_pooling(pooling) if pooling is not None else None
     hosts = HostList((*DEFAULT_ALLOWED_HOSTS, *allowed_hosts))
-    engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length,
-                    prompt_cache_mb=prompt_cache_mb)
-    scheduler = Scheduler(engine, max_queue=max_queue, max_batch=max_batch)
+    if scheduler is None:
+        engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length,
+                        prompt_cache_mb=prompt_cache_mb)
+        scheduler = Scheduler(engine, max_queue=max_queue, max_batch=max_batch)
+    engine = scheduler.engine
     metrics = Metrics()
     name, aliases = served_names(loaded, model_name)
     state = ServerState(loaded, engine, scheduler, metrics, name, aliases, default_max_tokens,

@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
 from runlm.server.errors import APIError
+from runlm.server.metrics import replica_lines
 from runlm.server.openai_shapes import token_text
 from runlm.server.schemas import DetokenizeRequest, TokenizeRequest
 from runlm.server.state import ServerState, get_state
@@ -42,7 +43,8 @@ async def prometheus_metrics(state: ServerState = Depends(get_state)):
         "runlm_prompt_cache_bytes": ("Bytes held by the prompt cache.", cache.nbytes if cache else 0),
         "runlm_prompt_cache_entries": ("Snapshots in the prompt cache.", len(cache) if cache else 0),
     }
-    return PlainTextResponse(state.metrics.render(gauges), media_type="text/plain; version=0.0.4")
+    text = state.metrics.render(gauges, extra=lambda: replica_lines(scheduler.replica_stats()))
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
 def tokenized(state: ServerState, body: TokenizeRequest) -> JSONResponse:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 from runlm.engine import Usage
 
@@ -104,3 +105,25 @@ class Metrics:
             if extra is not None:
                 lines += extra()
         return "\n".join(lines) + "\n"
+
+
+REPLICA_GAUGES = {
+    "queue_depth": "Requests waiting in the replica's queue.",
+    "running": "Requests the replica is generating.",
+    "cache_hit_rate": "Share of the replica's prompt tokens taken from its prompt cache.",
+    "decode_tokens_per_s": "The replica's decode speed (generated tokens per decode second).",
+    "requests": "Requests the replica has finished.",
+    "prompt_cache_bytes": "Bytes held by the replica's prompt cache.",
+}
+
+
+def replica_lines(reports: list[dict[str, Any]]) -> list[str]:
+    """Per-replica gauges (a cluster's replicas, as they last reported), labelled by replica id."""
+    if not reports:
+        return []
+    lines: list[str] = []
+    for key, help_ in REPLICA_GAUGES.items():
+        name = f"runlm_replica_{key}"
+        lines += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
+        lines += [f'{name}{{replica="{r["replica"]}"}} {float(r.get(key, 0) or 0)}' for r in reports]
+    return lines

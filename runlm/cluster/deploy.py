@@ -1,0 +1,183 @@
+"""runlm on Ray Serve: N model replicas behind one front that serves the single server's routes.
+
+Two deployments make one Serve application:
+- `RunlmReplica` (N of them, or autoscaled): a `ModelReplica` each, with its own threads; its calls are
+  routed by `RunlmRouter` (prefix affinity by default).
+- `RunlmFront` (one): `create_app` over a `RemoteScheduler`, as Serve's HTTP ingress, so the OpenAI
+  routes, the other APIs, the chat page, /metrics and the key checks are the single server's own. It
+  loads the model too: the tokenizer and chat template plan requests here, and embeddings run here.
+
+Ray runs the processes, restarts a replica that dies, drains replicas on shutdown and autoscales;
+`runlm serve --replicas N` starts a local Ray (or joins one with `--ray-address`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from runlm.cluster.replica import ModelReplica, ReplicaOptions
+from runlm.errors import RunlmError
+
+log = logging.getLogger("runlm.cluster")
+
+APP_NAME = "runlm"
+
+
+class ClusterUnavailableError(RunlmError):
+    """Ray Serve is not installed, or the Ray cluster cannot be reached."""
+
+
+@dataclass
+class ClusterOptions:
+    """How many replicas, how they are routed and scaled, and where Ray and HTTP are."""
+
+    replicas: int = 2
+    threads_per_replica: int = 1
+    ray_address: str | None = None  # None: start a local Ray; "auto" or "ray://host:port": join one
+    policy: str = "prefix-affinity"  # runlm.cluster.routing: prefix-affinity | power-of-two | round-robin
+    min_replicas: int | None = None  # with max_replicas: autoscale between them
+    max_replicas: int | None = None
+    target_ongoing_requests: float = 4.0
+    host: str = "127.0.0.1"
+    port: int = 8000
+    stats_period_s: float = 1.0  # how often replicas report to the router (routing stats)
+    graceful_shutdown_s: float = 20.0  # how long a stopping replica may finish what it runs
+
+
+def _serve():
+    try:
+        from ray import serve
+    except ImportError as exc:
+        raise ClusterUnavailableError(
+            "replicas need Ray Serve: pip install 'runlm[cluster]' (or pip install 'ray[serve]')") from exc
+    return serve
+
+
+class RunlmReplica(ModelReplica):
+    """The replica as a Serve deployment: named by Serve, reporting its stats to the router."""
+
+    def __init__(self, options: ReplicaOptions):
+        replica_id = _serve().get_replica_context().replica_id.unique_id
+        super().__init__(options, replica_id=replica_id)
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        return self.stats()
+
+    def __del__(self) -> None:  # Serve calls it when the replica stops, after draining
+        self.close()
+
+
+class RunlmFront:
+    """The HTTP ingress: the single server's app over the replicas."""
+
+    def __init__(self, replicas: Any, options: ReplicaOptions, server_options: dict[str, Any]):
+        import torch
+
+        from runlm.cluster.ray_router import replica_reports
+        from runlm.cluster.remote import RemoteScheduler
+        from runlm.engine import Engine
+        from runlm.loading import load
+        from runlm.server.app import create_app
+
+        torch.set_num_threads(1)  # the front plans and tokenizes; the replicas own the cores
+        loaded = load(options.model, dtype=options.dtype, max_context=options.ctx, mmproj=options.mmproj,
+                      swa_full=options.swa_full)
+        engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length, prompt_cache_mb=0)
+        scheduler = RemoteScheduler(engine, replicas, max_batch=options.max_batch, max_queue=options.max_queue,
+                                    stats=replica_reports)
+        self._app = create_app(loaded, scheduler=scheduler, prompt_cache_mb=options.prompt_cache_mb,
+                               max_queue=options.max_queue, max_batch=options.max_batch, **server_options)
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return self._app
+
+
+def build_app(options: ReplicaOptions, cluster: ClusterOptions, server_options: dict[str, Any] | None = None):
+    """The Serve application (front + replicas), ready for `serve.run`."""
+    serve = _serve()
+    from ray.serve.config import RequestRouterConfig
+
+    from runlm.cluster.ray_router import RunlmRouter
+
+    options.threads = cluster.threads_per_replica
+    scaling: dict[str, Any]
+    if cluster.min_replicas is not None or cluster.max_replicas is not None:
+        low = cluster.min_replicas if cluster.min_replicas is not None else 1
+        high = cluster.max_replicas if cluster.max_replicas is not None else max(low, cluster.replicas)
+        if not 0 <= low <= high or high < 1:
+            raise RunlmError(f"autoscaling needs 0 <= min_replicas <= max_replicas (>= 1), got {low}..{high}")
+        scaling = {"autoscaling_config": {"min_replicas": low, "max_replicas": high,
+                                          "initial_replicas": min(max(cluster.replicas, low), high),
+                                          "target_ongoing_requests": cluster.target_ongoing_requests}}
+    else:
+        if cluster.replicas < 1:
+            raise RunlmError(f"--replicas must be at least 1, got {cluster.replicas}")
+        scaling = {"num_replicas": cluster.replicas}
+    replica = serve.deployment(
+        RunlmReplica,
+        name="RunlmReplica",
+        ray_actor_options={"num_cpus": cluster.threads_per_replica},
+        max_ongoing_requests=options.max_batch + options.max_queue,
+        graceful_shutdown_timeout_s=cluster.graceful_shutdown_s,
+        request_router_config=RequestRouterConfig(
+            request_router_class=RunlmRouter, request_router_kwargs={"policy": cluster.policy},
+            request_routing_stats_period_s=cluster.stats_period_s),
+        **scaling,
+    )
+    front = serve.deployment(serve.ingress()(RunlmFront), name="RunlmFront", num_replicas=1,
+                             ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+    return front.bind(replica.bind(options), options, dict(server_options or {}))
+
+
+def start(options: ReplicaOptions, cluster: ClusterOptions, server_options: dict[str, Any] | None = None,
+          *, log_to_driver: bool = True) -> str:
+    """Start (or join) Ray, deploy the application and return its base URL once it answers."""
+    serve = _serve()
+    import ray
+
+    if not ray.is_initialized():
+        try:
+            ray.init(address=cluster.ray_address, include_dashboard=False, log_to_driver=log_to_driver,
+                     ignore_reinit_error=True)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise ClusterUnavailableError(f"cannot start or join Ray at {cluster.ray_address!r}: {exc}") from exc
+    serve.start(http_options={"host": cluster.host, "port": cluster.port})
+    app = build_app(options, cluster, server_options)
+    t0 = time.monotonic()
+    serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+    log.info("runlm: %s replicas of %s ready in %.1f s (%s routing)", cluster.replicas, options.model,
+             time.monotonic() - t0, cluster.policy)
+    return f"http://{cluster.host}:{cluster.port}"
+
+
+def stop() -> None:
+    """Drain and delete the application, then leave Ray (a Ray this process started stops with it)."""
+    serve = _serve()
+    import ray
+
+    try:
+        serve.delete(APP_NAME)
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+
+
+def serve_replicas(options: ReplicaOptions, cluster: ClusterOptions, server_options: dict[str, Any]) -> None:
+    """`runlm serve --replicas N`: run until interrupted."""
+    url = start(options, cluster, server_options)
+    print(f"runlm: serving {options.model} on {url} with {cluster.replicas} replicas "
+          f"({cluster.threads_per_replica} threads each, {cluster.policy} routing); Ctrl-C stops", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop()
+
+
+__all__ = ["ClusterOptions", "ClusterUnavailableError", "ReplicaOptions", "build_app", "serve_replicas", "start",
+           "stop"]
