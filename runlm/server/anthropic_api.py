@@ -8,7 +8,6 @@ through the same scheduler, and streams through the one SSE generator as typed e
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
-from starlette.concurrency import run_in_threadpool
 
 from runlm.server.anthropic_shapes import (
     CountTokensRequest,
@@ -22,22 +21,25 @@ from runlm.server.errors import anthropic_error_body
 from runlm.server.openai_api import collect, streaming, submit
 from runlm.server.sse import event_stream
 from runlm.server.state import ServerState, get_state
+from runlm.server.workers import json_body
 
 router = APIRouter()
 
 
 @router.post("/v1/messages")
-async def messages(body: MessagesRequest, request: Request, state: ServerState = Depends(get_state)):
+async def messages(request: Request, body: MessagesRequest = Depends(json_body(MessagesRequest)),
+                   state: ServerState = Depends(get_state)):
     plan, handle, _ = await submit(state, plan_messages, body, "msg", request)
     mid = message_id()
     if body.stream:
         events = MessageEvents(plan, body, handle.gen, mid)
         return streaming(event_stream(handle, events, typed=True, failure=lambda err: [anthropic_error_body(err)]))
-    return message_response(plan, body, await collect(handle, request), handle.gen, mid)
+    return await state.workers.reply(message_response, plan, body, await collect(handle, request), handle.gen, mid)
 
 
 @router.post("/v1/messages/count_tokens")
-async def count_tokens(body: CountTokensRequest, state: ServerState = Depends(get_state)):
+async def count_tokens(body: CountTokensRequest = Depends(json_body(CountTokensRequest)),
+                       state: ServerState = Depends(get_state)):
     state.check_model(body.model)
-    plan = await run_in_threadpool(plan_messages, state, body)
+    plan = await state.workers.run(plan_messages, state, body)
     return {"input_tokens": len(plan.request.prompt_ids)}

@@ -27,6 +27,7 @@ from runlm.server.responses_shapes import DEFAULT_STORED_RESPONSES, ResponseStor
 from runlm.server.state import ServerState, served_names
 from runlm.server.timeouts import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, uvicorn_options
 from runlm.server.web import WebPage
+from runlm.server.workers import tune_for_latency
 
 log = logging.getLogger("runlm.server")
 
@@ -91,8 +92,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        tune_for_latency()
         yield
         scheduler.close()
+        state.workers.close()
 
     docs = {} if api_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="runlm", version="0.1.0", lifespan=lifespan,

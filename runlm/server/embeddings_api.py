@@ -13,12 +13,12 @@ from functools import partial
 
 import torch
 from fastapi import APIRouter, Depends
-from starlette.concurrency import run_in_threadpool
 
 from runlm.engine.embeddings import check_embedding_input, embed, embedding_ids
 from runlm.server.errors import APIError
 from runlm.server.schemas import EmbeddingRequest
 from runlm.server.state import ServerState, get_state
+from runlm.server.workers import json_body
 
 router = APIRouter()
 
@@ -62,11 +62,16 @@ def base64_floats(vector: torch.Tensor) -> str:
 
 
 @router.post("/v1/embeddings")
-async def embeddings(body: EmbeddingRequest, state: ServerState = Depends(get_state)):
+async def embeddings(body: EmbeddingRequest = Depends(json_body(EmbeddingRequest)),
+                     state: ServerState = Depends(get_state)):
     state.check_model(body.model)
     check_dimensions(state, body.dimensions)
-    batch = await run_in_threadpool(input_ids, state, body.input)
+    batch = await state.workers.run(input_ids, state, body.input)
     vectors = await embed_all(state, batch, body.dimensions)
+    return await state.workers.reply(embeddings_reply, body, batch, vectors)
+
+
+def embeddings_reply(body: EmbeddingRequest, batch: list[list[int]], vectors: list[torch.Tensor]) -> dict:
     encode = base64_floats if body.encoding_format == "base64" else (lambda v: v.tolist())
     tokens = sum(len(ids) for ids in batch)
     return {"object": "list", "model": body.model,

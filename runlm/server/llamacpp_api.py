@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, PlainTextResponse
-from starlette.concurrency import run_in_threadpool
 
 from runlm.server.errors import APIError
 from runlm.server.metrics import replica_lines
@@ -12,6 +11,7 @@ from runlm.server.openai_shapes import token_text
 from runlm.server.schemas import DetokenizeRequest, TokenizeRequest
 from runlm.server.state import ServerState, get_state
 from runlm.server.tools import template_source
+from runlm.server.workers import PartedJSONResponse, json_body
 
 router = APIRouter()
 
@@ -52,8 +52,8 @@ def tokenized(state: ServerState, body: TokenizeRequest) -> JSONResponse:
     tok = state.tokenizer
     ids = tok.encode(body.content, add_bos=bool(body.add_special))
     if body.with_pieces:
-        return JSONResponse({"tokens": [{"id": i, "piece": token_text(tok, i)} for i in ids]})
-    return JSONResponse({"tokens": ids})
+        return PartedJSONResponse({"tokens": [{"id": i, "piece": token_text(tok, i)} for i in ids]})
+    return PartedJSONResponse({"tokens": ids})
 
 
 def detokenized(state: ServerState, body: DetokenizeRequest) -> JSONResponse:
@@ -62,15 +62,17 @@ def detokenized(state: ServerState, body: DetokenizeRequest) -> JSONResponse:
     if bad is not None:
         raise APIError(400, f"tokens: token id {bad} is outside the vocabulary [0, {vocab})", param="tokens",
                        code="invalid_value")
-    return JSONResponse({"content": state.tokenizer.decode(body.tokens)})
+    return PartedJSONResponse({"content": state.tokenizer.decode(body.tokens)})
 
 
 # Tokenizing a megabyte costs seconds of CPU: off the event loop, so /health and streams keep answering.
 @router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, state: ServerState = Depends(get_state)):
-    return await run_in_threadpool(tokenized, state, body)
+async def tokenize(body: TokenizeRequest = Depends(json_body(TokenizeRequest)),
+                   state: ServerState = Depends(get_state)):
+    return await state.workers.run(tokenized, state, body)
 
 
 @router.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, state: ServerState = Depends(get_state)):
-    return await run_in_threadpool(detokenized, state, body)
+async def detokenize(body: DetokenizeRequest = Depends(json_body(DetokenizeRequest)),
+                     state: ServerState = Depends(get_state)):
+    return await state.workers.run(detokenized, state, body)

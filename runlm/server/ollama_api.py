@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
-from starlette.concurrency import run_in_threadpool
 
 from runlm.server.embeddings_api import check_dimensions, embed_all, input_ids
 from runlm.server.errors import ollama_error_body
@@ -35,6 +34,7 @@ from runlm.server.ollama_shapes import (
 from runlm.server.openai_api import collect, submit
 from runlm.server.sse import EventShaper, RecordSource, event_stream
 from runlm.server.state import ServerState, get_state
+from runlm.server.workers import json_body
 
 router = APIRouter()
 
@@ -45,35 +45,37 @@ def json_lines(handle: RecordSource, shaper: EventShaper) -> StreamingResponse:
 
 
 @router.post("/api/chat")
-async def chat(body: ChatBody, request: Request, state: ServerState = Depends(get_state)):
+async def chat(request: Request, body: ChatBody = Depends(json_body(ChatBody)),
+               state: ServerState = Depends(get_state)):
     if not body.messages:
         state.check_model(body.model)
         return loaded_reply(body, chat=True)
     plan, handle, _ = await submit(state, plan_ollama_chat, body, "chat", request)
     if body.stream:
         return json_lines(handle, ChatLines(plan, body, handle.gen))
-    return chat_reply(plan, body, await collect(handle, request), handle.gen)
+    return await state.workers.reply(chat_reply, plan, body, await collect(handle, request), handle.gen)
 
 
 @router.post("/api/generate")
-async def generate(body: GenerateBody, request: Request, state: ServerState = Depends(get_state)):
+async def generate(request: Request, body: GenerateBody = Depends(json_body(GenerateBody)),
+                   state: ServerState = Depends(get_state)):
     if not body.prompt and not body.images:
         state.check_model(body.model)
         return loaded_reply(body, chat=False)
     _, handle, _ = await submit(state, plan_ollama_generate, body, "generate", request)
     if body.stream:
         return json_lines(handle, GenerateLines(body, handle.gen))
-    return generate_reply(body, await collect(handle, request), handle.gen)
+    return await state.workers.reply(generate_reply, body, await collect(handle, request), handle.gen)
 
 
 @router.post("/api/embed")
-async def embed(body: EmbedBody, state: ServerState = Depends(get_state)):
+async def embed(body: EmbedBody = Depends(json_body(EmbedBody)), state: ServerState = Depends(get_state)):
     state.check_model(body.model)
     check_dimensions(state, body.dimensions)
-    batch = await run_in_threadpool(input_ids, state, body.input, body.truncate)
+    batch = await state.workers.run(input_ids, state, body.input, body.truncate)
     vectors = await embed_all(state, batch, body.dimensions)
-    return {"model": body.model, "embeddings": [v.tolist() for v in vectors],
-            "prompt_eval_count": sum(len(ids) for ids in batch)}
+    return await state.workers.reply(lambda: {"model": body.model, "embeddings": [v.tolist() for v in vectors],
+                                              "prompt_eval_count": sum(len(ids) for ids in batch)})
 
 
 @router.get("/api/tags")
@@ -87,7 +89,7 @@ async def running(state: ServerState = Depends(get_state)):
 
 
 @router.post("/api/show")
-async def show(body: ShowBody, state: ServerState = Depends(get_state)):
+async def show(body: ShowBody = Depends(json_body(ShowBody)), state: ServerState = Depends(get_state)):
     state.check_model(body.model_name)
     return show_reply(state)
 

@@ -15,7 +15,6 @@ from typing import Any, Protocol, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
-from starlette.concurrency import run_in_threadpool
 
 from runlm.engine import RequestGroup, RequestHandle
 from runlm.server.middleware import tenant_of
@@ -31,6 +30,7 @@ from runlm.server.openai_shapes import (
 from runlm.server.schemas import ChatCompletionRequest, CompletionRequest
 from runlm.server.sse import event_stream
 from runlm.server.state import ServerState, get_state
+from runlm.server.workers import json_body
 
 router = APIRouter()
 DISCONNECT_POLL_S = 0.25
@@ -49,7 +49,7 @@ async def plan_request(state: ServerState, planner: Callable, body: Any, request
     """Check the model and plan the request off the event loop (templates and tokenizing cost CPU); the
     generation reuses only the prompt cache of the tenant the key check found (never one the body names)."""
     state.check_model(body.model)
-    plan = await run_in_threadpool(planner, state, body)
+    plan = await state.workers.run(planner, state, body)
     plan.request.cache_scope = tenant_of(request.scope)
     return plan
 
@@ -104,21 +104,24 @@ def streaming(events) -> StreamingResponse:
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, request: Request, state: ServerState = Depends(get_state)):
+async def chat_completions(request: Request, body: ChatCompletionRequest = Depends(json_body(ChatCompletionRequest)),
+                           state: ServerState = Depends(get_state)):
     plan, group, rid = await submit_choices(state, plan_chat, body, "chatcmpl", body.n or 1, request)
     created = int(time.time())
     if body.stream:
         return streaming(event_stream(group, ChatChunks(state, plan, body, rid, created)))
-    return chat_response(state, plan, body, await collect(group, request), rid, created)
+    return await state.workers.reply(chat_response, state, plan, body, await collect(group, request), rid, created)
 
 
 @router.post("/v1/completions")
-async def completions(body: CompletionRequest, request: Request, state: ServerState = Depends(get_state)):
+async def completions(request: Request, body: CompletionRequest = Depends(json_body(CompletionRequest)),
+                      state: ServerState = Depends(get_state)):
     plan, group, rid = await submit_choices(state, plan_completion, body, "cmpl", choices_asked(body)[1], request)
     created = int(time.time())
     if body.stream:
         return streaming(event_stream(group, CompletionChunks(state, plan, body, rid, created)))
-    return completion_response(state, plan, body, await collect(group, request), rid, created)
+    return await state.workers.reply(completion_response, state, plan, body, await collect(group, request), rid,
+                                     created)
 
 
 def model_card(state: ServerState) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from runlm.server.responses_shapes import (
 )
 from runlm.server.sse import event_stream
 from runlm.server.state import ServerState, get_state
+from runlm.server.workers import json_body
 
 router = APIRouter()
 
@@ -37,14 +38,15 @@ def get_store(request: Request) -> TenantResponses:
 
 
 @router.post("/v1/responses")
-async def create_response(body: ResponsesRequest, request: Request, state: ServerState = Depends(get_state),
-                          store: TenantResponses = Depends(get_store)):
+async def create_response(request: Request, body: ResponsesRequest = Depends(json_body(ResponsesRequest)),
+                          state: ServerState = Depends(get_state), store: TenantResponses = Depends(get_store)):
     plan, handle, _ = await submit(state, partial(plan_response, store=store), body, "resp", request)
     if body.stream:
         events = ResponseEvents(plan, store)
         return streaming(event_stream(handle, events, typed=True, failure=events.failure))
     result = await collect(handle, request)
-    return finish_response(plan, output_items(plan, result.text), result.finish_reason, result.usage, store)
+    response = finish_response(plan, output_items(plan, result.text), result.finish_reason, result.usage, store)
+    return await state.workers.reply(lambda: response)
 
 
 @router.get("/v1/responses/{response_id}")

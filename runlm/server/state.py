@@ -15,6 +15,7 @@ from runlm.engine.embeddings import Pooling, declared_pooling
 from runlm.server.errors import APIError
 from runlm.server.images import RemoteImages, public_address
 from runlm.server.metrics import Metrics
+from runlm.server.workers import Workers
 from runlm.text import Tokenizer
 from runlm.text.literal import LiteralSpecials
 
@@ -34,6 +35,7 @@ class ServerState:
     pooling: Pooling | None = None  # embeddings: None pools as the model's files declare
     special_tokens_in_content: bool = False  # True: special-token strings in message text become control tokens
     created: int = field(default_factory=lambda: int(time.time()))
+    workers: Workers = field(default_factory=Workers)  # planning, large bodies, JSON replies
 
     @property
     def tokenizer(self) -> Tokenizer:
