@@ -378,7 +378,7 @@ def format_table(results: Sequence[RunResult]) -> str:
 
 
 def write_plot(results: Sequence[RunResult], path: str | Path) -> None:
-    """Grouped bars per replica count: prefix hit rate, TTFT p99 and busy-time imbalance for each policy."""
+    """Grouped bars per replica count: prefix hit rate, TTFT p50 and p99, busy-time imbalance, per policy."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -387,23 +387,23 @@ def write_plot(results: Sequence[RunResult], path: str | Path) -> None:
     counts = sorted({result.replicas for result in results})
     policies = list(dict.fromkeys(result.policy for result in results))
     by_key = {(result.replicas, result.policy): result for result in results}
-    panels = [("prefix hit rate (%)", lambda r: 100 * r.hit_rate, False),
-              ("TTFT p99 (s, log)", lambda r: r.ttft_p99_s, True),
-              ("busy time, max / mean replica", lambda r: r.busy_imbalance, False)]
-    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
+    panels = [("prefix hit rate (%)", lambda r: 100 * r.hit_rate),
+              ("TTFT p50 (s)", lambda r: r.ttft_p50_s),
+              ("TTFT p99 (s)", lambda r: r.ttft_p99_s),
+              ("busy time, busiest / mean replica", lambda r: r.busy_imbalance)]
+    figure, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6))
     width = 0.8 / len(policies)
-    for axis, (title, value, log) in zip(axes, panels):
+    for axis, (title, value) in zip(axes, panels):
         for offset, policy in enumerate(policies):
             xs = [index + (offset - (len(policies) - 1) / 2) * width for index in range(len(counts))]
             ys = [value(by_key[count, policy]) if (count, policy) in by_key else math.nan for count in counts]
             axis.bar(xs, ys, width, label=policy)
         axis.set_xticks(range(len(counts)), [str(count) for count in counts])
         axis.set_xlabel("replicas")
-        axis.set_title(title)
-        if log:
-            axis.set_yscale("log")
-    axes[0].legend(fontsize="small")
-    figure.tight_layout()
+        axis.set_title(title, fontsize="medium")
+    axes[0].set_ylim(0, 100)
+    figure.legend(*axes[0].get_legend_handles_labels(), loc="upper center", ncol=len(policies), frameon=False)
+    figure.tight_layout(rect=(0, 0, 1, 0.9))
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
