@@ -28,6 +28,7 @@ from runlm.text.tokenizer import token_text
 MAX_RENDER_CHARS = 16 * 1024 * 1024  # a rendered prompt past this cannot fit any context anyway
 MAX_RENDER_S = 5.0  # a normal render takes milliseconds; nested loops over a long message list take forever
 MAX_POWER_EXPONENT = 1024  # `10 ** 10 ** 10` would run in C, where no deadline can stop it
+LOOP_FILTER = "__runlm_counted_loop"  # the filter _StrictSandbox wraps every loop's items in
 
 
 class _RenderBudget(threading.local):
@@ -48,9 +49,18 @@ class _StrictSandbox(ImmutableSandboxedEnvironment):
     """The immutable sandbox, but reaching for an unsafe attribute (`__class__`, `__globals__`...)
     fails at once instead of quietly rendering as an empty string; and bounded: every attribute, item and
     call checks the render's deadline (a loop that does anything does one of these), and `*` / `**` refuse
-    results past the output bound."""
+    results past the output bound; every loop checks the deadline on each iteration too (see `_parse`)."""
 
     intercepted_binops = frozenset({"*", "**"})
+
+    def _parse(self, source: str, name: str | None, filename: str | None) -> jinja2.nodes.Template:
+        """The parsed template, with every `for` loop's items passed through `_counted_loop`, so a loop whose
+        body touches nothing (`{% set r = range(100000) %}{% for a in r %}{% for b in r %}{% endfor %}...`)
+        still meets the deadline on every iteration."""
+        tree = super()._parse(source, name, filename)
+        for loop in tree.find_all(jinja2.nodes.For):
+            loop.iter = jinja2.nodes.Filter(loop.iter, LOOP_FILTER, [], [], None, None).set_lineno(loop.lineno)
+        return tree
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
         raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
@@ -78,6 +88,13 @@ class _StrictSandbox(ImmutableSandboxedEnvironment):
         if sizes and counts and sizes[0] * counts[0] > MAX_RENDER_CHARS:
             raise SecurityError("the chat template repeats a value past the output bound")
         return left * right
+
+
+def _counted_loop(items: Any) -> Any:
+    """A loop's items, each after a check of the render's deadline."""
+    for item in items:
+        _budget.check()
+        yield item
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -127,6 +144,7 @@ def _strftime_now(fmt: str) -> str:
 def _environment() -> _StrictSandbox:
     env = _StrictSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationTag])
     env.filters["tojson"] = _tojson
+    env.filters[LOOP_FILTER] = _counted_loop
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.globals["namespace"] = _Namespace
@@ -204,6 +222,8 @@ class ChatTemplate:
             raise
         except TemplateError as exc:
             raise TokenizerError(f"chat template failed: {exc}") from exc
+        except RecursionError:  # a macro or a recursive loop that calls itself without end
+            raise TokenizerError("chat template failed: it recursed too deeply") from None
         except Exception as exc:  # a template can raise anything (TypeError on bad concatenation, ...)
             raise TokenizerError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
         finally:

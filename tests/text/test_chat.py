@@ -8,7 +8,7 @@ import pytest
 
 from runlm.errors import TokenizerError
 from runlm.formats.gguf import GGUFFile
-from runlm.text import BUILTIN_TEMPLATES, ChatTemplate
+from runlm.text import BUILTIN_TEMPLATES, ChatTemplate, chat
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hi"}],
@@ -175,3 +175,25 @@ def test_render_does_not_mutate_messages():
 def test_templates_are_bounded_in_output(source, message):
     with pytest.raises(TokenizerError, match=message):
         ChatTemplate(source).render([{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("source", [
+    "{% set r = range(100000) %}{% for a in r %}{% for b in r %}{% endfor %}{% endfor %}",
+    "{% set r = range(100000) %}{% for a in r %}{% for b in r if b < 0 %}{% endfor %}{% endfor %}",
+    "{% for m in messages %}{% set r = range(100000) %}{% for a in r %}{% for b in r %}{% if b < 0 %}"
+    "{% endif %}{% endfor %}{% endfor %}{% endfor %}",
+])
+def test_loops_that_touch_nothing_meet_the_deadline(source, monkeypatch):
+    monkeypatch.setattr(chat, "MAX_RENDER_S", 0.2)  # the 5 s bound, shortened so the test is quick
+    with pytest.raises(TokenizerError, match="ran longer than"):
+        ChatTemplate(source).render([{"role": "user", "content": "hi"}])
+
+
+def test_counted_loops_keep_loop_semantics_and_recursion_is_plain():
+    source = ("{% for m in messages %}{{ loop.index }}/{{ loop.length }}{% if loop.last %}L{% endif %}{% endfor %}"
+              "{% for k, v in {'a': 1}.items() %}{{ k }}{{ v }}{% endfor %}"
+              "{% for x in nothing %}y{% else %}E{% endfor %}")
+    assert ChatTemplate(source).render([{"role": "user"}] * 3) == "1/32/33/3La1E"
+    with pytest.raises(TokenizerError, match="recursed too deeply") as caught:
+        ChatTemplate("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}").render([])
+    assert "RecursionError" not in str(caught.value)
