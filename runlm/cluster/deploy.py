@@ -76,8 +76,7 @@ class RunlmFront:
     def __init__(self, replicas: Any, options: ReplicaOptions, server_options: dict[str, Any]):
         import torch
 
-        from runlm.cluster.ray_router import replica_reports
-        from runlm.cluster.remote import RemoteScheduler
+        from runlm.cluster.remote import RemoteScheduler, replica_reports
         from runlm.engine import Engine
         from runlm.loading import load
         from runlm.server.app import create_app
@@ -100,8 +99,6 @@ def build_app(options: ReplicaOptions, cluster: ClusterOptions, server_options: 
     serve = _serve()
     from ray.serve.config import RequestRouterConfig
 
-    from runlm.cluster.ray_router import RunlmRouter
-
     options.threads = cluster.threads_per_replica
     scaling: dict[str, Any]
     if cluster.min_replicas is not None or cluster.max_replicas is not None:
@@ -123,7 +120,8 @@ def build_app(options: ReplicaOptions, cluster: ClusterOptions, server_options: 
         max_ongoing_requests=options.max_batch + options.max_queue,
         graceful_shutdown_timeout_s=cluster.graceful_shutdown_s,
         request_router_config=RequestRouterConfig(
-            request_router_class=RunlmRouter, request_router_kwargs={"policy": cluster.policy},
+            request_router_class="runlm.cluster.ray_router:RunlmRouter",
+            request_router_kwargs={"policy": cluster.policy},
             request_routing_stats_period_s=cluster.stats_period_s),
         **scaling,
     )

@@ -7,19 +7,17 @@ others after it (Ray takes the next rank when the first is at its `max_ongoing_r
 learns where each request really went in `on_request_routed`, and forgets a replica that dies. Load
 is the number of requests Ray last saw ongoing at each replica. Each replica's own report (its
 `record_routing_stats`: queue, running, prompt-cache hit rate, tokens/s) reaches the front's
-/metrics through `replica_reports`.
+/metrics through `remote.replica_reports`.
 """
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
+from runlm.cluster.remote import track_router
 from runlm.cluster.routing import make_policy
-
-_ROUTERS: weakref.WeakSet[RunlmRouter] = weakref.WeakSet()  # this process's routers, for replica_reports
 
 
 class RunlmRouter(RequestRouter):
@@ -27,7 +25,7 @@ class RunlmRouter(RequestRouter):
 
     def initialize_state(self, policy: str = "prefix-affinity", **policy_options: Any) -> None:
         self.policy = make_policy(policy, **policy_options)
-        _ROUTERS.add(self)
+        track_router(self)
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
@@ -53,13 +51,3 @@ def request_prefix(pending_request: PendingRequest | None) -> list[int]:
     if pending_request is None:
         return []
     return list(pending_request.kwargs.get("prefix") or [])
-
-
-def replica_reports() -> list[dict[str, Any]]:
-    """The replicas' latest reports, as this process's routers hold them (one entry per replica)."""
-    reports: dict[str, dict[str, Any]] = {}
-    for router in list(_ROUTERS):
-        for replica_id, replica in router.curr_replicas.items():
-            stats = dict(replica.routing_stats or {})
-            reports[replica_id.unique_id] = {**stats, "replica": replica_id.unique_id}
-    return [reports[k] for k in sorted(reports)]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -31,6 +32,9 @@ from runlm.engine.scheduler import (
 )
 
 T = TypeVar("T")
+# This process's Ray request routers (ray_router.RunlmRouter): they hold the replicas' latest reports. Kept
+# here, not in ray_router, whose globals Ray may replace when it ships the router class to a process.
+_ROUTERS: weakref.WeakSet = weakref.WeakSet()
 SEND_ATTEMPTS = 3  # a request is sent at most this often while replicas die before it starts
 
 
@@ -168,3 +172,17 @@ def mirror(handle: RequestHandle, ended: Ended) -> None:
     gen = handle.gen
     gen.finish_reason, gen.usage = ended.finish_reason, ended.usage
     gen.stops.matched = ended.matched_stop
+
+
+def track_router(router: Any) -> None:
+    """Called by each RunlmRouter as it starts, so replica_reports can read what replicas reported to it."""
+    _ROUTERS.add(router)
+
+
+def replica_reports() -> list[dict[str, Any]]:
+    """The replicas' latest reports, as this process's routers hold them (one entry per replica)."""
+    reports: dict[str, dict[str, Any]] = {}
+    for router in list(_ROUTERS):
+        for replica_id, replica in router.curr_replicas.items():
+            reports[replica_id.unique_id] = {**(replica.routing_stats or {}), "replica": replica_id.unique_id}
+    return [reports[k] for k in sorted(reports)]
