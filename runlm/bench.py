@@ -54,6 +54,10 @@ def run_bench(args) -> int:
         args.model = str(ensure_shape(args.shape, args.quant, threads=args.threads))
     if args.kernels:
         return run_kernel_bench(args)
+    if getattr(args, "replicas", None):  # through the HTTP front of N replicas on Ray Serve
+        from runlm.cluster.bench import run_replica_bench  # optional: the [cluster] extra
+
+        return run_replica_bench(args)
     if args.streams or args.prompt_cache:
         return run_engine_bench(args)
 

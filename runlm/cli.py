@@ -1,4 +1,4 @@
-"""The `runlm` command: generate, chat, info, pull, serve, bench."""
+"""The `runlm` command: generate, chat, info, pull, serve, bench, simulate."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import torch
 
 from runlm import catalog
 from runlm.bench import run_bench
+from runlm.cluster.simulate import add_arguments as add_simulation_arguments
+from runlm.cluster.simulate import run_from_args as run_simulation_from_args
 from runlm.engine import Engine, GenerationRequest, ImageInput
 from runlm.errors import RunlmError
 from runlm.loading import load
@@ -137,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--ppl-tokens", type=int, default=1024)
     bench.add_argument("--json", default=None, help="also write the results to this JSON file")
     bench.add_argument("--streams", default=None, help="e.g. 1,4,8: aggregate decode tok/s with continuous batching")
+    bench.add_argument("--replicas", default=None,
+                       help="e.g. 1,2: aggregate tok/s and TTFT through `serve --replicas N` (Ray Serve), the threads "
+                            "split between the replicas; --streams N sets the concurrent clients (default 8)")
     bench.add_argument(
         "--prompt-cache", action="store_true", help="time to first token with and without a cached prefix"
     )
@@ -148,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quant", default="Q4_K_M",
                        help="--shape's type: F16, F32, or a llama.cpp type (Q4_K_M, Q8_0, Q4_0...) made by llama.cpp's "
                             "quantizer")
+    simulate = sub.add_parser("simulate", help="replay a multi-turn trace against simulated replicas: how "
+                                              "routing policies compare at scale")
+    add_simulation_arguments(simulate)
     return parser
 
 
@@ -368,6 +376,7 @@ COMMANDS = {
     "list": cmd_list,
     "serve": cmd_serve,
     "bench": cmd_bench,
+    "simulate": run_simulation_from_args,
 }
 
 

@@ -136,6 +136,7 @@ def start(options: ReplicaOptions, cluster: ClusterOptions, server_options: dict
     serve = _serve()
     import ray
 
+    app = build_app(options, cluster, server_options)  # bad options fail here, before Ray starts
     if not ray.is_initialized():
         try:
             ray.init(address=cluster.ray_address, include_dashboard=False, log_to_driver=log_to_driver,
@@ -143,7 +144,6 @@ def start(options: ReplicaOptions, cluster: ClusterOptions, server_options: dict
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise ClusterUnavailableError(f"cannot start or join Ray at {cluster.ray_address!r}: {exc}") from exc
     serve.start(http_options={"host": cluster.host, "port": cluster.port})
-    app = build_app(options, cluster, server_options)
     t0 = time.monotonic()
     serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
     log.info("runlm: %s replicas of %s ready in %.1f s (%s routing)", cluster.replicas, options.model,
