@@ -109,13 +109,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
 
 
 class FullKVCache:
-    """Every position's keys and values, in a buffer that doubles when full (position p in row p)."""
+    """Every position's keys and values (position p in row p), in a buffer of `capacity` positions.
+
+    A session that knows how many positions it will hold (prompt + max_tokens) is made with that capacity and
+    never grows; otherwise the buffer doubles when full, into a new buffer that only the live positions are
+    copied to (so a growth holds the old buffer and the new one, nothing else). Rows past the length are never
+    read, so a buffer is left uninitialized (large ones are then committed page by page as positions arrive).
+    """
 
     ring = False
 
     def __init__(self, n_kv: int, head_dim: int, dtype: torch.dtype, device: torch.device, capacity: int = 256):
-        self.k = torch.zeros(1, n_kv, capacity, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
+        self.k = torch.empty(1, n_kv, max(1, capacity), head_dim, dtype=dtype, device=device)
+        self.v = torch.empty_like(self.k)
         self.length = 0
 
     def reset(self) -> None:
@@ -133,11 +139,13 @@ class FullKVCache:
         capacity = self.k.shape[2]
         if needed <= capacity:
             return
-        new_capacity = max(needed, 2 * capacity)
-        grow = new_capacity - capacity
-        pad = self.k.new_zeros(self.k.shape[0], self.k.shape[1], grow, self.k.shape[3])
-        self.k = torch.cat([self.k, pad], dim=2)
-        self.v = torch.cat([self.v, pad], dim=2)
+        shape = (*self.k.shape[:2], max(needed, 2 * capacity), self.k.shape[3])
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            grown = old.new_empty(shape)
+            grown[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, grown)
+            del old, grown  # the old buffer goes before the next one grows
 
     def update(self, k: torch.Tensor, v: torch.Tensor, start: int):
         """Store k/v [1, H, T, D] at positions start..start+T-1; return all keys, values, key positions."""

@@ -115,9 +115,15 @@ class LmRunner(ABC):
         """The most tokens a session may hold."""
         return DEFAULT_MAX_CONTEXT
 
-    def new_session(self) -> Session:
-        """An empty session; the runner-private state is made on first use."""
+    def new_session(self, positions: int | None = None) -> Session:
+        """An empty session; the runner-private state is made on first use. `positions`, when given, is the most
+        the session will hold (prompt + max_tokens): a runner may size its state for it once."""
         return Session()
+
+    def kv_bytes(self, positions: int) -> int | None:
+        """Bytes of state a session of `positions` positions holds at most (its KV caches), or None when this
+        runner does not know (then no server-wide KV budget applies to it)."""
+        return None
 
     def reset_session(self, session: Session) -> None:
         """Forget what `session` holds: its next extend starts at position 0."""

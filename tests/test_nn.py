@@ -43,3 +43,16 @@ def test_decode_attention_rejects_a_position_past_the_cache():
     qkv = torch.randn(6, 16)
     with pytest.raises(RuntimeError, match="outside the cache"):
         torch.ops.runlm.decode_attention(qkv, torch.ones(16), torch.zeros(16), cache.k, cache.v, 4, 2, 2, 0.25)
+
+
+def test_full_cache_growth_keeps_live_positions_and_a_sized_cache_never_moves():
+    cache = FullKVCache(2, 8, torch.float32, torch.device("cpu"), capacity=3)
+    rows = torch.randn(1, 2, 7, 8)
+    for pos in range(7):  # grows twice: 3 -> 6 -> 12, each time into a new buffer holding the live rows
+        cache.update(rows[:, :, pos : pos + 1], -rows[:, :, pos : pos + 1], pos)
+    assert cache.k.shape[2] == 12 and torch.equal(cache.k[:, :, :7], rows) and torch.equal(cache.v[:, :, :7], -rows)
+    sized = FullKVCache(2, 8, torch.float32, torch.device("cpu"), capacity=7)
+    where = sized.k.data_ptr(), sized.v.data_ptr()
+    for pos in range(7):
+        sized.update(rows[:, :, pos : pos + 1], rows[:, :, pos : pos + 1], pos)
+    assert (sized.k.data_ptr(), sized.v.data_ptr()) == where and torch.equal(sized.k, rows)

@@ -259,6 +259,19 @@ class Engine:
             gens.append(gen)
         return gens
 
+    @staticmethod
+    def positions(gen: Generation) -> int:
+        """The most positions `gen`'s session holds: its prompt and every token it may generate."""
+        return len(gen.request.prompt_ids) + gen.max_new
+
+    def new_session(self, gen: Generation) -> Session:
+        """A session sized once for all `gen` may hold, so its KV cache never grows (nor copies) on the way."""
+        return self.runner.new_session(self.positions(gen))
+
+    def kv_bytes(self, gen: Generation) -> int:
+        """The most KV-cache memory `gen`'s session holds (0 when the runner cannot tell)."""
+        return self.runner.kv_bytes(self.positions(gen)) or 0
+
     def with_image(self, request: GenerationRequest, prompt_text: str, image: ImageInput) -> GenerationRequest:
         """Turn a text request into an image + text one (the runner must take images)."""
         request.prompt_ids = self.runner.multimodal_prompt_ids(prompt_text)
@@ -286,7 +299,7 @@ class Engine:
         rows = [logits]
         for gen in rest:
             gen.mark_started()
-            gen.session = self.runner.new_session()
+            gen.session = self.new_session(gen)
             if snap is not None and self.runner.restore(gen.session, snap):
                 gen.mark_prefilled(len(snap.token_ids))
                 rows.append(logits)
@@ -307,7 +320,7 @@ class Engine:
         """A new session for a text prompt, restored from the longest cached prefix that really restores;
         `gen.pending` is what of the prompt is left to run."""
         gen.mark_started()
-        gen.session = self.runner.new_session()
+        gen.session = self.new_session(gen)
         prompt = gen.request.prompt_ids
         if self.prompt_cache is not None and gen.request.use_prompt_cache:
             snap, match = self.prompt_cache.lookup(prompt, gen.request.cache_scope)
@@ -324,7 +337,7 @@ class Engine:
         request = gen.request
         if request.image is not None:
             gen.mark_started()
-            gen.session = self.runner.new_session()
+            gen.session = self.new_session(gen)
             logits = self.runner.prefill_multimodal(gen.session, request.prompt_text, request.image)
         else:
             self._open(gen)

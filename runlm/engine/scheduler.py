@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from runlm.engine.core import Completion, Engine, Generation, GenerationRequest, StreamRecord, Usage, merged_usage
-from runlm.errors import RunlmError
+from runlm.errors import InvalidInputError, RunlmError
 
 
 class QueueFullError(RunlmError):
@@ -55,6 +55,8 @@ class RequestHandle:
     def __init__(self, gen: Generation, loop: asyncio.AbstractEventLoop | None,
                  share_with: RequestHandle | None = None):
         self.gen = gen
+        self.kv_bytes = 0  # the most KV-cache memory its session holds (Engine.kv_bytes)
+        self.kv_held = 0  # what of the scheduler's KV budget it holds: kv_bytes from admission to its end
         self._loop = loop
         self._async_q: asyncio.Queue | None
         self._sync_q: queue.Queue | None
@@ -210,10 +212,15 @@ class Scheduler:
     """A bounded FIFO of requests in front of one worker thread that owns the engine."""
 
     def __init__(self, engine: Engine, max_queue: int = 16, name: str = "runlm-worker", max_batch: int = 8,
-                 prefill_chunk: int = 512):
+                 prefill_chunk: int = 512, kv_budget_bytes: int | None = None):
         self.engine = engine
         self.max_queue = max(0, int(max_queue))
         self.max_batch = max(1, int(max_batch))
+        # The KV-cache memory of all sessions in flight together, counted at each request's most (its prompt
+        # and max_tokens, Engine.kv_bytes): a request admitted only while its most fits beside the others',
+        # so memory never runs out mid-generation; one that could never fit is refused at submit. None: no bound.
+        self.kv_budget = kv_budget_bytes if kv_budget_bytes else None
+        self.kv_held = 0
         # Prompt tokens run per step for the requests being admitted: `prefill_chunk` between them while nothing
         # else runs; beside running streams, as many as there are streams (at least MIN_MIXED_CHUNK each), which
         # keeps their inter-token latency within about twice its usual value while a long prompt comes in.
@@ -288,6 +295,7 @@ class Scheduler:
 
         Waiting requests first fill the free batch slots (the worker admits what fits each step), then the
         queue; a group larger than the whole queue is still taken when nothing waits."""
+        self._check_kv(handles)
         with self._cond:
             if self._closed:
                 raise SchedulerClosedError("the server is shutting down")
@@ -302,6 +310,20 @@ class Scheduler:
                 )
             self._waiting.extend(handles)
             self._cond.notify()
+
+    def _check_kv(self, handles: list[RequestHandle]) -> None:
+        """Set each handle's KV need; a request whose need is past the whole budget is refused (InvalidInputError:
+        it could never run, so waiting would not help)."""
+        for handle in handles:
+            handle.kv_bytes = self.engine.kv_bytes(handle.gen)
+        need = sum(handle.kv_bytes for handle in handles)
+        if self.kv_budget is not None and need > self.kv_budget:
+            positions = self.engine.positions(handles[0].gen)
+            choices = f" for each of {len(handles)} choices" if len(handles) > 1 else ""
+            raise InvalidInputError(
+                f"max_tokens: this request's KV cache may reach {need / 2**20:.0f} MiB ({positions} positions"
+                f"{choices}), more than the server's KV-cache budget of {self.kv_budget / 2**20:.0f} MiB: ask for "
+                "fewer tokens (max_tokens, a shorter prompt) or fewer choices (n)")
 
     def run(self, fn: Callable[[], T]) -> Future[T]:
         """Run `fn` on the worker between decode steps; the future gets its result or its exception.
@@ -320,9 +342,16 @@ class Scheduler:
         return future
 
     def _drop(self, handle: RequestHandle) -> bool:
+        self._release_kv(handle)
         handle._put(handle.gen.cancel())
         handle._finish()
         return False
+
+    def _release_kv(self, handle: RequestHandle) -> None:
+        """Give back what `handle` holds of the KV budget (on the worker: only admitted handles hold any)."""
+        if handle.kv_held:
+            self.kv_held -= handle.kv_held
+            handle.kv_held = 0
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop taking requests, cancel what waits and what runs, and end the worker."""
@@ -378,7 +407,14 @@ class Scheduler:
                     size += 1
             if (self.busy or admitted) and self.in_flight + taken + size > self.max_batch:
                 break
-            admitted.append([self._waiting.popleft() for _ in range(size)])
+            need = sum(h.kv_bytes for h in itertools.islice(self._waiting, size))
+            if self.kv_budget is not None and self.kv_held + need > self.kv_budget:
+                break  # it waits (first in line) until enough of the running requests end
+            group = [self._waiting.popleft() for _ in range(size)]
+            for handle in group:
+                handle.kv_held = handle.kv_bytes
+            self.kv_held += need
+            admitted.append(group)
             taken += size
         return admitted
 
@@ -475,6 +511,7 @@ class Scheduler:
 
     def _end(self, handle: RequestHandle, last: StreamRecord | Exception | None = None) -> None:
         """Deliver the last record (or the error), keep the session for the prompt cache, end the request."""
+        self._release_kv(handle)
         if last is not None:
             handle._put(last)
         try:

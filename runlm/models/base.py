@@ -111,17 +111,27 @@ class DecoderLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed.dtype
 
-    def new_cache(self, swa_full: bool = False) -> list:
+    def new_cache(self, swa_full: bool = False, positions: int | None = None) -> list:
         """One KV cache per layer: a ring of the window for sliding-window layers, unless `swa_full` keeps every
-        position there too (more memory, but a prompt-cache snapshot can then be reused at any length)."""
+        position there too (more memory, but a prompt-cache snapshot can then be reused at any length). Full
+        caches are sized for `positions` when the caller knows how many the session will hold."""
         cfg = self.config
         device = self.norm.scale.device
+        full = {} if positions is None else {"capacity": positions}
         return [
             SlidingKVCache(cfg.num_kv_heads, cfg.head_dim, cfg.sliding_window, self.dtype, device)
             if cfg.is_sliding(i) and not swa_full
-            else FullKVCache(cfg.num_kv_heads, cfg.head_dim, self.dtype, device)
+            else FullKVCache(cfg.num_kv_heads, cfg.head_dim, self.dtype, device, **full)
             for i in range(cfg.num_layers)
         ]
+
+    def kv_bytes(self, positions: int, swa_full: bool = False) -> int:
+        """Bytes of the caches `new_cache(swa_full, positions)` makes (what a session of that many positions
+        holds at most)."""
+        cfg = self.config
+        per_position = 2 * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize  # keys and values
+        return sum(per_position * (cfg.sliding_window if cfg.is_sliding(i) and not swa_full else positions)
+                   for i in range(cfg.num_layers))
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         h = self.embed(ids)
@@ -236,8 +246,11 @@ class CachedRunner(LmRunner):
     def predict_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
         return self.prefill(self.new_session(), prompt_ids)
 
-    def new_session(self) -> Session:
-        return Session(state=self.model.new_cache(self.swa_full))
+    def new_session(self, positions: int | None = None) -> Session:
+        return Session(state=self.model.new_cache(self.swa_full, positions))
+
+    def kv_bytes(self, positions: int) -> int | None:
+        return self.model.kv_bytes(positions, self.swa_full)
 
     def reset_session(self, session: Session) -> None:
         for layer_cache in session.state:

@@ -55,6 +55,7 @@ def create_app(
     api_docs: bool = False,
     special_tokens_in_content: bool = False,
     scheduler: Any = None,
+    kv_budget_mb: float | None = None,
 ) -> FastAPI:
     """A FastAPI app serving one loaded model (a runlm.LoadedModel).
 
@@ -71,7 +72,9 @@ def create_app(
     addresses only unless `allow_private_image_urls`. `special_tokens_in_content` lets special-token strings in
     message text become control tokens (by default only the chat template's own markers are).
     `scheduler`: one made elsewhere with the Scheduler's face (runlm.cluster's RemoteScheduler over replicas),
-    whose `engine` validates requests; None: a local Engine and Scheduler over `loaded.runner`.
+    whose `engine` validates requests; None: a local Engine and Scheduler over `loaded.runner`. `kv_budget_mb`
+    bounds the local Scheduler's KV-cache memory, all requests in flight together (None: half the memory
+    available when the app is made; 0: no bound).
     """
     if api_key is None:
         api_key = os.environ.get("RUNLM_API_KEY") or None
@@ -81,7 +84,8 @@ def create_app(
     if scheduler is None:
         engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length,
                         prompt_cache_mb=prompt_cache_mb)
-        scheduler = Scheduler(engine, max_queue=max_queue, max_batch=max_batch)
+        kv_budget = default_kv_budget_bytes() if kv_budget_mb is None else int(kv_budget_mb * 2**20)
+        scheduler = Scheduler(engine, max_queue=max_queue, max_batch=max_batch, kv_budget_bytes=kv_budget)
     engine = scheduler.engine
     metrics = Metrics()
     name, aliases = served_names(loaded, model_name)
@@ -116,6 +120,19 @@ def create_app(
     app.include_router(ollama_api.router)
     app.include_router(responses_api.router)
     return app
+
+
+def default_kv_budget_bytes() -> int | None:
+    """Half the memory the system has available now (the model is loaded by then), from /proc/meminfo's
+    MemAvailable; None (no bound) where that cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 // 2
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def serve(loaded: Any, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info",

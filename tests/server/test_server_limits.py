@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 
+import httpx
 import pytest
 from server_harness import LiveServer
 
@@ -75,3 +76,16 @@ def test_serve_takes_max_tokens_and_ctx_size():
     assert (args.max_tokens, args.ctx) == (64, 512)
     assert build_parser().parse_args(["serve"]).max_tokens is None
     assert main(["serve", "--max-tokens", "0"]) == 1  # refused before loading anything
+
+
+def test_a_request_past_the_kv_budget_is_a_400_naming_max_tokens(smollm2_loaded):
+    server = LiveServer(create_app(smollm2_loaded, model_name=MODEL, kv_budget_mb=16, prompt_cache_mb=0))
+    try:
+        with httpx.Client(base_url=server.base_url, timeout=60) as http:
+            fits = http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2})
+            too_big = http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 4000})
+    finally:
+        server.stop()
+    assert fits.status_code == 200
+    assert too_big.status_code == 400 and too_big.json()["error"]["param"] == "max_tokens"
+    assert "KV-cache budget of 16 MiB" in too_big.json()["error"]["message"]
