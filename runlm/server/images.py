@@ -22,7 +22,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from runlm.errors import InvalidInputError
+from runlm.errors import InvalidInputError, RunlmError
 from runlm.models.vision import image_bytes_to_rgb
 from runlm.runner import ImageInput
 from runlm.server.errors import APIError
@@ -82,7 +82,13 @@ def fetch_image(url: str, where: str, remote: RemoteImages) -> ImageInput:
     try:
         return ImageInput(*image_bytes_to_rgb(data, where, IMAGE_FORMATS, MAX_IMAGE_PIXELS))
     except InvalidInputError as exc:
-        raise APIError(400, str(exc), param=where, code="invalid_value") from exc
+        # runlm's own words are kept; a decoder's ("cannot identify image file <_io.BytesIO object at 0x...>") not
+        cause = exc.__cause__
+        if cause is None or isinstance(cause, RunlmError):
+            message = str(cause or exc)
+        else:
+            message = f"{where}: cannot read the image"
+        raise APIError(400, message, param=where, code="invalid_value") from exc
 
 
 def download_image(url: str, where: str, address_allowed: Callable[[IpAddress], bool] = public_address) -> bytes:

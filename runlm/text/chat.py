@@ -128,6 +128,19 @@ class _Namespace(jinja2.utils.Namespace):
             raise SecurityError(f"chat templates cannot set underscore attribute {name!r} on a namespace")
 
 
+def _plain_failure(exc: Exception) -> str:
+    """What went wrong in a template's own code, in words a client can act on (Python's message names
+    internals: "can only concatenate str (not \"list\") to str")."""
+    if isinstance(exc, TypeError):
+        return ("a value has a type the template does not handle (a content list where it expects text, or "
+                "a number where it expects a string?)")
+    if isinstance(exc, (KeyError, IndexError, AttributeError)):
+        return "the template looks up a field or an item the messages do not have"
+    if isinstance(exc, (ValueError, ArithmeticError)):
+        return "the template computes with a value it cannot use"
+    return "the template's own code raised an error on these messages"
+
+
 def _raise_exception(message: str) -> None:
     raise TokenizerError(f"chat template error: {message}")
 
@@ -225,7 +238,7 @@ class ChatTemplate:
         except RecursionError:  # a macro or a recursive loop that calls itself without end
             raise TokenizerError("chat template failed: it recursed too deeply") from None
         except Exception as exc:  # a template can raise anything (TypeError on bad concatenation, ...)
-            raise TokenizerError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+            raise TokenizerError(f"chat template failed: {_plain_failure(exc)}") from exc
         finally:
             _budget.deadline = float("inf")
 

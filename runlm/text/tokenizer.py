@@ -588,8 +588,8 @@ class Tokenizer:
     def _check_ids(self, ids: Iterable[int]) -> list[int]:
         try:
             checked = [int(i) for i in ids]
-        except (TypeError, ValueError) as exc:
-            raise TokenizerError(f"token ids must be integers ({exc})") from exc
+        except (TypeError, ValueError):
+            raise TokenizerError("token ids must be integers") from None
         for i in checked:
             if not 0 <= i < self.vocab_size:
                 raise TokenizerError(f"token id {i} is outside the vocabulary (size {self.vocab_size})")

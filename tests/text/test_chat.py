@@ -197,3 +197,11 @@ def test_counted_loops_keep_loop_semantics_and_recursion_is_plain():
     with pytest.raises(TokenizerError, match="recursed too deeply") as caught:
         ChatTemplate("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}").render([])
     assert "RecursionError" not in str(caught.value)
+
+
+@pytest.mark.parametrize("source", ["{{ messages[0]['content'] + '!' }}", "{{ messages[0]['content'] | int + 1 }}x"
+                                    "{{ messages[5]['role'] }}{{ messages[0]['missing']['deeper'] }}"])
+def test_template_failures_are_told_without_python_internals(source):
+    with pytest.raises(TokenizerError, match="chat template failed") as caught:
+        ChatTemplate(source).render([{"role": "user", "content": [{"type": "text", "text": "x"}]}])
+    assert "concatenate" not in str(caught.value) and "Error" not in str(caught.value)
