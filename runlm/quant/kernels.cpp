@@ -3,9 +3,9 @@
 // Same scheme as llama.cpp's CPU backend (written from the idea, not the code): every activation row is quantized
 // once per call to 8-bit blocks (32 values + f32 scale + f32 scale*sum for the 32-wide types; 256 values + f32
 // scale + int16 sums of 16 for the K-quants), then each weight block meets each activation block in an integer
-// dot product (AVX2: vpmaddubsw unsigned weight x signed activation, vpmaddwd to int32) that is scaled into a f32
-// FMA accumulator. Offsets/mins of the weight format (-8, -16, -32, -4, or the per-block min) are applied through
-// the activation block sums instead of per element.
+// dot product (AVX2: vpmaddubsw unsigned weight x signed activation, vpmaddwd to int32; AVX-512 VNNI: vpdpbusd /
+// vpdpwssd, the same integers) that is scaled into a f32 FMA accumulator. Offsets/mins of the weight format (-8,
+// -16, -32, -4, or the per-block min) are applied through the activation block sums instead of per element.
 //
 // Work split: output rows N in parallel (at::parallel_for, torch's intra-op threads); inside a thread, tiles of
 // weight rows (~32 KiB) x up to 64 activation rows; each weight block is unpacked once for up to 4 activation
@@ -14,12 +14,14 @@
 // conversion and the FMA run once per block for all 4).
 //
 // Ops (registered under TORCH_LIBRARY(runlm)): gguf_linear (above), gguf_dequantize (weight rows to float32),
-// gguf_relayout, gguf_simd (1 if AVX2 path), rms_norm (a one-pass float32 RMSNorm), decode_attention (RoPE + cache
-// write + attention for one new token of one sequence, the float32 reference path), transformer_block (a whole
-// block for rows of one or more sequences, route-invariant: see "Route-invariant blocks").
+// gguf_relayout, gguf_simd (1 if AVX2 path), gguf_isa (the instruction set built for), rms_norm (a one-pass float32
+// RMSNorm), decode_attention (RoPE + cache write + attention for one new token of one sequence, the float32
+// reference path), transformer_block (a whole block for rows of one or more sequences, route-invariant: see
+// "Route-invariant blocks").
 //
-// Built with -march=native: the AVX2/FMA/F16C path when the compiler targets it, the scalar path otherwise
-// (or with -DRUNLM_SCALAR). Both quantize activations identically, so they agree to float rounding.
+// Built with -march=native for the CPU it runs on (runlm.quant.kernels caches one build per CPU model): the AVX2/
+// FMA/F16C path when the compiler targets it, with AVX-512 VNNI dot products where the CPU has them, the scalar
+// path otherwise (or with -DRUNLM_SCALAR). All quantize activations identically, so they agree to float rounding.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -33,6 +35,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -66,7 +69,8 @@ enum : int64_t {
   T_Q5_K = 13,
   T_Q6_K = 14,
 };
-// A 32-wide type id plus X4 names the same blocks in the 4-row interleaved layout (see X4 below).
+// A type id plus X4 names the same blocks in the 4-row interleaved layout (see X4 below): the 32-wide types and
+// Q4_K, Q5_K, Q6_K.
 constexpr int64_t X4 = 256;
 
 constexpr int QK_K = 256;
@@ -250,6 +254,17 @@ inline void quantize_row(const float* x, AK* y, int64_t nb) { quantize_ak(x, y, 
 // weight = d * isc[g] * q + dm * imn[g] over groups of G values; the integer parts are summed exactly per block
 // (like the AVX2 path), then scaled in float.
 
+// A K-quant super-block's part of a (weight row, activation row) dot product goes to float in one sequence in every
+// K-quant kernel (row layout, x4, AVX2, VNNI, scalar): its integer sums are exact (isum: scales x codes x activation
+// codes, code offsets included; msum: mins . activation sums), then y = fma(d * da, isum, y) and, for the formats
+// with mins, y = fma(-(dmin * da), msum, y). So the layouts and builds agree bit for bit.
+inline float kquant_step(float y, float d, float da, int32_t isum) {
+  return std::fma(d * da, static_cast<float>(isum), y);
+}
+inline float kquant_min_step(float y, float dmin, float da, int32_t msum) {
+  return std::fma(-(dmin * da), static_cast<float>(msum), y);
+}
+
 template <class T, int RW, int R>
 void scalar_dot(const uint8_t* const* w, const typename T::Act* const* a, int64_t nb, float* out) {
   constexpr int QK = T::QK, G = T::G, NG = QK / G;
@@ -271,10 +286,13 @@ void scalar_dot(const uint8_t* const* w, const typename T::Act* const* a, int64_
         if constexpr (QK == 32) {
           acc[i * R + r] += d * ab.d * static_cast<float>(isum) + dm * ab.s;  // ab.s = d_a * sum(codes)
         } else {
-          int msum = 0;  // sum over groups of min * activation group sum
-          for (int g = 0; g < NG; ++g)
-            for (int k = g * (G / 16); k < (g + 1) * (G / 16); ++k) msum += imn[g] * ab.bsums[k];
-          acc[i * R + r] += ab.d * (d * static_cast<float>(isum) + dm * static_cast<float>(msum));
+          acc[i * R + r] = kquant_step(acc[i * R + r], d, ab.d, isum);
+          if constexpr (T::kMins) {
+            int msum = 0;  // sum over groups of min * activation group sum
+            for (int g = 0; g < NG; ++g)
+              for (int k = g * (G / 16); k < (g + 1) * (G / 16); ++k) msum += imn[g] * ab.bsums[k];
+            acc[i * R + r] = kquant_min_step(acc[i * R + r], -dm, ab.d, msum);  // decode gives dm = -dmin
+          }
         }
       }
     }
@@ -407,30 +425,35 @@ inline void dot32_avx(const uint8_t* const* w, const A32* const* a, int64_t nb, 
   for (int k = 0; k < RW * R; ++k) out[k] = hsum_ps(acc[k]) + corr_mult * corr[k];
 }
 
-// The K-quant dot skeleton (Q2_K .. Q6_K): block(blk, b, acc, accm) adds weight block `blk` (block index b) met by
-// the R activation rows into acc[0..R) and the part to subtract (mins times activation sums) into accm[0..R).
-template <int RW, int R, class Block>
-inline void kquant_dot(const uint8_t* const* w, int64_t nb, int size, float* out, Block block) {
-  __m256 acc[RW * R], accm[RW * R];
-  for (int k = 0; k < RW * R; ++k) acc[k] = accm[k] = _mm256_setzero_ps();
+// The K-quant dot skeleton (Q2_K .. Q6_K, row layout): block(blk, b, isum, msum) gives weight block `blk` (block
+// index b) met by the R activation rows as exact integer sums (msum: formats with mins), which go to float in
+// kquant_step's sequence; d (and dmin right after it) are the block's f16 scales at byte T::D_AT.
+template <class T, int RW, int R, class Block>
+inline void kquant_dot(const uint8_t* const* w, const AK* const* a, int64_t nb, float* out, Block block) {
+  float acc[RW * R] = {};
   for (int64_t b = 0; b < nb; ++b)
-    for (int i = 0; i < RW; ++i) block(w[i] + b * size, b, acc + i * R, accm + i * R);
-  for (int k = 0; k < RW * R; ++k) out[k] = hsum_ps(_mm256_sub_ps(acc[k], accm[k]));
+    for (int i = 0; i < RW; ++i) {
+      const uint8_t* blk = w[i] + b * T::SIZE;
+      int32_t isum[R], msum[R];
+      block(blk, b, isum, msum);
+      const float d = f16(blk + T::D_AT);
+      for (int r = 0; r < R; ++r) {
+        float& y = acc[i * R + r];
+        y = kquant_step(y, d, a[r][b].d, isum[r]);
+        if constexpr (T::kMins) y = kquant_min_step(y, f16(blk + T::D_AT + 2), a[r][b].d, msum[r]);
+      }
+    }
+  for (int k = 0; k < RW * R; ++k) out[k] = acc[k];
 }
 
-// acc += d * da * sumi and accm += dmin * da * (group mins . activation group sums): formats with a min per group.
-inline void add_with_mins(__m256& acc, __m256& accm, __m256i sumi, float d, float dmin, __m256i mins16, const AK& ab) {
-  acc = _mm256_fmadd_ps(_mm256_set1_ps(d * ab.d), _mm256_cvtepi32_ps(sumi), acc);
-  const __m256i mb = _mm256_madd_epi16(mins16, load256(ab.bsums));
-  accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin * ab.d), _mm256_cvtepi32_ps(mb), accm);
-}
+// group mins . activation group sums (mins16: one int16 min per 16 activation values)
+inline int32_t min_sum(__m256i mins16, const AK& ab) { return hsum_i32(_mm256_madd_epi16(mins16, load256(ab.bsums))); }
 
-// acc += d * da * (sumi - 2^SHIFT * (group scales . activation group sums)): codes stored with an offset of 2^SHIFT.
+// sumi - 2^SHIFT * (group scales . activation group sums), summed: codes stored with an offset of 2^SHIFT.
 template <int SHIFT>
-inline void add_with_offset(__m256& acc, __m256i sumi, float d, __m256i sc16, const AK& ab) {
+inline int32_t offset_sum(__m256i sumi, __m256i sc16, const AK& ab) {
   const __m256i corr = _mm256_madd_epi16(sc16, load256(ab.bsums));
-  const __m256i tot = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, SHIFT));
-  acc = _mm256_fmadd_ps(_mm256_set1_ps(d * ab.d), _mm256_cvtepi32_ps(tot), acc);
+  return hsum_i32(_mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, SHIFT)));
 }
 
 #endif
@@ -542,7 +565,8 @@ struct Q8_0 {
 };
 
 struct Q2_K {
-  static constexpr int QK = QK_K, SIZE = 84, G = 16;
+  static constexpr int QK = QK_K, SIZE = 84, G = 16, D_AT = 80;  // D_AT: f16 d, then dmin
+  static constexpr bool kMins = true;
   using Act = AK;
   static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
     for (int h = 0; h < 2; ++h)
@@ -558,8 +582,7 @@ struct Q2_K {
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
 #if RUNLM_AVX2
     const __m256i m3 = _mm256_set1_epi8(3);
-    kquant_dot<RW, R>(w, nb, SIZE, out, [&](const uint8_t* blk, int64_t b, __m256* acc, __m256* accm) {
-      const float d = f16(blk + 80), dmin = f16(blk + 82);
+    kquant_dot<Q2_K, RW, R>(w, a, nb, out, [&](const uint8_t* blk, int64_t b, int32_t* isum, int32_t* msum) {
       const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
       const __m128i sc8 = _mm_and_si128(sm, _mm_set1_epi8(0x0F));
       const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0x0F)));
@@ -575,7 +598,7 @@ struct Q2_K {
           for (int r = 0; r < R; ++r) sumi[r] = scaled_dot(sumi[r], q, a[r][b].qs + 32 * c, scv);
         }
       }
-      for (int r = 0; r < R; ++r) add_with_mins(acc[r], accm[r], sumi[r], d, dmin, mins16, a[r][b]);
+      for (int r = 0; r < R; ++r) isum[r] = hsum_i32(sumi[r]), msum[r] = min_sum(mins16, a[r][b]);
     });
 #else
     scalar_dot<Q2_K, RW, R>(w, a, nb, out);
@@ -584,7 +607,8 @@ struct Q2_K {
 };
 
 struct Q3_K {
-  static constexpr int QK = QK_K, SIZE = 110, G = 16;
+  static constexpr int QK = QK_K, SIZE = 110, G = 16, D_AT = 108;
+  static constexpr bool kMins = false;
   using Act = AK;
   static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
     int8_t sc[16];
@@ -606,8 +630,7 @@ struct Q3_K {
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
 #if RUNLM_AVX2
     const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
-    kquant_dot<RW, R>(w, nb, SIZE, out, [&](const uint8_t* blk, int64_t b, __m256* acc, __m256* /*accm*/) {
-      const float d = f16(blk + 108);
+    kquant_dot<Q3_K, RW, R>(w, a, nb, out, [&](const uint8_t* blk, int64_t b, int32_t* isum, int32_t* /*msum*/) {
       alignas(16) int8_t sc[16];
       k3_scales(blk + 96, sc);
       const __m128i sc8 = _mm_load_si128(reinterpret_cast<const __m128i*>(sc));
@@ -628,7 +651,7 @@ struct Q3_K {
         }
       }
       const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-      for (int r = 0; r < R; ++r) add_with_offset<2>(acc[r], sumi[r], d, sc16, a[r][b]);  // codes are q' - 4
+      for (int r = 0; r < R; ++r) isum[r] = offset_sum<2>(sumi[r], sc16, a[r][b]);  // codes are q' - 4
     });
 #else
     scalar_dot<Q3_K, RW, R>(w, a, nb, out);
@@ -639,7 +662,8 @@ struct Q3_K {
 // Q4_K / Q5_K share everything but the fifth bit.
 template <bool FIVE>
 struct QK45 {
-  static constexpr int QK = QK_K, SIZE = FIVE ? 176 : 144, G = 32;
+  static constexpr int QK = QK_K, SIZE = FIVE ? 176 : 144, G = 32, D_AT = 0;
+  static constexpr bool kMins = true;
   static constexpr int QS = FIVE ? 48 : 16;  // offset of the nibbles
   using Act = AK;
   static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
@@ -666,8 +690,7 @@ struct QK45 {
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
 #if RUNLM_AVX2
     const __m256i m4 = _mm256_set1_epi8(0x0F), m16 = _mm256_set1_epi8(0x10);
-    kquant_dot<RW, R>(w, nb, SIZE, out, [&](const uint8_t* blk, int64_t b, __m256* acc, __m256* accm) {
-      const float d = f16(blk), dmin = f16(blk + 2);
+    kquant_dot<QK45<FIVE>, RW, R>(w, a, nb, out, [&](const uint8_t* blk, int64_t b, int32_t* isum, int32_t* msum) {
       alignas(16) uint8_t sc[8], mn[8];
       k4_scale_min(blk + 4, sc, mn);
       const __m128i mn8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn));
@@ -690,7 +713,7 @@ struct QK45 {
           sumi[r] = scaled_dot(scaled_dot(sumi[r], ql, aq, scl), qh, aq + 32, sch);
         }
       }
-      for (int r = 0; r < R; ++r) add_with_mins(acc[r], accm[r], sumi[r], d, dmin, mins16, a[r][b]);
+      for (int r = 0; r < R; ++r) isum[r] = hsum_i32(sumi[r]), msum[r] = min_sum(mins16, a[r][b]);
     });
 #else
     scalar_dot<QK45<FIVE>, RW, R>(w, a, nb, out);
@@ -701,7 +724,8 @@ using Q4_K = QK45<false>;
 using Q5_K = QK45<true>;
 
 struct Q6_K {
-  static constexpr int QK = QK_K, SIZE = 210, G = 16;
+  static constexpr int QK = QK_K, SIZE = 210, G = 16, D_AT = 208;
+  static constexpr bool kMins = false;
   using Act = AK;
   static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
     for (int h = 0; h < 2; ++h)
@@ -721,8 +745,7 @@ struct Q6_K {
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
 #if RUNLM_AVX2
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    kquant_dot<RW, R>(w, nb, SIZE, out, [&](const uint8_t* blk, int64_t b, __m256* acc, __m256* /*accm*/) {
-      const float d = f16(blk + 208);
+    kquant_dot<Q6_K, RW, R>(w, a, nb, out, [&](const uint8_t* blk, int64_t b, int32_t* isum, int32_t* /*msum*/) {
       const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
       __m256i sumi[R];
       for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
@@ -744,7 +767,7 @@ struct Q6_K {
         }
       }
       const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-      for (int r = 0; r < R; ++r) add_with_offset<5>(acc[r], sumi[r], d, sc16, a[r][b]);  // codes are q - 32
+      for (int r = 0; r < R; ++r) isum[r] = offset_sum<5>(sumi[r], sc16, a[r][b]);  // codes are q - 32
     });
 #else
     scalar_dot<Q6_K, RW, R>(w, a, nb, out);
@@ -792,6 +815,33 @@ struct X4Fields<Q8_0> {
   static constexpr Field f[N] = {{0, 2}, {2, 16}, {18, 16}};
 };
 
+// The K-quants in x4 (same bytes, one 256-value super-block of 4 rows after another): every field is cut into
+// pieces of at most 16 bytes and each piece is stored for the 4 rows side by side, like the 32-wide types. A
+// 256-bit load at a piece then gives [row0 piece | row1 piece] (and [row2 | row3] 32 bytes on), which meets 16
+// activation codes broadcast to both lanes. Q4_K / Q5_K's 12 bytes of 6-bit scales and mins are cut into their
+// three 32-bit words, so one 128-bit load holds word k of the 4 rows and the unpacking runs for 4 rows at once.
+//   Q4_K (576 bytes): d[4] | dmin[4] | scale words 0, 1, 2 [4 each] | 8 nibble pieces (qs[16p..16p+16)) [4 each]
+//   Q5_K (704 bytes): as Q4_K with the 2 fifth-bit pieces (qh[0..16), qh[16..32)) before the nibbles
+//   Q6_K (840 bytes): 8 low-nibble pieces (ql) | 4 high-bit pieces (qh) | 2 scale pieces (8 bytes) | d[4]
+template <>
+struct X4Fields<QK45<false>> {
+  static constexpr int N = 13, QH = -1;
+  static constexpr Field f[N] = {{0, 2},   {2, 2},   {4, 4},   {8, 4},   {12, 4},  {16, 16}, {32, 16},
+                                 {48, 16}, {64, 16}, {80, 16}, {96, 16}, {112, 16}, {128, 16}};
+};
+template <>
+struct X4Fields<QK45<true>> {
+  static constexpr int N = 15, QH = -1;
+  static constexpr Field f[N] = {{0, 2},   {2, 2},   {4, 4},    {8, 4},    {12, 4},   {16, 16},  {32, 16}, {48, 16},
+                                 {64, 16}, {80, 16}, {96, 16}, {112, 16}, {128, 16}, {144, 16}, {160, 16}};
+};
+template <>
+struct X4Fields<Q6_K> {
+  static constexpr int N = 15, QH = -1;
+  static constexpr Field f[N] = {{0, 16},   {16, 16},  {32, 16},  {48, 16},  {64, 16},  {80, 16}, {96, 16}, {112, 16},
+                                 {128, 16}, {144, 16}, {160, 16}, {176, 16}, {192, 8}, {200, 8}, {208, 2}};
+};
+
 // The x4 layout reorders the 32 fifth bits of Q5_0 / Q5_1 so that 32-bit variable shifts put each one at bit 4 of
 // its element's byte: element e < 16 (d = e / 4, j = e % 4) moves to bit 8j + d + 4, read by a right shift by d;
 // element 16 + e moves to bit 8j + d, read by a left shift by 4 - d.
@@ -826,6 +876,21 @@ inline void x4_move(uint8_t* x4, int i, uint8_t* plain) {
     }
     base += 4 * f.size;
   }
+}
+
+// The x4 kernels' portable path: rebuild the 4 rows in the row layout and run the row layout's kernel on them, so
+// the results are the row layout's.
+template <class T, int R>
+void x4_portable_dot(const uint8_t* group, const typename T::Act* const* a, int64_t nb, float* out) {
+  thread_local std::vector<uint8_t> plain;
+  plain.resize(static_cast<size_t>(4 * nb * T::SIZE));
+  const uint8_t* rows[4];
+  for (int i = 0; i < 4; ++i) {
+    uint8_t* row = plain.data() + i * nb * T::SIZE;
+    for (int64_t b = 0; b < nb; ++b) x4_move<T, true>(const_cast<uint8_t*>(group) + b * 4 * T::SIZE, i, row + b * T::SIZE);
+    rows[i] = row;
+  }
+  T::template dot<4, R>(rows, a, nb, out);
 }
 
 template <class T>
@@ -920,20 +985,333 @@ struct X4Layout {
       for (int i = 0; i < 4; ++i) out[i * R + r] = o[i];
     }
 #else
-    // portable path: rebuild the 4 rows' plain blocks one block index at a time
-    float total[4 * R] = {};
-    uint8_t plain[4][T::SIZE];
-    const uint8_t* rows[4] = {plain[0], plain[1], plain[2], plain[3]};
-    for (int64_t b = 0; b < nb; ++b) {
-      uint8_t* blk = const_cast<uint8_t*>(w[0]) + b * 4 * SIZE;
-      for (int i = 0; i < 4; ++i) x4_move<T, true>(blk, i, plain[i]);
-      const Act* ab[R];
-      for (int r = 0; r < R; ++r) ab[r] = a[r] + b;
-      float part[4 * R];
-      T::template dot<4, R>(rows, ab, 1, part);
-      for (int k = 0; k < 4 * R; ++k) total[k] += part[k];
+    x4_portable_dot<T, R>(w[0], a, nb, out);
+#endif
+  }
+};
+
+// The K-quants' x4 kernels. Each 256-bit register holds one piece of two rows ([row i | row i + 1], 16 codes
+// each) and meets the 16 activation codes of those positions broadcast to both lanes. The integer products are
+// scaled per sub-block in int16 x int16 pair sums (vpdpwssd with AVX-512 VNNI, vpmaddwd + vpaddd otherwise: the
+// same integers), so per super-block and activation row the integer sums go to float once (times d * activation
+// scale), the mins (Q4_K / Q5_K) or the code offset (Q6_K) through the activation's group sums. Every (weight row,
+// activation row) pair is reduced in one fixed order whatever R is: results do not depend on how many activation
+// rows a call has (route invariance), and equal the row layout's up to float summation order.
+
+#if RUNLM_AVX2
+
+// 16 bytes at p in both 128-bit lanes
+inline __m256i bcast16(const void* p) {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Byte shuffles picking int16 element s of a 128-bit lane eight times, for s = 0..7.
+alignas(16) const uint8_t kWordShuffle[8][16] = {
+    {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1},
+    {2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3},
+    {4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5},
+    {6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7},
+    {8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9},
+    {10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11},
+    {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13},
+    {14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15},
+};
+
+// int16 [a x 8 | b x 8] where a, b are element s of v's two lanes
+inline __m256i lane_word(__m256i v, int s) { return _mm256_shuffle_epi8(v, bcast16(kWordShuffle[s])); }
+
+// The 4 rows' f16 at p as float [x0 x1 x2 x3]
+inline __m128 f16x4(const uint8_t* p) { return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+
+// int32 [r0 r1 r2 r3] from lanes [r0 r0 r2 r2 | r1 r1 r3 r3] (exact: integer sums)
+inline __m128i rows4_from_pairs(__m256i x) {
+  const __m128i t = _mm_hadd_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));  // r0 r2 r1 r3
+  return _mm_shuffle_epi32(t, _MM_SHUFFLE(3, 1, 2, 0));
+}
+
+// int32 [r0 r1 r2 r3] from lanes [r0 x 4 | r1 x 4] and [r2 x 4 | r3 x 4]
+inline __m128i rows4(__m256i x01, __m256i x23) { return rows4_from_pairs(_mm256_hadd_epi32(x01, x23)); }
+
+// The 4 rows' super-block sums to float in kquant_step's sequence (lane i: weight row i): y = fma(d * da, isum, y),
+// then, with mins, y = fma(-(dmin * da), msum, y), the same operations as the row layout's kernels.
+inline __m128 kquant_step4(__m128 y, __m128 d, float da, __m128i isum) {
+  return _mm_fmadd_ps(_mm_mul_ps(d, _mm_set1_ps(da)), _mm_cvtepi32_ps(isum), y);
+}
+inline __m128 kquant_min_step4(__m128 y, __m128 dmin, float da, __m128i msum) {
+  return _mm_fnmadd_ps(_mm_mul_ps(dmin, _mm_set1_ps(da)), _mm_cvtepi32_ps(msum), y);
+}
+
+template <int R>
+inline void store_rows4(const __m128* y, float* out) {
+  for (int r = 0; r < R; ++r) {
+    alignas(16) float o[4];
+    _mm_store_ps(o, y[r]);
+    for (int i = 0; i < 4; ++i) out[i * R + r] = o[i];
+  }
+}
+
+// The 6-bit scales and mins of a Q4_K / Q5_K x4 super-block (k4_scale_min for the 4 rows at once, one 32-bit word
+// of each row per lane): row i's 8 scales in sc_lo / sc_hi byte lane i (scales 0-3 / 4-7), mins alike.
+struct K4Scales {
+  __m128i sc_lo, sc_hi, mn_lo, mn_hi;
+  explicit K4Scales(const uint8_t* p) {
+    const __m128i m6 = _mm_set1_epi8(0x3F), low4 = _mm_set1_epi8(0x0F), low2 = _mm_set1_epi8(0x03);
+    const __m128i w0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i w1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16));
+    const __m128i w2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32));
+    sc_lo = _mm_and_si128(w0, m6), mn_lo = _mm_and_si128(w1, m6);
+    sc_hi = _mm_or_si128(_mm_and_si128(w2, low4), _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(w0, 6), low2), 4));
+    mn_hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi32(w2, 4), low4),
+                         _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(w1, 6), low2), 4));
+  }
+  // int16 [row 2p: 8 values | row 2p + 1: 8 values] of the scales (or the mins)
+  static __m256i pair16(__m128i lo, __m128i hi, int p) {
+    return _mm256_cvtepu8_epi16(p == 0 ? _mm_unpacklo_epi32(lo, hi) : _mm_unpackhi_epi32(lo, hi));
+  }
+};
+
+// The activation's sums over each 32-value sub-block (int16, s0..s7) in both lanes.
+inline __m256i sums32(const AK& ab) {
+  const __m256i s32 = _mm256_madd_epi16(load256(ab.bsums), ones16());
+  return _mm256_broadcastsi128_si256(_mm_packs_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1)));
+}
+
+// Byte shuffles for Q4_K x4 sub-blocks 2j and 2j + 1 from [row 0 scales | row 2 scales] (and rows 1 / 3 in the
+// other lane): int16 [s0(2j) s0(2j) s2(2j) s2(2j) s0(2j+1) s0(2j+1) s2(2j+1) s2(2j+1)], zero-extended.
+alignas(16) const uint8_t kQ4KScaleShuffle[4][16] = {
+    {0, 0x80, 0, 0x80, 8, 0x80, 8, 0x80, 1, 0x80, 1, 0x80, 9, 0x80, 9, 0x80},
+    {2, 0x80, 2, 0x80, 10, 0x80, 10, 0x80, 3, 0x80, 3, 0x80, 11, 0x80, 11, 0x80},
+    {4, 0x80, 4, 0x80, 12, 0x80, 12, 0x80, 5, 0x80, 5, 0x80, 13, 0x80, 13, 0x80},
+    {6, 0x80, 6, 0x80, 14, 0x80, 14, 0x80, 7, 0x80, 7, 0x80, 15, 0x80, 15, 0x80},
+};
+
+// unsigned x signed byte dot products, 4 per int32 lane, added to acc
+inline __m256i dot_bytes(__m256i acc, __m256i u, __m256i s) {
+#if RUNLM_VNNI
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  return _mm256_add_epi32(acc, dot_u8s8(u, s));
+#endif
+}
+
+// int32 acc += int16 pairs x int16 pairs, summed per pair
+inline __m256i dot_words(__m256i acc, __m256i x, __m256i y) {
+#if RUNLM_VNNI
+  return _mm256_dpwssd_epi32(acc, x, y);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(x, y));
+#endif
+}
+
+// int32 acc += (unsigned codes q . signed activation codes a, per 16-bit pair) * int16 scales
+inline __m256i scaled_dot16(__m256i acc, __m256i q, __m256i a, __m256i scales) {
+  return dot_words(acc, _mm256_maddubs_epi16(q, a), scales);
+}
+
+#endif
+
+// Q4_K x4: the byte dot products of a 32-value sub-block (two 16-value halves) for the 4 rows are summed into one
+// register [r0 r0 r2 r2 | r1 r1 r3 r3] (horizontal add of the two row pairs; each lane a sum of 16 products, at
+// most 16 * 15 * 127 = 30480, so it fits 16 bits), two sub-blocks' registers are packed to int16 and multiplied by
+// their scales in one vpmaddwd / vpdpwssd. Integer lanes end as [r0 r2 r0 r2 | r1 r3 r1 r3].
+template <>
+struct X4Layout<Q4_K> {
+  using Plain = Q4_K;
+  static constexpr int QK = QK_K, SIZE = Plain::SIZE, G = Plain::G, ROWS = 4;
+  static constexpr int SC = 16, QS = 64;  // offsets in the 4 rows' super-block
+  using Act = AK;
+
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+    static_assert(RW == 4, "x4 groups are 4 rows");
+#if RUNLM_AVX2
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m128 y[R];  // lane i: weight row i
+    for (int r = 0; r < R; ++r) y[r] = _mm_setzero_ps();
+    const uint8_t* blk = w[0];
+    for (int64_t b = 0; b < nb; ++b, blk += 4 * SIZE) {
+      const __m128 d = f16x4(blk), dmin = f16x4(blk + 8);
+      const K4Scales ks(blk + SC);
+      const __m128i s01 = _mm_unpacklo_epi32(ks.sc_lo, ks.sc_hi), s23 = _mm_unpackhi_epi32(ks.sc_lo, ks.sc_hi);
+      // [row 0 scales, row 2 scales | row 1 scales, row 3 scales]
+      const __m256i sc = _mm256_set_m128i(_mm_unpackhi_epi64(s01, s23), _mm_unpacklo_epi64(s01, s23));
+      const __m256i mn[2] = {K4Scales::pair16(ks.mn_lo, ks.mn_hi, 0), K4Scales::pair16(ks.mn_lo, ks.mn_hi, 1)};
+      __m256i acc[R];
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {  // sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
+        const __m256i scj = _mm256_shuffle_epi8(sc, bcast16(kQ4KScaleShuffle[j]));
+        __m256i lo[2][2], hi[2][2];  // [pair][half]
+        for (int h = 0; h < 2; ++h)
+          for (int p = 0; p < 2; ++p) {
+            const __m256i v = load256(blk + QS + 64 * (2 * j + h) + 32 * p);
+            lo[p][h] = _mm256_and_si256(v, m4), hi[p][h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+          }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const int8_t* aq = a[r][b].qs + 64 * j;
+          const __m256i al0 = bcast16(aq), al1 = bcast16(aq + 16), ah0 = bcast16(aq + 32), ah1 = bcast16(aq + 48);
+          const __m256i zero = _mm256_setzero_si256();
+          const __m256i u_lo = _mm256_hadd_epi32(dot_bytes(dot_bytes(zero, lo[0][0], al0), lo[0][1], al1),
+                                                 dot_bytes(dot_bytes(zero, lo[1][0], al0), lo[1][1], al1));
+          const __m256i u_hi = _mm256_hadd_epi32(dot_bytes(dot_bytes(zero, hi[0][0], ah0), hi[0][1], ah1),
+                                                 dot_bytes(dot_bytes(zero, hi[1][0], ah0), hi[1][1], ah1));
+          acc[r] = dot_words(acc[r], _mm256_packs_epi32(u_lo, u_hi), scj);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const AK& ab = a[r][b];
+        const __m256i bs = sums32(ab);
+        // lanes [r0 r2 r0 r2 | r1 r3 r1 r3] -> r0 r1 r2 r3
+        const __m128i lo = _mm256_castsi256_si128(acc[r]), hi = _mm256_extracti128_si256(acc[r], 1);
+        const __m128i isum = _mm_add_epi32(_mm_unpacklo_epi32(lo, hi), _mm_unpackhi_epi32(lo, hi));
+        const __m128i msum = rows4(_mm256_madd_epi16(mn[0], bs), _mm256_madd_epi16(mn[1], bs));
+        y[r] = kquant_min_step4(kquant_step4(y[r], d, ab.d, isum), dmin, ab.d, msum);
+      }
     }
-    for (int k = 0; k < 4 * R; ++k) out[k] = total[k];
+    store_rows4<R>(y, out);
+#else
+    x4_portable_dot<Plain, R>(w[0], a, nb, out);
+#endif
+  }
+};
+
+// Q5_K x4: codes up to 31 overflow Q4_K's 16-bit packing, so each pair register's byte products go through
+// vpmaddubsw and are scaled per sub-block by vpdpwssd (scaled_dot16). Integer lanes [row x 4 | row + 1 x 4].
+template <>
+struct X4Layout<Q5_K> {
+  using Plain = Q5_K;
+  static constexpr int QK = QK_K, SIZE = Plain::SIZE, G = Plain::G, ROWS = 4;
+  static constexpr int SC = 16, QH = 64, QS = 192;  // offsets in the 4 rows' super-block
+  using Act = AK;
+
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+    static_assert(RW == 4, "x4 groups are 4 rows");
+#if RUNLM_AVX2
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m16 = _mm256_set1_epi8(0x10);
+    __m128 y[R];  // lane i: weight row i
+    for (int r = 0; r < R; ++r) y[r] = _mm_setzero_ps();
+    const uint8_t* blk = w[0];
+    for (int64_t b = 0; b < nb; ++b, blk += 4 * SIZE) {
+      const __m128 d = f16x4(blk), dmin = f16x4(blk + 8);
+      const K4Scales ks(blk + SC);
+      const __m256i sc[2] = {K4Scales::pair16(ks.sc_lo, ks.sc_hi, 0), K4Scales::pair16(ks.sc_lo, ks.sc_hi, 1)};
+      const __m256i mn[2] = {K4Scales::pair16(ks.mn_lo, ks.mn_hi, 0), K4Scales::pair16(ks.mn_lo, ks.mn_hi, 1)};
+      __m256i hb[2][2];  // fifth bits: [half][pair]
+      for (int h = 0; h < 2; ++h)
+        for (int p = 0; p < 2; ++p) hb[h][p] = load256(blk + QH + 64 * h + 32 * p);
+      __m256i acc[2][R];
+      for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {  // sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
+#pragma GCC unroll 2
+        for (int p = 0; p < 2; ++p) {
+          const __m256i s_lo = lane_word(sc[p], 2 * j), s_hi = lane_word(sc[p], 2 * j + 1);
+#pragma GCC unroll 2
+          for (int h = 0; h < 2; ++h) {  // positions 16h..16h + 15 of the two sub-blocks
+            const __m256i v = load256(blk + QS + 64 * (2 * j + h) + 32 * p);
+            const __m256i qh = _mm256_srli_epi16(hb[h][p], 2 * j);  // bits 2j, 2j + 1 of qh[l]: fifth bits
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m16));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(qh, 3), m16));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) {
+              const int8_t* aq = a[r][b].qs + 64 * j + 16 * h;
+              acc[p][r] = scaled_dot16(scaled_dot16(acc[p][r], lo, bcast16(aq), s_lo), hi, bcast16(aq + 32), s_hi);
+            }
+          }
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m256i bs = sums32(a[r][b]);
+        const __m128i msum = rows4(_mm256_madd_epi16(mn[0], bs), _mm256_madd_epi16(mn[1], bs));
+        y[r] = kquant_min_step4(kquant_step4(y[r], d, a[r][b].d, rows4(acc[0][r], acc[1][r])), dmin, a[r][b].d, msum);
+      }
+    }
+    store_rows4<R>(y, out);
+#else
+    x4_portable_dot<Plain, R>(w[0], a, nb, out);
+#endif
+  }
+};
+
+#if RUNLM_AVX2
+// Byte shuffles for Q6_K x4 sub-blocks 8h + 2k and 8h + 2k + 1 from int16 [row's 8 scales of half h | row + 1's]:
+// int16 [s(2k) x 4, s(2k+1) x 4] in each lane.
+alignas(16) const uint8_t kQ6KScaleShuffle[4][16] = {
+    {0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3},
+    {4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7},
+    {8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11},
+    {12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15},
+};
+#endif
+
+// Q6_K x4: a 16-value sub-block of a row pair meets its activation codes in one vpdpbusd (lanes [row x 4 | row + 1
+// x 4], each a sum of 4 products, at most 4 * 63 * 127 = 32004, so it fits 16 bits); two sub-blocks' results are
+// packed to int16 and multiplied by their scales in one vpmaddwd / vpdpwssd. The codes' offset of 32 comes off
+// through the activation's sums of 16.
+template <>
+struct X4Layout<Q6_K> {
+  using Plain = Q6_K;
+  static constexpr int QK = QK_K, SIZE = Plain::SIZE, G = Plain::G, ROWS = 4;
+  static constexpr int QL = 0, QH = 512, SC = 768, D = 832;  // offsets in the 4 rows' super-block
+  using Act = AK;
+
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+    static_assert(RW == 4, "x4 groups are 4 rows");
+#if RUNLM_AVX2
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    __m128 y[R];  // lane i: weight row i
+    for (int r = 0; r < R; ++r) y[r] = _mm_setzero_ps();
+    const uint8_t* blk = w[0];
+    for (int64_t b = 0; b < nb; ++b, blk += 4 * SIZE) {
+      __m256i acc[2][R];  // [pair][activation row]: lanes [row x 4 | row + 1 x 4]
+#pragma GCC unroll 2
+      for (int p = 0; p < 2; ++p) {  // rows 2p, 2p + 1
+        for (int r = 0; r < R; ++r) acc[p][r] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {  // elements 128h .. 128h + 127: scales 8h .. 8h + 7
+          const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + SC + 32 * h + 16 * p)));
+          // the codes' offset of 32: -32 * scales . activation sums of 16 (|32 * scale| <= 4096 fits 16 bits)
+          const __m256i offset = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc, 5));
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) acc[p][r] = dot_words(acc[p][r], offset, bcast16(a[r][b].bsums + 8 * h));
+          // element 128h + 32k + 16s + l: low nibble k / 2 of ql piece 4h + 2 (k % 2) + s, bits 2k of qh piece 2h + s
+          __m256i ql[2][2], qh[2];
+          for (int s = 0; s < 2; ++s) {
+            qh[s] = load256(blk + QH + 64 * (2 * h + s) + 32 * p);
+            for (int k2 = 0; k2 < 2; ++k2) ql[k2][s] = load256(blk + QL + 64 * (4 * h + 2 * k2 + s) + 32 * p);
+          }
+#pragma GCC unroll 4
+          for (int k = 0; k < 4; ++k) {
+            __m256i q[2];  // sub-blocks 8h + 2k + s, s = 0, 1
+            for (int s = 0; s < 2; ++s) {
+              const __m256i low = k < 2 ? ql[k][s] : _mm256_srli_epi16(ql[k - 2][s], 4);
+              const __m256i high = k == 0   ? _mm256_slli_epi16(qh[s], 4)
+                                   : k == 1 ? _mm256_slli_epi16(qh[s], 2)
+                                   : k == 2 ? qh[s]
+                                            : _mm256_srli_epi16(qh[s], 2);
+              q[s] = _mm256_or_si256(_mm256_and_si256(low, m4), _mm256_and_si256(high, m30));
+            }
+            const __m256i scv = _mm256_shuffle_epi8(sc, bcast16(kQ6KScaleShuffle[k]));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) {
+              const int8_t* aq = a[r][b].qs + 128 * h + 32 * k;
+              const __m256i zero = _mm256_setzero_si256();
+              const __m256i t = _mm256_packs_epi32(dot_bytes(zero, q[0], bcast16(aq)), dot_bytes(zero, q[1], bcast16(aq + 16)));
+              acc[p][r] = dot_words(acc[p][r], t, scv);
+            }
+          }
+        }
+      }
+      const __m128 d = f16x4(blk + D);
+      for (int r = 0; r < R; ++r) y[r] = kquant_step4(y[r], d, a[r][b].d, rows4(acc[0][r], acc[1][r]));
+    }
+    store_rows4<R>(y, out);
+#else
+    x4_portable_dot<Plain, R>(w[0], a, nb, out);
 #endif
   }
 };
@@ -1234,6 +1612,9 @@ bool type_info(int64_t type, TypeInfo* info) {
     case T_Q5_0 + X4: *info = {Q5_0::QK, Q5_0::SIZE}; return true;
     case T_Q5_1 + X4: *info = {Q5_1::QK, Q5_1::SIZE}; return true;
     case T_Q8_0 + X4: *info = {Q8_0::QK, Q8_0::SIZE}; return true;
+    case T_Q4_K + X4: *info = {Q4_K::QK, Q4_K::SIZE}; return true;
+    case T_Q5_K + X4: *info = {Q5_K::QK, Q5_K::SIZE}; return true;
+    case T_Q6_K + X4: *info = {Q6_K::QK, Q6_K::SIZE}; return true;
     default: return false;
   }
 }
@@ -1270,6 +1651,9 @@ int64_t check_weight(const char* op, const at::Tensor& w, int64_t type, int64_t 
     case T_Q5_0 + X4: FN<X4Layout<Q5_0>>(__VA_ARGS__); break; \
     case T_Q5_1 + X4: FN<X4Layout<Q5_1>>(__VA_ARGS__); break; \
     case T_Q8_0 + X4: FN<X4Layout<Q8_0>>(__VA_ARGS__); break; \
+    case T_Q4_K + X4: FN<X4Layout<Q4_K>>(__VA_ARGS__); break; \
+    case T_Q5_K + X4: FN<X4Layout<Q5_K>>(__VA_ARGS__); break; \
+    case T_Q6_K + X4: FN<X4Layout<Q6_K>>(__VA_ARGS__); break; \
     default: break;                                     \
   }
 
@@ -1330,7 +1714,8 @@ at::Tensor gguf_relayout(const at::Tensor& w, int64_t type, int64_t out_features
   check_weight("runlm::gguf_relayout", w, type, out_features, in_features);
   const bool to_plain = type >= X4;
   const int64_t base = to_plain ? type - X4 : type;
-  TORCH_CHECK(base == T_Q4_0 || base == T_Q4_1 || base == T_Q5_0 || base == T_Q5_1 || base == T_Q8_0,
+  TORCH_CHECK(base == T_Q4_0 || base == T_Q4_1 || base == T_Q5_0 || base == T_Q5_1 || base == T_Q8_0 ||
+                  base == T_Q4_K || base == T_Q5_K || base == T_Q6_K,
               "runlm::gguf_relayout: no x4 layout for GGML type ", base);
   TORCH_CHECK(out_features % 4 == 0, "runlm::gguf_relayout: out_features must be a multiple of 4");
   const at::Tensor wc = w.contiguous();
@@ -1342,12 +1727,18 @@ at::Tensor gguf_relayout(const at::Tensor& w, int64_t type, int64_t out_features
     case T_Q4_1: relayout<Q4_1>(src, out_features, in_features, dst, to_plain); break;
     case T_Q5_0: relayout<Q5_0>(src, out_features, in_features, dst, to_plain); break;
     case T_Q5_1: relayout<Q5_1>(src, out_features, in_features, dst, to_plain); break;
+    case T_Q4_K: relayout<Q4_K>(src, out_features, in_features, dst, to_plain); break;
+    case T_Q5_K: relayout<Q5_K>(src, out_features, in_features, dst, to_plain); break;
+    case T_Q6_K: relayout<Q6_K>(src, out_features, in_features, dst, to_plain); break;
     default: relayout<Q8_0>(src, out_features, in_features, dst, to_plain); break;
   }
   return out;
 }
 
 int64_t gguf_simd() { return RUNLM_AVX2 ? 1 : 0; }
+
+// The instruction set this build's kernels use (the extension is compiled for the CPU it runs on).
+std::string gguf_isa() { return RUNLM_VNNI ? "avx512-vnni" : RUNLM_AVX2 ? "avx2" : "scalar"; }
 
 constexpr int64_t kAttnChunk = 64;      // decode attention: positions per work item, at least
 constexpr int64_t kAttnMaxChunks = 16;  // ... and at most this many items per kv head
@@ -1883,6 +2274,7 @@ TORCH_LIBRARY(runlm, m) {
   m.def("gguf_dequantize(Tensor w, int type, int out_features, int in_features) -> Tensor");
   m.def("gguf_relayout(Tensor w, int type, int out_features, int in_features) -> Tensor");
   m.def("gguf_simd() -> int", &gguf_simd);
+  m.def("gguf_isa() -> str", &gguf_isa);
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def(
       "decode_attention(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, int pos, "

@@ -2,9 +2,11 @@
 
 The kernels work like llama.cpp's CPU backend: each activation row is quantized once per call to 8-bit blocks
 (per 32 values for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, per 256 values with sums of 16 for the K-quants), and every weight
-block meets it in an integer dot product (AVX2 `maddubs`/`madd`, FMA accumulation; a scalar path when the compiler
-does not target AVX2/FMA/F16C). So the result differs from `x @ dequantize(W).T` by the 8-bit rounding of the
-activation: ~0.3-0.5% of the output norm (see tests/quant/test_kernels.py), the same error llama.cpp has.
+block meets it in an integer dot product (AVX-512 VNNI `vpdpbusd`/`vpdpwssd` where the CPU has them, AVX2
+`maddubs`/`madd` otherwise, FMA accumulation; a scalar path when the compiler does not target AVX2/FMA/F16C). So
+the result differs from `x @ dequantize(W).T` by the 8-bit rounding of the activation: ~0.3-0.5% of the output
+norm (see tests/quant/test_kernels.py), the same error llama.cpp has. The extension is built for the CPU it runs
+on (-march=native, cached per CPU model), so the instruction set is chosen by the machine: `isa()` says which.
 
 The extension is compiled on first use (~30 s, then cached) with `torch.utils.cpp_extension.load` (-O3
 -march=native -fopenmp; threads: torch's intra-op pool via at::parallel_for) into torch's extensions cache and
@@ -24,7 +26,8 @@ x float32 [..., in_features] (made contiguous if it is not), w the raw GGUF byte
 With many activation rows (prefill) GGUFLinear switches to dequantize + float32 GEMM, see DENSE_MIN_ROWS.
 
 Environment: RUNLM_GGUF_KERNELS=0 disables the kernels; RUNLM_GGUF_KERNELS=scalar builds the portable scalar
-path instead of the AVX2 one (for testing it; one variant per process, since both register `runlm::`).
+path, RUNLM_GGUF_KERNELS=avx2 the AVX2 path without AVX-512 (what an AVX2-only CPU runs), instead of the native
+one (for testing them; one variant per process, since all register `runlm::`).
 """
 
 from __future__ import annotations
@@ -62,8 +65,9 @@ KERNEL_TYPES: dict[str, int] = {
 }
 
 # Types with the 4-row interleaved layout (type id + X4 in kernels.cpp): same bytes, regrouped once at load so that a
-# decode GEMV reads one stream and decodes 4 rows' scales and 2 rows' codes per instruction (1.1-1.5x faster).
-X4_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+# GEMV reads one stream and decodes 4 rows' scales and 2 rows' codes per instruction (32-wide types 1.1-1.5x faster;
+# Q4_K ~2x at one activation row, ~1.6x at many; Q6_K about as fast as its row layout).
+X4_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 X4 = 256
 
 # From this many activation rows on, forward dequantizes W in C++ (runlm::gguf_dequantize) and runs a float32
@@ -89,15 +93,17 @@ ENV_VAR = "RUNLM_GGUF_KERNELS"
 _SOURCE = Path(__file__).with_name("kernels.cpp")
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 
+_VARIANT_CFLAGS = {"native": [], "scalar": ["-DRUNLM_SCALAR"], "avx2": ["-mno-avx512f", "-mno-avxvnni"]}
+
 _lock = threading.Lock()
-_state: dict[str, object] = {"ok": None, "reason": None, "build_s": None, "simd": None, "name": None}
+_state: dict[str, object] = {"ok": None, "reason": None, "build_s": None, "simd": None, "isa": None, "name": None}
 
 
 def _variant() -> str:
     value = os.environ.get(ENV_VAR, "").strip().lower()
     if value in ("0", "off", "false", "no"):
         return "off"
-    return "scalar" if value == "scalar" else "native"
+    return value if value in _VARIANT_CFLAGS else "native"
 
 
 def _cpu_fingerprint() -> str:
@@ -130,7 +136,7 @@ def _load() -> None:
     if not _op_registered():
         if not _SOURCE.is_file():
             raise FileNotFoundError(f"kernel source {_SOURCE} is missing")
-        cflags = list(_CFLAGS) + (["-DRUNLM_SCALAR"] if variant == "scalar" else [])
+        cflags = list(_CFLAGS) + _VARIANT_CFLAGS[variant]
         name = f"runlm_gguf_{variant}_{_cpu_fingerprint()}"
         cpp_extension.load(
             name=name,
@@ -155,6 +161,7 @@ def _load() -> None:
             if "already" not in str(exc):
                 raise
     _state["simd"] = bool(torch.ops.runlm.gguf_simd())
+    _state["isa"] = str(torch.ops.runlm.gguf_isa())
     _state["build_s"] = time.perf_counter() - start
 
 
@@ -200,13 +207,18 @@ def simd() -> bool:
     return available() and bool(_state["simd"])
 
 
+def isa() -> str | None:
+    """The instruction set the kernels were built for: "avx512-vnni", "avx2" or "scalar" (None: no kernels)."""
+    return _state["isa"] if available() else None  # type: ignore[return-value]
+
+
 def unavailable_reason() -> str | None:
     """Why `available()` is False (None when available or not yet tried)."""
     return _state["reason"]  # type: ignore[return-value]
 
 
 def build_info() -> dict[str, object]:
-    """ok, reason, build_s (seconds the first load took: compile or cache hit), simd (AVX2 path), name."""
+    """ok, reason, build_s (seconds the first load took: compile or cache hit), simd (AVX2 path), isa, name."""
     return dict(_state)
 
 
@@ -248,7 +260,10 @@ def _copy_bytes(data: np.ndarray | torch.Tensor) -> torch.Tensor:
 
 
 def _has_x4(type_name: str, out_features: int) -> bool:
-    """Whether a weight can take the x4 layout: the AVX2 kernels, a type in X4_TYPES, whole 4-row groups."""
+    """Whether a weight can take the x4 layout: the AVX2 kernels, a type in X4_TYPES, whole 4-row groups.
+
+    (The layout has a portable kernel too, which rebuilds the row layout block by block: scalar builds keep the
+    file's layout and its own kernel.)"""
     return type_name in X4_TYPES and out_features % 4 == 0 and simd()
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -97,7 +98,8 @@ def kernel_module(type_name: str, data: np.ndarray, shape: tuple[int, int]) -> k
 def test_build_info():
     info = kernels.build_info()
     assert info["ok"] is True and info["reason"] is None
-    print(f"\nkernels: simd={info['simd']} first load {info['build_s']:.1f}s name={info['name']}")
+    assert kernels.isa() == info["isa"] and info["isa"] in (("avx512-vnni", "avx2") if info["simd"] else ("scalar",))
+    print(f"\nkernels: isa={info['isa']} first load {info['build_s']:.1f}s name={info['name']}")
 
 
 @pytest.mark.parametrize("type_name", TYPES)
@@ -144,20 +146,31 @@ def test_real_tensors(fixture: str, request: pytest.FixtureRequest):
 
 @pytest.mark.parametrize("type_name", kernels.X4_TYPES)
 def test_x4_layout_matches_plain_rows(type_name: str):
-    shape = (40, 256)
+    shape = (40, 512)  # two K-quant super-blocks per row
     data = weight_data(type_name, *shape, seed=7)
     plain = kernels.gguf_linear_module(type_name, data, shape, interleave=False)
+    plain.dense_min_rows = 1 << 30
     x4 = plain.interleaved()
     if not kernels.simd():
         assert x4 is plain
         return
+    x4.dense_min_rows = 1 << 30
     assert x4.x4 and not plain.x4 and "layout=x4" in repr(x4)
     assert not torch.equal(x4.blocks, plain.blocks) and torch.equal(x4.plain_blocks(), plain.blocks)
     ref = dequantize(type_name, data, shape)
     assert torch.equal(x4.dequantized(), ref) and torch.equal(x4.dequantized(5, 9), ref[5:9])
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(9, shape[1], generator=gen)
+    single = torch.cat([x4(x[i : i + 1]) for i in range(9)])  # each row alone: the decode GEMV
     for m in (1, 2, 3, 5, 9):  # every tile shape of the x4 kernel (1-4 activation rows at a time)
-        x = torch.randn(m, shape[1])
-        torch.testing.assert_close(x4(x), plain(x), rtol=1e-5, atol=1e-5)
+        out = x4(x[:m])
+        # a row's result does not depend on the rows beside it (route invariance), bit for bit
+        assert torch.equal(out, single[:m]), f"{type_name}: M={m} differs from the rows computed alone"
+        if type_name.endswith("_K"):  # the same integer sums per super-block and float steps as the row layout
+            assert torch.equal(out, plain(x[:m])), f"{type_name}: M={m} x4 differs from the row layout"
+        else:  # the same integers summed in another float order: equal to float rounding
+            assert rel_err(out, plain(x[:m])) < EXACT_TOL
+        check_against_references(x4, type_name, ref, x[:m])
     # x4 parts concatenate as x4; a plain part makes the whole plain; both compute the same
     both = kernels.GGUFLinear.cat([x4, x4])
     mixed = kernels.GGUFLinear.cat([x4, plain])
@@ -294,38 +307,67 @@ def test_torch_compile_treats_op_as_opaque():
 # ---------------------------------------------------------------------------------------------------------------
 # Build variants and fallback (each in a fresh process: one kernel build per process)
 
-_SCALAR_SCRIPT = """
+_VARIANT_SCRIPT = """
+import sys
 import torch
 from runlm.quant import kernels
 from runlm.quant import dequantize
 import test_kernels as t
+isa, expected = sys.argv[1], torch.load(sys.argv[2])
 assert kernels.available(), kernels.unavailable_reason()
-assert kernels.build_info()["simd"] is False
-gen = torch.Generator().manual_seed(0)
+assert kernels.isa() == isa and kernels.build_info()["simd"] is (isa != "scalar"), kernels.build_info()
 for type_name in kernels.KERNEL_TYPES:
-    shape = (12, 512)
+    shape, x = t.variant_case(type_name)
     data = t.weight_data(type_name, *shape, seed=7)
     module = t.kernel_module(type_name, data, shape)
     weight = dequantize(type_name, data, shape)
+    if type_name in expected:  # the K-quants: one integer sum and float sequence per super-block in every build
+        assert torch.equal(module(x), expected[type_name]), type_name
+    single = torch.cat([module(x[i : i + 1]) for i in range(x.shape[0])])
     for rows in t.ROWS_M:
-        x = torch.randn(rows, 512, generator=gen)
         assert torch.equal(module.dequantized(), weight)
-        t.check_against_references(module, type_name, weight, x)
-print("scalar ok")
+        t.check_against_references(module, type_name, weight, x[:rows])
+        if module.x4:  # rows alike for any row count
+            assert torch.equal(module(x[:rows]), single[:rows]), (type_name, rows)
+    if type_name in kernels.X4_TYPES and not module.x4:  # the x4 kernels' portable path, through the op
+        x4 = torch.ops.runlm.gguf_relayout(module.blocks, module.type_id, *shape)
+        out = torch.ops.runlm.gguf_linear(x[:5], x4, module.type_id + kernels.X4, *shape)
+        if type_name in expected:  # K-quants: the row layout's integer sums and float steps
+            assert torch.equal(out, module(x[:5])), type_name
+        assert t.rel_err(out, module(x[:5])) < t.EXACT_TOL, type_name
+print("variant ok")
 """
 
 
-def _run(code: str, env_value: str, **extra_env: str) -> subprocess.CompletedProcess:
+def _run(code: str, env_value: str, args: Sequence[str] = (), **extra_env: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, **{kernels.ENV_VAR: env_value}, **extra_env)
     here = os.path.dirname(__file__)  # this module, and tests/ for the shared reference helpers
     env["PYTHONPATH"] = os.pathsep.join([here, os.path.dirname(here), env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    command = [sys.executable, "-c", code, *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_scalar_build_matches():
-    """The portable path (-DRUNLM_SCALAR, what a compiler without AVX2 builds) gives the same results."""
-    result = _run(_SCALAR_SCRIPT, "scalar")
-    assert result.returncode == 0 and "scalar ok" in result.stdout, result.stderr[-3000:]
+def variant_case(type_name: str) -> tuple[tuple[int, int], torch.Tensor]:
+    """The weight shape and activation rows the build-variant check runs for a type."""
+    shape = (12, 512)
+    return shape, torch.randn(max(ROWS_M), shape[1], generator=torch.Generator().manual_seed(len(type_name) + 5))
+
+
+@pytest.mark.parametrize("variant", ["scalar", "avx2"])
+def test_other_builds_match(variant: str, tmp_path):
+    """The portable path (-DRUNLM_SCALAR, what a compiler without AVX2 builds) and the AVX2 path without AVX-512
+    (what an AVX2-only CPU runs) give the same results: exact against the quantized-activation reference, x4 rows
+    alike for any row count, the x4 layout's portable kernel equal to the row layout's, and the K-quants bit for
+    bit equal to this build's."""
+    if variant == "avx2" and not kernels.simd():
+        pytest.skip("this CPU has no AVX2")
+    expected = {}
+    for type_name in (name for name in TYPES if name.endswith("_K")):
+        shape, x = variant_case(type_name)
+        expected[type_name] = kernel_module(type_name, weight_data(type_name, *shape, seed=7), shape)(x)
+    torch.save(expected, tmp_path / "expected.pt")
+    result = _run(_VARIANT_SCRIPT, variant, args=[variant, str(tmp_path / "expected.pt")])
+    assert result.returncode == 0 and "variant ok" in result.stdout, result.stderr[-3000:]
 
 
 def test_disabled_kernels_fall_back():
