@@ -431,7 +431,7 @@ def run_kernel_bench(args, max_rows: int = 8192) -> int:
         raw = gguf.raw(name)
         rows = min(shape[0], max_rows)
         data = np.asarray(raw.data)[:rows]
-        module = kernels.GGUFLinear.from_raw(type_name, data, (rows, shape[1]))
+        module = kernels.GGUFLinear.from_raw(type_name, data, (rows, shape[1]), interleave=True)  # as models load it
         weight = module.dequantized()
         int4 = pack_linear(type_name, data, (rows, shape[1]), torch.bfloat16)
         for m in (1, 17, 128):
