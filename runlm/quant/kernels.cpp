@@ -816,18 +816,20 @@ struct X4Fields<Q8_0> {
 };
 
 // The K-quants in x4 (same bytes, one 256-value super-block of 4 rows after another): every field is cut into
-// pieces of at most 16 bytes and each piece is stored for the 4 rows side by side, like the 32-wide types. A
-// 256-bit load at a piece then gives [row0 piece | row1 piece] (and [row2 | row3] 32 bytes on), which meets 16
-// activation codes broadcast to both lanes. Q4_K / Q5_K's 12 bytes of 6-bit scales and mins are cut into their
-// three 32-bit words, so one 128-bit load holds word k of the 4 rows and the unpacking runs for 4 rows at once.
-//   Q4_K (576 bytes): d[4] | dmin[4] | scale words 0, 1, 2 [4 each] | 8 nibble pieces (qs[16p..16p+16)) [4 each]
-//   Q5_K (704 bytes): as Q4_K with the 2 fifth-bit pieces (qh[0..16), qh[16..32)) before the nibbles
-//   Q6_K (840 bytes): 8 low-nibble pieces (ql) | 4 high-bit pieces (qh) | 2 scale pieces (8 bytes) | d[4]
+// pieces and each piece is stored for the 4 rows side by side, like the 32-wide types. With pieces of 16 bytes a
+// 256-bit load gives [row0 piece | row1 piece] (and [row2 | row3] 32 bytes on), which meets 16 activation codes
+// broadcast to both lanes; Q4_K's nibbles come in pieces of 8 bytes, so one load holds the piece of all 4 rows.
+// Q4_K / Q5_K's 12 bytes of 6-bit scales and mins are cut into their three 32-bit words, so one 128-bit load holds
+// word k of the 4 rows and the unpacking runs for 4 rows at once. [4 each]: the 4 rows' pieces side by side.
+//   Q4_K (576 bytes): d[4] | dmin[4] | scale words 0, 1, 2 [4 each] | 16 nibble pieces of 8 (qs[8p..8p+8)) [4 each]
+//   Q5_K (704 bytes): d[4] | dmin[4] | scale words [4 each] | 2 fifth-bit pieces of 16 (qh) | 8 nibble pieces of 16
+//   Q6_K (840 bytes): 8 low-nibble pieces of 16 (ql) | 4 high-bit pieces of 16 (qh) | 2 scale pieces of 8 | d[4]
 template <>
 struct X4Fields<QK45<false>> {
-  static constexpr int N = 13, QH = -1;
-  static constexpr Field f[N] = {{0, 2},   {2, 2},   {4, 4},   {8, 4},   {12, 4},  {16, 16}, {32, 16},
-                                 {48, 16}, {64, 16}, {80, 16}, {96, 16}, {112, 16}, {128, 16}};
+  static constexpr int N = 21, QH = -1;
+  static constexpr Field f[N] = {{0, 2},   {2, 2},   {4, 4},   {8, 4},   {12, 4},  {16, 8},  {24, 8},
+                                 {32, 8},  {40, 8},  {48, 8},  {56, 8},  {64, 8},  {72, 8},  {80, 8},
+                                 {88, 8},  {96, 8},  {104, 8}, {112, 8}, {120, 8}, {128, 8}, {136, 8}};
 };
 template <>
 struct X4Fields<QK45<true>> {
@@ -1005,6 +1007,13 @@ inline __m256i bcast16(const void* p) {
   return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// 8 bytes at p in every 64 bits
+inline __m256i bcast8(const void* p) {
+  int64_t v;
+  std::memcpy(&v, p, 8);
+  return _mm256_set1_epi64x(v);
+}
+
 // Byte shuffles picking int16 element s of a 128-bit lane eight times, for s = 0..7.
 alignas(16) const uint8_t kWordShuffle[8][16] = {
     {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1},
@@ -1076,8 +1085,8 @@ inline __m256i sums32(const AK& ab) {
   return _mm256_broadcastsi128_si256(_mm_packs_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1)));
 }
 
-// Byte shuffles for Q4_K x4 sub-blocks 2j and 2j + 1 from [row 0 scales | row 2 scales] (and rows 1 / 3 in the
-// other lane): int16 [s0(2j) s0(2j) s2(2j) s2(2j) s0(2j+1) s0(2j+1) s2(2j+1) s2(2j+1)], zero-extended.
+// Byte shuffles for Q4_K x4 sub-blocks 2j and 2j + 1 from [row 0 scales, row 1 scales] (rows 2 / 3 in the other
+// lane): int16 [s0(2j) s0(2j) s1(2j) s1(2j) s0(2j+1) s0(2j+1) s1(2j+1) s1(2j+1)], zero-extended.
 alignas(16) const uint8_t kQ4KScaleShuffle[4][16] = {
     {0, 0x80, 0, 0x80, 8, 0x80, 8, 0x80, 1, 0x80, 1, 0x80, 9, 0x80, 9, 0x80},
     {2, 0x80, 2, 0x80, 10, 0x80, 10, 0x80, 3, 0x80, 3, 0x80, 11, 0x80, 11, 0x80},
@@ -1110,10 +1119,11 @@ inline __m256i scaled_dot16(__m256i acc, __m256i q, __m256i a, __m256i scales) {
 
 #endif
 
-// Q4_K x4: the byte dot products of a 32-value sub-block (two 16-value halves) for the 4 rows are summed into one
-// register [r0 r0 r2 r2 | r1 r1 r3 r3] (horizontal add of the two row pairs; each lane a sum of 16 products, at
-// most 16 * 15 * 127 = 30480, so it fits 16 bits), two sub-blocks' registers are packed to int16 and multiplied by
-// their scales in one vpmaddwd / vpdpwssd. Integer lanes end as [r0 r2 r0 r2 | r1 r3 r1 r3].
+// Q4_K x4: its nibbles come in pieces of 8 bytes, so one 256-bit load holds [r0 | r1 | r2 | r3] 8 bytes each and
+// one vpdpbusd meets all 4 rows with 8 activation codes broadcast to every 64 bits. The four loads of a 32-value
+// sub-block sum into lanes [r0 r0 r1 r1 | r2 r2 r3 r3], each a sum of 16 products (at most 16 * 15 * 127 = 30480,
+// so it fits 16 bits): two sub-blocks' sums are packed to int16 and multiplied by their scales in one vpmaddwd /
+// vpdpwssd, leaving lanes [r0 r1 r0 r1 | r2 r3 r2 r3] (sub-block 2j, then 2j + 1).
 template <>
 struct X4Layout<Q4_K> {
   using Plain = Q4_K;
@@ -1132,39 +1142,36 @@ struct X4Layout<Q4_K> {
     for (int64_t b = 0; b < nb; ++b, blk += 4 * SIZE) {
       const __m128 d = f16x4(blk), dmin = f16x4(blk + 8);
       const K4Scales ks(blk + SC);
-      const __m128i s01 = _mm_unpacklo_epi32(ks.sc_lo, ks.sc_hi), s23 = _mm_unpackhi_epi32(ks.sc_lo, ks.sc_hi);
-      // [row 0 scales, row 2 scales | row 1 scales, row 3 scales]
-      const __m256i sc = _mm256_set_m128i(_mm_unpackhi_epi64(s01, s23), _mm_unpacklo_epi64(s01, s23));
+      // [row 0 scales, row 1 scales | row 2 scales, row 3 scales]
+      const __m256i sc = _mm256_set_m128i(_mm_unpackhi_epi32(ks.sc_lo, ks.sc_hi), _mm_unpacklo_epi32(ks.sc_lo, ks.sc_hi));
       const __m256i mn[2] = {K4Scales::pair16(ks.mn_lo, ks.mn_hi, 0), K4Scales::pair16(ks.mn_lo, ks.mn_hi, 1)};
       __m256i acc[R];
       for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) {  // sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
         const __m256i scj = _mm256_shuffle_epi8(sc, bcast16(kQ4KScaleShuffle[j]));
-        __m256i lo[2][2], hi[2][2];  // [pair][half]
-        for (int h = 0; h < 2; ++h)
-          for (int p = 0; p < 2; ++p) {
-            const __m256i v = load256(blk + QS + 64 * (2 * j + h) + 32 * p);
-            lo[p][h] = _mm256_and_si256(v, m4), hi[p][h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-          }
+        __m256i lo[4], hi[4];  // elements 8k..8k + 7 of the two sub-blocks
+        for (int k = 0; k < 4; ++k) {
+          const __m256i v = load256(blk + QS + 32 * (4 * j + k));
+          lo[k] = _mm256_and_si256(v, m4), hi[k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        }
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
           const int8_t* aq = a[r][b].qs + 64 * j;
-          const __m256i al0 = bcast16(aq), al1 = bcast16(aq + 16), ah0 = bcast16(aq + 32), ah1 = bcast16(aq + 48);
-          const __m256i zero = _mm256_setzero_si256();
-          const __m256i u_lo = _mm256_hadd_epi32(dot_bytes(dot_bytes(zero, lo[0][0], al0), lo[0][1], al1),
-                                                 dot_bytes(dot_bytes(zero, lo[1][0], al0), lo[1][1], al1));
-          const __m256i u_hi = _mm256_hadd_epi32(dot_bytes(dot_bytes(zero, hi[0][0], ah0), hi[0][1], ah1),
-                                                 dot_bytes(dot_bytes(zero, hi[1][0], ah0), hi[1][1], ah1));
+          __m256i u_lo = _mm256_setzero_si256(), u_hi = _mm256_setzero_si256();
+          for (int k = 0; k < 4; ++k) {
+            u_lo = dot_bytes(u_lo, lo[k], bcast8(aq + 8 * k));
+            u_hi = dot_bytes(u_hi, hi[k], bcast8(aq + 32 + 8 * k));
+          }
           acc[r] = dot_words(acc[r], _mm256_packs_epi32(u_lo, u_hi), scj);
         }
       }
       for (int r = 0; r < R; ++r) {
         const AK& ab = a[r][b];
         const __m256i bs = sums32(ab);
-        // lanes [r0 r2 r0 r2 | r1 r3 r1 r3] -> r0 r1 r2 r3
+        // lanes [r0 r1 r0 r1 | r2 r3 r2 r3] -> r0 r1 r2 r3
         const __m128i lo = _mm256_castsi256_si128(acc[r]), hi = _mm256_extracti128_si256(acc[r], 1);
-        const __m128i isum = _mm_add_epi32(_mm_unpacklo_epi32(lo, hi), _mm_unpackhi_epi32(lo, hi));
+        const __m128i isum = _mm_add_epi32(_mm_unpacklo_epi64(lo, hi), _mm_unpackhi_epi64(lo, hi));
         const __m128i msum = rows4(_mm256_madd_epi16(mn[0], bs), _mm256_madd_epi16(mn[1], bs));
         y[r] = kquant_min_step4(kquant_step4(y[r], d, ab.d, isum), dmin, ab.d, msum);
       }
