@@ -356,7 +356,7 @@ def serve_on_ray(args: argparse.Namespace, server_options: dict) -> int:
     replica = ReplicaOptions(model=args.model, dtype=args.dtype, ctx=args.ctx, swa_full=args.swa_full,
                              mmproj=args.mmproj, prompt_cache_mb=args.prompt_cache_mb, max_batch=args.parallel,
                              max_queue=args.max_queue)
-    cluster = ClusterOptions(replicas=args.replicas or args.min_replicas or 1,
+    cluster = ClusterOptions(replicas=args.replicas if args.replicas is not None else args.min_replicas or 1,
                              threads_per_replica=args.threads_per_replica, ray_address=args.ray_address,
                              policy=args.routing, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
                              target_ongoing_requests=args.target_ongoing_requests, host=args.host, port=args.port)
