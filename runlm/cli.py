@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--prompt-cache-mb", type=int, default=256)
     serve.add_argument("--max-queue", type=int, default=16)
     serve.add_argument("--parallel", type=int, default=8, help="sequences decoded together (continuous batching)")
+    serve.add_argument("--kv-budget-mb", type=float, default=None,
+                       help="bound on the KV cache of all requests in flight (default: half the memory available "
+                            "after the load, per replica with --replicas; 0: no bound)")
     serve.add_argument("--mmproj", default=None, help="llama.cpp vision projector GGUF for a GGUF model")
     serve.add_argument("--allow-remote-images", action="store_true", help="fetch http(s) image_url parts")
     serve.add_argument("--allow-private-image-urls", action="store_true",
@@ -273,8 +276,8 @@ def _chat_web(args: argparse.Namespace) -> int:
         **vars(args), host="127.0.0.1", api_key=None, api_keys_file=None, shared_prompt_cache=False,
         prompt_cache_mb=256, max_queue=16, parallel=8,
         mmproj=None, allow_remote_images=False, allow_private_image_urls=False, pooling=None, allowed_hosts=[],
-        api_docs=False,
-        special_tokens_in_content=False,
+        api_docs=False, special_tokens_in_content=False, kv_budget_mb=None,
+        replicas=None, min_replicas=None, max_replicas=None,  # one process: the page is one user's
     )
     serve_args.max_tokens = None  # the page's requests run to their end unless they say otherwise
     return cmd_serve(serve_args)
@@ -343,7 +346,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return serve_on_ray(args, server_options)
     loaded = _load(args)
     serve(loaded, host=args.host, port=args.port, prompt_cache_mb=args.prompt_cache_mb, max_queue=args.max_queue,
-          max_batch=args.parallel, **server_options)
+          max_batch=args.parallel, kv_budget_mb=args.kv_budget_mb, **server_options)
     return 0
 
 
@@ -355,7 +358,7 @@ def serve_on_ray(args: argparse.Namespace, server_options: dict) -> int:
         raise RunlmError("--replicas runs on CPUs here; --device is not supported with it yet")
     replica = ReplicaOptions(model=args.model, dtype=args.dtype, ctx=args.ctx, swa_full=args.swa_full,
                              mmproj=args.mmproj, prompt_cache_mb=args.prompt_cache_mb, max_batch=args.parallel,
-                             max_queue=args.max_queue)
+                             max_queue=args.max_queue, kv_budget_mb=args.kv_budget_mb)
     cluster = ClusterOptions(replicas=args.replicas if args.replicas is not None else args.min_replicas or 1,
                              threads_per_replica=args.threads_per_replica, ray_address=args.ray_address,
                              policy=args.routing, min_replicas=args.min_replicas, max_replicas=args.max_replicas,

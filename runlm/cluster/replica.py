@@ -21,7 +21,7 @@ import torch
 from runlm.engine import Engine, Scheduler
 from runlm.engine.core import GenerationRequest, StreamRecord, Usage
 from runlm.engine.grammar import GrammarConstraint
-from runlm.engine.scheduler import RequestHandle
+from runlm.engine.scheduler import RequestHandle, kv_budget_bytes
 
 
 @dataclass
@@ -74,6 +74,7 @@ class ReplicaOptions:
     prompt_cache_mb: float = 256
     max_batch: int = 8
     max_queue: int = 16
+    kv_budget_mb: float | None = None  # None: half the memory available when the replica starts; 0: no bound
 
 
 class ModelReplica:
@@ -88,7 +89,8 @@ class ModelReplica:
                            swa_full=options.swa_full)
         self.engine = Engine(self.loaded.runner, self.loaded.tokenizer, context_length=self.loaded.context_length,
                              prompt_cache_mb=options.prompt_cache_mb)
-        self.scheduler = Scheduler(self.engine, max_queue=options.max_queue, max_batch=options.max_batch)
+        self.scheduler = Scheduler(self.engine, max_queue=options.max_queue, max_batch=options.max_batch,
+                                   kv_budget_bytes=kv_budget_bytes(options.kv_budget_mb))
         self.replica_id = replica_id or f"pid-{os.getpid()}"
         self._started = time.monotonic()
         self._requests = self._prompt_tokens = self._cached_tokens = self._completion_tokens = 0

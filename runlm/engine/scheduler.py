@@ -205,6 +205,24 @@ def release_openmp_pools() -> bool:
     return pause(1) == 0  # omp_pause_soft: pools are rebuilt on the next parallel region
 
 
+def default_kv_budget_bytes() -> int | None:
+    """Half the memory the system has available now (the model is loaded by then), from /proc/meminfo's
+    MemAvailable; None (no bound) where that cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 // 2
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def kv_budget_bytes(megabytes: float | None) -> int | None:
+    """A KV budget asked for in MiB (0: no bound), or the default (half of what is available now)."""
+    return default_kv_budget_bytes() if megabytes is None else int(megabytes * 2**20) or None
+
+
 MIN_MIXED_CHUNK = 4  # prompt tokens per step, at least, for a prompt admitted beside running streams
 
 

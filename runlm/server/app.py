@@ -19,6 +19,7 @@ from fastapi import FastAPI
 
 from runlm.engine import Engine, Scheduler
 from runlm.engine.embeddings import check_pooling
+from runlm.engine.scheduler import kv_budget_bytes
 from runlm.server import anthropic_api, embeddings_api, llamacpp_api, ollama_api, openai_api, responses_api
 from runlm.server.errors import install_error_handlers
 from runlm.server.metrics import Metrics
@@ -84,8 +85,8 @@ def create_app(
     if scheduler is None:
         engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length,
                         prompt_cache_mb=prompt_cache_mb)
-        kv_budget = default_kv_budget_bytes() if kv_budget_mb is None else int(kv_budget_mb * 2**20)
-        scheduler = Scheduler(engine, max_queue=max_queue, max_batch=max_batch, kv_budget_bytes=kv_budget)
+        scheduler = Scheduler(engine, max_queue=max_queue, max_batch=max_batch,
+                              kv_budget_bytes=kv_budget_bytes(kv_budget_mb))
     engine = scheduler.engine
     metrics = Metrics()
     name, aliases = served_names(loaded, model_name)
@@ -120,19 +121,6 @@ def create_app(
     app.include_router(ollama_api.router)
     app.include_router(responses_api.router)
     return app
-
-
-def default_kv_budget_bytes() -> int | None:
-    """Half the memory the system has available now (the model is loaded by then), from /proc/meminfo's
-    MemAvailable; None (no bound) where that cannot be read."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024 // 2
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def serve(loaded: Any, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info",
