@@ -94,25 +94,30 @@ class RunlmFront:
         return self._app
 
 
+def scaling_options(cluster: ClusterOptions) -> dict[str, Any]:
+    """The replica deployment's size: a fixed count, or Ray's autoscaler between min and max replicas."""
+    if cluster.min_replicas is None and cluster.max_replicas is None:
+        if cluster.replicas < 1:
+            raise RunlmError(f"--replicas must be at least 1, got {cluster.replicas}")
+        return {"num_replicas": cluster.replicas}
+    low = cluster.min_replicas if cluster.min_replicas is not None else 1
+    high = cluster.max_replicas if cluster.max_replicas is not None else max(low, cluster.replicas)
+    if not 0 <= low <= high or high < 1:
+        raise RunlmError(f"autoscaling needs 0 <= --min-replicas <= --max-replicas (>= 1), got {low}..{high}")
+    if cluster.target_ongoing_requests <= 0:
+        raise RunlmError(f"--target-ongoing-requests must be positive, got {cluster.target_ongoing_requests}")
+    return {"autoscaling_config": {"min_replicas": low, "max_replicas": high,
+                                   "initial_replicas": min(max(cluster.replicas, low), high),
+                                   "target_ongoing_requests": cluster.target_ongoing_requests}}
+
+
 def build_app(options: ReplicaOptions, cluster: ClusterOptions, server_options: dict[str, Any] | None = None):
     """The Serve application (front + replicas), ready for `serve.run`."""
     serve = _serve()
     from ray.serve.config import RequestRouterConfig
 
     options.threads = cluster.threads_per_replica
-    scaling: dict[str, Any]
-    if cluster.min_replicas is not None or cluster.max_replicas is not None:
-        low = cluster.min_replicas if cluster.min_replicas is not None else 1
-        high = cluster.max_replicas if cluster.max_replicas is not None else max(low, cluster.replicas)
-        if not 0 <= low <= high or high < 1:
-            raise RunlmError(f"autoscaling needs 0 <= min_replicas <= max_replicas (>= 1), got {low}..{high}")
-        scaling = {"autoscaling_config": {"min_replicas": low, "max_replicas": high,
-                                          "initial_replicas": min(max(cluster.replicas, low), high),
-                                          "target_ongoing_requests": cluster.target_ongoing_requests}}
-    else:
-        if cluster.replicas < 1:
-            raise RunlmError(f"--replicas must be at least 1, got {cluster.replicas}")
-        scaling = {"num_replicas": cluster.replicas}
+    scaling = scaling_options(cluster)
     replica = serve.deployment(
         RunlmReplica,
         name="RunlmReplica",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runlm.cli import main
-from runlm.cluster.deploy import ClusterOptions, ReplicaOptions, build_app
+from runlm.cluster.deploy import ClusterOptions, ReplicaOptions, build_app, scaling_options
 from runlm.errors import RunlmError
 
 pytest.importorskip("ray.serve")
@@ -15,6 +15,15 @@ pytest.importorskip("ray.serve")
 def test_impossible_replica_counts_are_refused(cluster):
     with pytest.raises(RunlmError, match="replicas"):
         build_app(ReplicaOptions(model="unused.gguf"), cluster)
+
+
+def test_autoscaling_is_passed_to_ray_and_a_fixed_count_otherwise():
+    assert scaling_options(ClusterOptions(replicas=3)) == {"num_replicas": 3}
+    scaled = scaling_options(ClusterOptions(replicas=2, min_replicas=1, max_replicas=8, target_ongoing_requests=3))
+    assert scaled == {"autoscaling_config": {"min_replicas": 1, "max_replicas": 8, "initial_replicas": 2,
+                                             "target_ongoing_requests": 3}}
+    with pytest.raises(RunlmError, match="target-ongoing-requests"):
+        scaling_options(ClusterOptions(min_replicas=1, max_replicas=2, target_ongoing_requests=0))
 
 
 def test_the_cli_says_so_in_one_line_and_exits_non_zero(capsys):
