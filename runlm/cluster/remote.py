@@ -94,12 +94,8 @@ class RemoteScheduler:
             raise TypeError("the cluster's scheduler delivers records into an event loop: pass `loop`")
         if self._waiting >= self.max_queue + self.max_batch:
             raise QueueFullError(f"the server is busy: {self._waiting} requests are already waiting; retry later")
-        gens = self.engine.new_choices(request, n, submitted_at=time.perf_counter())
-        first = RemoteHandle(gens[0], loop)
-        handles = [first] + [RemoteHandle(g, loop, share_with=first) for g in gens[1:]]
-        for handle in handles:
-            handle.on_done = on_done
-            handle.group = handles
+        handles = RemoteHandle.choices(self.engine.new_choices(request, n, submitted_at=time.perf_counter()),
+                                       loop, on_done)
         self._waiting += 1
         pump = loop.create_task(self._pump(request, handles))
         for handle in handles:

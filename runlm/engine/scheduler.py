@@ -43,6 +43,7 @@ class ReplicaLostError(RunlmError):
 
 _END = object()
 T = TypeVar("T")
+H = TypeVar("H", bound="RequestHandle")
 
 
 class RequestHandle:
@@ -69,6 +70,17 @@ class RequestHandle:
         self.done = threading.Event()
         self.on_done: Callable[[RequestHandle], None] | None = None
         self.group: list[RequestHandle] | None = None  # the sibling handles, admitted together
+
+    @classmethod
+    def choices(cls: type[H], gens: list[Generation], loop: asyncio.AbstractEventLoop | None,
+                on_done: Callable[[RequestHandle], None] | None) -> list[H]:
+        """One handle per choice of a request, sharing one queue, each knowing its siblings (`group`)."""
+        first = cls(gens[0], loop)
+        handles = [first] + [cls(g, loop, share_with=first) for g in gens[1:]]
+        for handle in handles:
+            handle.on_done = on_done
+            handle.group = handles
+        return handles
 
     # -- worker side ---------------------------------------------------------------------
     def _put(self, item: Any) -> None:
@@ -299,12 +311,8 @@ class Scheduler:
         """Enqueue one request for `n` choices (Engine.new_choices): admitted together, prefilled once
         (Engine.start_group), then decoded side by side in the batch. A group larger than the free batch
         slots waits for them, or runs alone above `max_batch` when nothing else is in flight."""
-        gens = self.engine.new_choices(request, n, submitted_at=time.perf_counter())
-        first = RequestHandle(gens[0], loop)
-        handles = [first] + [RequestHandle(g, loop, share_with=first) for g in gens[1:]]
-        for handle in handles:
-            handle.on_done = on_done
-            handle.group = handles
+        handles = RequestHandle.choices(self.engine.new_choices(request, n, submitted_at=time.perf_counter()),
+                                        loop, on_done)
         self._enqueue(handles)
         return RequestGroup(handles)
 
