@@ -505,3 +505,51 @@ def test_markdown_renderer_builds_safe_dom(echo_server, open_page):
     page = open_page(echo_server.base_url)
     for source, html in MARKDOWN:
         assert page.evaluate(RENDER_JS, source) == html, source
+
+
+# Text a model (or a pasted document) can send that makes a renderer which backtracks, or scans ahead from every
+# opener, quadratic or worse. Each is ~600k characters and ends in END. The quadratic renderer took 0.2-2 s on each
+# at 40k characters, so minutes at this size (or a stack overflow for the nesting ones); a linear one takes well
+# under a second, so RENDER_BOUND_MS is generous for a loaded machine and still fails any regression.
+LONG = 600_000
+HOSTILE = {
+    "emphasis never closed": "*a _a **a ~~a " * (LONG // 14),
+    "link labels never closed": "[" * LONG,
+    "image labels never closed": "![" * (LONG // 2),
+    "heading with a long gap": "# x" + " " * LONG + "y",
+    "table separator with a long gap": "a|b\n|---" + " " * LONG + "x",
+    "url with unbalanced parens": "http://a" + ")" * LONG,
+    "urls with control characters": "http://\x01" * (LONG // 8),
+    "block quotes nested": "> " * (LONG // 2),
+    "lists nested": "- " * (LONG // 2),
+    "ordered lists nested": "1. " * (LONG // 3),
+    "yaml keys never ending": "```yaml\n" + "a." * (LONG // 2) + "\n",
+    "css names never ending": "```css\n" + "-x" * (LONG // 2) + "\n",
+    "html attributes never ending": "```html\n" + "a." * (LONG // 2) + "\n",
+    "toml blank lines": "```toml\n" + "\n" * LONG + "x\n",
+    "wide table of short rows": "|" + "a|" * 20_000 + "\n|" + "-|" * 20_000 + "\n" + "|\n" * 20_000,
+}
+RENDER_BOUND_MS = 10_000
+RENDER_LATER_JS = """t => {
+  window.__rendered = null;
+  setTimeout(() => {
+    try {
+      const d = document.createElement('div');
+      d.appendChild(RunlmMarkdown.render(t));
+      window.__rendered = {text: d.textContent.slice(-200)};
+    } catch (e) {
+      window.__rendered = {error: String(e)};
+    }
+  });
+}"""
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_markdown_renderer_is_linear_on_hostile_text(echo_server, open_page, name):
+    """The render runs after evaluate returns, so a page stuck in it fails the bounded wait instead of hanging."""
+    page = open_page(echo_server.base_url)
+    page.evaluate(RENDER_LATER_JS, HOSTILE[name] + " END")
+    page.wait_for_function("() => window.__rendered !== null", timeout=RENDER_BOUND_MS)
+    rendered = page.evaluate("window.__rendered")
+    assert "error" not in rendered, rendered
+    assert "END" in rendered["text"], rendered  # the whole text was rendered, to its end

@@ -6,6 +6,12 @@
  *
  * Covers what chat models write: paragraphs, headings, emphasis, inline code, fenced code blocks (also
  * unclosed ones, while an answer streams), lists (nested), block quotes, tables, rules, links.
+ *
+ * Linear time by construction, because the text is untrusted and re-rendered on every streamed chunk: no
+ * pattern can backtrack over a long run (none has two adjacent parts that match the same characters, or a
+ * repeated part followed by an anchor it may miss), every closer (emphasis, code span, link label) is looked
+ * up in a table built once per text instead of scanned for from each opener, nesting is capped (MAX_NESTING),
+ * and a table's short rows get empty cells only up to the table's own size.
  */
 (function () {
   'use strict';
@@ -17,15 +23,58 @@
     return node;
   }
 
+  // Deeper block quotes / lists / emphasis than this render as plain text: each level re-reads its text.
+  const MAX_NESTING = 16;
+
   // -- block level ------------------------------------------------------------------------------------
 
-  const FENCE = /^( {0,3})(`{3,}|~{3,})[ \t]*([^\s`]*)[^`]*$/;
-  const HEADING = /^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$/;
+  const FENCE_OPEN = /^( {0,3})(`{3,}|~{3,})[ \t]*([^\s`]*)/;
+  const HEADING_OPEN = /^ {0,3}(#{1,6})(?=[ \t]|$)/;
   const HR = /^ {0,3}([-*_])(?:[ \t]*\1){2,}[ \t]*$/;
   const QUOTE = /^ {0,3}> ?(.*)$/;
   const UL = /^( {0,3})([-*+])(?:[ \t]+(.*))?$/;
   const OL = /^( {0,3})(\d{1,9})([.)])(?:[ \t]+(.*))?$/;
-  const TABLE_SEP = /^ {0,3}\|?[ \t]*:?-+:?[ \t]*(?:\|[ \t]*:?-+:?[ \t]*)*\|?[ \t]*$/;
+  const TABLE_CELL_SEP = /^[ \t]*:?-+:?[ \t]*$/;
+
+  function isBlank(c) {
+    return c === ' ' || c === '\t';
+  }
+
+  function trimEndBlank(s) {
+    let end = s.length;
+    while (end > 0 && isBlank(s[end - 1])) end--;
+    return s.slice(0, end);
+  }
+
+  function fence(line) {
+    // An opening fence: [whole, indent, fence, info word]; a backtick fence's line holds no other backtick.
+    const m = FENCE_OPEN.exec(line);
+    return m && line.indexOf('`', m[0].length) === -1 ? m : null;
+  }
+
+  function heading(line) {
+    // [level, text] of an ATX heading, without its closing run of '#' (one preceded by a space or tab).
+    const m = HEADING_OPEN.exec(line);
+    if (!m) return null;
+    let text = trimEndBlank(line.slice(m[0].length));
+    let end = text.length;
+    while (end > 0 && text[end - 1] === '#') end--;
+    if (end < text.length && (end === 0 || isBlank(text[end - 1]))) text = trimEndBlank(text.slice(0, end));
+    let start = 0;
+    while (start < text.length && isBlank(text[start])) start++;
+    return [m[1].length, text.slice(start)];
+  }
+
+  function isTableSeparator(line) {
+    // | :-- | --: | :-: | (the outer pipes optional)
+    let k = 0;
+    while (k < 3 && line[k] === ' ') k++;
+    let s = line.slice(k);
+    if (s.startsWith('|')) s = s.slice(1);
+    s = trimEndBlank(s);
+    if (s.endsWith('|')) s = s.slice(0, -1);
+    return s.split('|').every(function (cell) { return TABLE_CELL_SEP.test(cell); });
+  }
 
   function listItem(line) {
     let m = UL.exec(line);
@@ -36,7 +85,7 @@
   }
 
   function startsBlock(line) {
-    return FENCE.test(line) || HEADING.test(line) || HR.test(line) || QUOTE.test(line) || listItem(line) !== null;
+    return fence(line) !== null || HEADING_OPEN.test(line) || HR.test(line) || QUOTE.test(line) || listItem(line) !== null;
   }
 
   function indentOf(line) {
@@ -60,16 +109,20 @@
     return line.slice(k);
   }
 
-  function renderBlocks(lines, parent) {
+  function renderBlocks(lines, parent, depth) {
+    if (depth > MAX_NESTING) {
+      parent.appendChild(el('p', null, lines.join('\n')));
+      return;
+    }
     let i = 0;
     while (i < lines.length) {
       const line = lines[i];
       if (!line.trim()) { i++; continue; }
       let m;
-      if ((m = FENCE.exec(line))) {
+      if ((m = fence(line))) {
         const indent = m[1].length;
-        const fence = m[2];
-        const close = new RegExp('^ {0,3}' + (fence[0] === '`' ? '`' : '~') + '{' + fence.length + ',}[ \\t]*$');
+        const marks = m[2];
+        const close = new RegExp('^ {0,3}' + (marks[0] === '`' ? '`' : '~') + '{' + marks.length + ',}[ \\t]*$');
         const body = [];
         i++;
         while (i < lines.length && !close.test(lines[i])) {
@@ -83,9 +136,9 @@
         parent.appendChild(codeBlock(body.join('\n'), m[3]));
         continue;
       }
-      if ((m = HEADING.exec(line))) {
-        const h = el('h' + m[1].length);
-        inline(m[2] || '', h);
+      if ((m = heading(line))) {
+        const h = el('h' + m[0]);
+        inline(m[1], h);
         parent.appendChild(h);
         i++;
         continue;
@@ -105,15 +158,15 @@
           i++;
         }
         const quote = el('blockquote');
-        renderBlocks(inner, quote);
+        renderBlocks(inner, quote, depth + 1);
         parent.appendChild(quote);
         continue;
       }
       if (listItem(line)) {
-        i = renderList(lines, i, parent);
+        i = renderList(lines, i, parent, depth);
         continue;
       }
-      if (line.includes('|') && i + 1 < lines.length && lines[i + 1].includes('-') && TABLE_SEP.test(lines[i + 1])) {
+      if (line.includes('|') && i + 1 < lines.length && lines[i + 1].includes('-') && isTableSeparator(lines[i + 1])) {
         i = renderTable(lines, i, parent);
         continue;
       }
@@ -129,7 +182,7 @@
     }
   }
 
-  function renderList(lines, i, parent) {
+  function renderList(lines, i, parent, depth) {
     const first = listItem(lines[i]);
     const list = el(first.ordered ? 'ol' : 'ul');
     if (first.ordered && first.start !== 1) list.start = first.start;
@@ -150,7 +203,7 @@
       }
       while (body.length && !body[body.length - 1].trim()) body.pop();
       const li = el('li');
-      renderBlocks(body, li);
+      renderBlocks(body, li, depth + 1);
       list.appendChild(li);
       // A blank line ends the list unless another item of the same kind follows.
       if (i < lines.length && !listItem(lines[i])) break;
@@ -197,11 +250,16 @@
     thead.appendChild(tr);
     table.appendChild(thead);
     const tbody = el('tbody');
+    // A short row gets empty cells up to the header's width, but never more of them in all than the table has
+    // characters: a wide header over many one-character rows would otherwise make a page of cells per line.
+    let padding = lines[i].length + lines[i + 1].length;
     i += 2;
     while (i < lines.length && lines[i].trim() && lines[i].includes('|')) {
       const row = el('tr');
       const cells = splitRow(lines[i]);
+      padding += lines[i].length;
       for (let k = 0; k < head.length; k++) {
+        if (k >= cells.length && padding-- <= 0) break;
         const td = el('td');
         if (aligns[k]) td.classList.add('align-' + aligns[k]);
         inline(cells[k] || '', td);
@@ -238,52 +296,109 @@
   // -- inline level -----------------------------------------------------------------------------------
 
   const PUNCT = /[!-/:-@[-`{-~]/;
-  const LINK = /\[((?:[^\]\\\n]|\\.)*)\]\(\s*<?([^\s<>()]*(?:\([^\s<>()]*\)[^\s<>()]*)*)>?(?:\s+(?:"[^"\n]*"|'[^'\n]*'))?\s*\)/y;
-  const AUTOLINK = /(?:https?:\/\/|mailto:)[^\s<>"'`]+/iy;
+  const LINE_END = /[\n\r\u2028\u2029]/;
+  const LINK_TAIL = /\(\s*<?([^\s<>()]*(?:\([^\s<>()]*\)[^\s<>()]*)*)>?(?:\s+(?:"[^"\n]*"|'[^'\n]*'))?\s*\)/y;
+  const AUTOLINK = /(?:https?:\/\/|mailto:)[^\s<>"'`\u0000-\u001f\u007f]+/iy;
   const ANGLE_LINK = /<((?:https?:\/\/|mailto:)[^\s<>]+)>/iy;
   const WORD = /[\p{L}\p{N}]/u;
   const ENTITY = /&(?:#(\d{1,7})|#[xX]([\da-fA-F]{1,6})|(amp|lt|gt|quot|apos|nbsp|copy|reg|trade|hellip|mdash|ndash));/y;
   const NAMED = { amp: '&', lt: '<', gt: '>', quot: '"', apos: "'", nbsp: '\u00a0', copy: '\u00a9', reg: '\u00ae',
     trade: '\u2122', hellip: '\u2026', mdash: '\u2014', ndash: '\u2013' };
+  const NONE = [];
 
   function safeUrl(url) {
     const u = url.trim();
     return /^(https?:\/\/|mailto:)/i.test(u) && !/[\u0000-\u001f\u007f]/.test(u) ? u : null;
   }
 
-  function link(url, parent, label) {
+  function link(url, parent, label, depth) {
     const a = el('a');
     a.href = url;
     a.target = '_blank';
     a.rel = 'noopener noreferrer nofollow';
     if (label === undefined) a.textContent = url;
-    else inline(label, a);
+    else inline(label, a, depth);
     parent.appendChild(a);
   }
 
   function trimUrl(url) {
     // Trailing punctuation belongs to the sentence, and an unbalanced ')' to the surrounding text.
-    let u = url.replace(/[.,;:!?*_~]+$/, '');
-    while (u.endsWith(')') && (u.match(/\(/g) || []).length < (u.match(/\)/g) || []).length) u = u.slice(0, -1);
-    return u;
-  }
-
-  function findClose(text, delim, from) {
-    let at = text.indexOf(delim, from);
-    while (at !== -1) {
-      const before = text[at - 1];
-      const after = text[at + delim.length];
-      const single = delim.length === 1;
-      const ok = before !== undefined && !/\s/.test(before) && at > from &&
-        !(single && (after === delim || before === delim)) &&
-        !(delim[0] === '_' && after !== undefined && WORD.test(after));
-      if (ok) return at;
-      at = text.indexOf(delim, at + 1);
+    let end = url.length;
+    while (end > 0 && '.,;:!?*_~'.includes(url[end - 1])) end--;
+    let open = 0;
+    let close = 0;
+    for (let k = 0; k < end; k++) {
+      if (url[k] === '(') open++;
+      else if (url[k] === ')') close++;
     }
-    return -1;
+    while (end > 0 && url[end - 1] === ')' && open < close) { end--; close--; }
+    return url.slice(0, end);
   }
 
-  function inline(text, parent) {
+  function firstAfter(sorted, from) {
+    // The first value > from in an ascending array, or -1.
+    let lo = 0;
+    let hi = sorted.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (sorted[mid] <= from) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo < sorted.length ? sorted[lo] : -1;
+  }
+
+  function closingPositions(text, delim) {
+    // Where `delim` can close emphasis, ascending: after a non-space; a single '*' or '_' not beside another;
+    // '_' not before a letter or digit (so snake_case stays text).
+    const single = delim.length === 1;
+    const at = [];
+    for (let k = text.indexOf(delim, 1); k !== -1; k = text.indexOf(delim, k + 1)) {
+      const before = text[k - 1];
+      const after = text[k + delim.length];
+      if (/\s/.test(before) || (single && (after === delim || before === delim)) ||
+          (delim[0] === '_' && after !== undefined && WORD.test(after))) continue;
+      at.push(k);
+    }
+    return at;
+  }
+
+  function backtickRuns(text) {
+    // Start positions of the maximal runs of backticks, by run length, ascending (a code span closes on a run of
+    // exactly its opener's length).
+    const runs = new Map();
+    for (let k = text.indexOf('`'); k !== -1;) {
+      let end = k + 1;
+      while (text[end] === '`') end++;
+      if (!runs.has(end - k)) runs.set(end - k, []);
+      runs.get(end - k).push(k);
+      k = text.indexOf('`', end);
+    }
+    return runs;
+  }
+
+  function labelEnd(text, from) {
+    // Where the link label starting at `from` stops: [its ']', true], or [where it fails, false]. A label
+    // stays on its line, and a backslash escapes the character after it.
+    let k = from;
+    while (k < text.length) {
+      const c = text[k];
+      if (c === ']') return [k, true];
+      if (c === '\n') break;
+      if (c === '\\') {
+        if (k + 1 >= text.length || LINE_END.test(text[k + 1])) break;
+        k++;
+      }
+      k++;
+    }
+    return [k, false];
+  }
+
+  function inline(text, parent, depth) {
+    depth = depth || 0;
+    if (depth > MAX_NESTING) {
+      parent.appendChild(document.createTextNode(text));
+      return;
+    }
     let i = 0;
     let buf = '';
     const flush = function () {
@@ -292,6 +407,16 @@
         buf = '';
       }
     };
+    // Closers are found in tables built on first need, once for this text (see the top of the file).
+    const closers = new Map();
+    const findClose = function (delim, from) {
+      if (!closers.has(delim)) closers.set(delim, closingPositions(text, delim));
+      return firstAfter(closers.get(delim), from);
+    };
+    let tickRuns = null;
+    // A '[' before where the last failed label scan stopped fails the same way: escapes pair up alike from any
+    // '[' the scan passed, so it would reach the same stop.
+    let noLinkBefore = -1;
     const n = text.length;
     while (i < n) {
       const c = text[i];
@@ -309,9 +434,8 @@
       if (c === '`') {
         let run = 1;
         while (text[i + run] === '`') run++;
-        const ticks = '`'.repeat(run);
-        let end = text.indexOf(ticks, i + run);
-        while (end !== -1 && text[end + run] === '`') end = text.indexOf(ticks, end + run + 1);
+        if (!tickRuns) tickRuns = backtickRuns(text);
+        const end = firstAfter(tickRuns.get(run) || NONE, i + run - 1);
         if (end !== -1) {
           flush();
           let code = text.slice(i + run, end).replace(/\n/g, ' ');
@@ -320,18 +444,18 @@
           i = end + run;
           continue;
         }
-        buf += ticks;
+        buf += '`'.repeat(run);
         i += run;
         continue;
       }
       if ((c === '*' || c === '_') && text[i + 1] === c && text[i + 2] === c && text[i + 3] !== undefined &&
           !/\s/.test(text[i + 3])) {
-        const close = findClose(text, c + c + c, i + 3);
+        const close = findClose(c + c + c, i + 3);
         if (close !== -1) { // ***both***
           flush();
           const em = el('em');
           const strong = el('strong');
-          inline(text.slice(i + 3, close), strong);
+          inline(text.slice(i + 3, close), strong, depth + 1);
           em.appendChild(strong);
           parent.appendChild(em);
           i = close + 3;
@@ -358,11 +482,11 @@
         const prev = text[i - 1];
         const next = text[i + delim.length];
         const opens = next !== undefined && !/\s/.test(next) && !(c === '_' && prev !== undefined && WORD.test(prev));
-        const close = opens ? findClose(text, delim, i + delim.length) : -1;
+        const close = opens ? findClose(delim, i + delim.length) : -1;
         if (close !== -1) {
           flush();
           const node = el(c === '~' ? 'del' : double ? 'strong' : 'em');
-          inline(text.slice(i + delim.length, close), node);
+          inline(text.slice(i + delim.length, close), node, depth + 1);
           parent.appendChild(node);
           i = close + delim.length;
           continue;
@@ -373,15 +497,20 @@
       }
       if (c === '[' || (c === '!' && text[i + 1] === '[')) {
         const at = c === '!' ? i + 1 : i;
-        LINK.lastIndex = at;
-        const m = LINK.exec(text);
-        if (m) {
-          const url = safeUrl(m[2]);
-          flush();
-          if (url) link(url, parent, m[1] || url); // an image becomes a link: nothing is fetched
-          else inline(m[1], parent);
-          i = at + m[0].length;
-          continue;
+        if (at > noLinkBefore) {
+          const [stop, closed] = labelEnd(text, at + 1);
+          LINK_TAIL.lastIndex = stop + 1;
+          const m = closed ? LINK_TAIL.exec(text) : null;
+          if (m) {
+            const url = safeUrl(m[1]);
+            const label = text.slice(at + 1, stop);
+            flush();
+            i = stop + 1 + m[0].length;
+            if (url) link(url, parent, label || url, depth + 1); // an image becomes a link: nothing is fetched
+            else inline(label, parent, depth + 1);
+            continue;
+          }
+          noLinkBefore = stop;
         }
       }
       if (c === '<') {
@@ -482,7 +611,7 @@
       builtin: words('make new len cap append copy delete panic recover print println'),
     },
     rust: {
-      rules: [R.slashComment, R.blockComment, R.dq, ['string', /'(?:\\.|[^'\\\n])'/y], ['meta', /'[A-Za-z_]\w*/y], ['meta', /#!?\[[^\]\n]*\]/y], R.number],
+      rules: [R.slashComment, R.blockComment, R.dq, ['string', /'(?:\\.|[^'\\\n])'/y], ['meta', /'[A-Za-z_]\w*/y], ['meta', /#!?\[[^\]\n]*\]?/y], R.number],
       kw: words('as async await break const continue crate dyn else enum extern fn for if impl in let loop match mod move ' +
         'mut pub ref return self Self static struct super trait type unsafe use where while i8 i16 i32 i64 i128 isize u8 ' +
         'u16 u32 u64 u128 usize f32 f64 bool char str String Vec Option Result Box'),
@@ -505,14 +634,14 @@
       lit: words('true false null'),
       ci: true,
     },
-    yaml: { rules: [R.hashComment, ['attr', /[\w.-]+(?=\s*:(?:\s|$))/y], R.dq, R.sq, R.number], kw: words(''), lit: words('true false null yes no on off ~') },
-    toml: { rules: [R.hashComment, ['meta', /^\s*\[[^\]\n]*\]/my], ['attr', /[\w.-]+(?=\s*=)/y], R.dq, R.sq, R.number], kw: words(''), lit: words('true false') },
+    yaml: { rules: [R.hashComment, ['attr', /(?<![\w.-])[\w.-]+(?=\s*:(?:\s|$))/y], R.dq, R.sq, R.number], kw: words(''), lit: words('true false null yes no on off ~') },
+    toml: { rules: [R.hashComment, ['meta', /^[ \t]*\[[^\]\n]*\]/my], ['attr', /(?<![\w.-])[\w.-]+(?=\s*=)/y], R.dq, R.sq, R.number], kw: words(''), lit: words('true false') },
     markup: {
-      rules: [['comment', /<!--[\s\S]*?(?:-->|$)/y], ['tag', /<\/?[A-Za-z][\w:.-]*|\/?>/y], ['attr', /[A-Za-z_:@][\w:.-]*(?==)/y], R.dq, R.sq],
+      rules: [['comment', /<!--[\s\S]*?(?:-->|$)/y], ['tag', /<\/?[A-Za-z][\w:.-]*|\/?>/y], ['attr', /(?<![\w:.-])[A-Za-z_:@][\w:.-]*(?==)/y], R.dq, R.sq],
       kw: words(''), lit: words(''),
     },
     css: {
-      rules: [R.blockComment, R.dq, R.sq, ['attr', /[a-z-]+(?=\s*:[^:{}]*[;}])/y], ['meta', /[@#.][\w-]+/y], R.number],
+      rules: [R.blockComment, R.dq, R.sq, ['attr', /(?<![a-z-])[a-z-]+(?=\s*:[^:{}]*[;}])/y], ['meta', /[@#.][\w-]+/y], R.number],
       kw: words('important inherit initial unset auto none'), lit: words(''),
     },
     lua: {
@@ -553,6 +682,10 @@
   };
 
   const IDENT = /[A-Za-z_$][\w$]*/y;
+  // Every rule is tried at each position it reaches, so a rule that can scan far and then fail must not be able
+  // to start again inside what it scanned: the attribute rules start only where their run of name characters
+  // starts (the lookbehinds), a Rust attribute left open takes the rest of its line, a TOML table header is
+  // looked for on its own line only.
 
   function highlight(code, lang) {
     const frag = document.createDocumentFragment();
@@ -609,7 +742,7 @@
   function render(text) {
     const frag = document.createDocumentFragment();
     const lines = String(text).replace(/\r\n?/g, '\n').split('\n');
-    renderBlocks(lines, frag);
+    renderBlocks(lines, frag, 0);
     return frag;
   }
 
