@@ -21,7 +21,8 @@ x float32 [..., in_features] (made contiguous if it is not), w the raw GGUF byte
 
 (float32 [out_features, in_features], same values as `runlm.quant.dequantize`). Both have fake (meta) kernels, so
 `torch.compile` treats them as opaque ops. A failed build never raises at import: `available()` is False,
-`unavailable_reason()` says why, and callers fall back to `runlm.quant.int4`.
+`unavailable_reason()` says why, one warning line on stderr (logger `runlm.kernels`, once per process) names what
+was missing (a C++ compiler, ninja) or the build's first error, and callers fall back to `runlm.quant.int4`.
 
 With many activation rows (prefill) GGUFLinear switches to dequantize + float32 GEMM, see DENSE_MIN_ROWS.
 
@@ -33,8 +34,12 @@ one (for testing them; one variant per process, since all register `runlm::`).
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import platform
+import re
+import shutil
+import sysconfig
 import threading
 import time
 import warnings
@@ -95,6 +100,7 @@ _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 
 _VARIANT_CFLAGS = {"native": [], "scalar": ["-DRUNLM_SCALAR"], "avx2": ["-mno-avx512f", "-mno-avxvnni"]}
 
+log = logging.getLogger("runlm.kernels")
 _lock = threading.Lock()
 _state: dict[str, object] = {"ok": None, "reason": None, "build_s": None, "simd": None, "isa": None, "name": None}
 
@@ -138,14 +144,21 @@ def _load() -> None:
             raise FileNotFoundError(f"kernel source {_SOURCE} is missing")
         cflags = list(_CFLAGS) + _VARIANT_CFLAGS[variant]
         name = f"runlm_gguf_{variant}_{_cpu_fingerprint()}"
-        cpp_extension.load(
-            name=name,
-            sources=[str(_SOURCE)],
-            extra_cflags=cflags,
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-            verbose=False,
-        )
+        _put_pip_ninja_on_path()
+        torch_log = logging.getLogger("torch.utils.cpp_extension")
+        level = torch_log.level
+        torch_log.setLevel(logging.ERROR)  # its compiler-compatibility banner: our one line says what went wrong
+        try:
+            cpp_extension.load(
+                name=name,
+                sources=[str(_SOURCE)],
+                extra_cflags=cflags,
+                extra_ldflags=["-fopenmp"],
+                is_python_module=False,
+                verbose=False,
+            )
+        finally:
+            torch_log.setLevel(level)
         _state["name"] = name
     fakes = (
         ("runlm::gguf_linear", _fake_gguf_linear),
@@ -163,6 +176,29 @@ def _load() -> None:
     _state["simd"] = bool(torch.ops.runlm.gguf_simd())
     _state["isa"] = str(torch.ops.runlm.gguf_isa())
     _state["build_s"] = time.perf_counter() - start
+
+
+def _put_pip_ninja_on_path() -> None:
+    """torch looks for ninja on PATH only; pip's ninja sits beside this Python, which PATH lacks when the venv is not
+    activated (or runlm was installed with pipx)."""
+    scripts = sysconfig.get_path("scripts")
+    if scripts and shutil.which("ninja") is None and shutil.which("ninja", path=scripts):
+        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
+
+
+def _fallback_warning(exc: Exception) -> str:
+    """The one line a user gets when the kernels cannot be built: what was missing, and that runlm goes on."""
+    compiler = (cpp_extension.get_cxx_compiler().split() or [""])[0]  # CXX may be "ccache g++"
+    if not compiler or shutil.which(compiler) is None:
+        cause = f"no C++ compiler: {compiler or 'CXX'} not found, install g++ or set CXX"
+    elif not cpp_extension.is_ninja_available():
+        cause = "ninja not found on PATH, pip install ninja"
+    else:  # the compiler's first diagnostic, else the exception's first line
+        lines = str(exc).splitlines() or [type(exc).__name__]
+        first_error = next((line for line in lines if re.search(r"\berror:", line)), lines[0])
+        cause = "build error: " + " ".join(first_error.split())[:200]
+    return (f"runlm: C++ kernels unavailable ({cause}); running on plain PyTorch instead, which is slower "
+            f"({ENV_VAR}=0 skips the build)")
 
 
 def _fake_gguf_linear(x: torch.Tensor, w: torch.Tensor, type: int, out_features: int, in_features: int):
@@ -199,6 +235,8 @@ def available() -> bool:
                         message = message[:2000] + " ..."
                     _state["reason"] = f"runlm GGUF kernels unavailable: {type(exc).__name__}: {message}"
                     _state["ok"] = False
+                    if _variant() != "off":  # asked for: nothing to warn about
+                        log.warning(_fallback_warning(exc))
     return bool(_state["ok"])
 
 
