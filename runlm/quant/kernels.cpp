@@ -425,35 +425,75 @@ inline void dot32_avx(const uint8_t* const* w, const A32* const* a, int64_t nb, 
   for (int k = 0; k < RW * R; ++k) out[k] = hsum_ps(acc[k]) + corr_mult * corr[k];
 }
 
-// The K-quant dot skeleton (Q2_K .. Q6_K, row layout): block(blk, b, isum, msum) gives weight block `blk` (block
-// index b) met by the R activation rows as exact integer sums (msum: formats with mins), which go to float in
-// kquant_step's sequence; d (and dmin right after it) are the block's f16 scales at byte T::D_AT.
-template <class T, int RW, int R, class Block>
-inline void kquant_dot(const uint8_t* const* w, const AK* const* a, int64_t nb, float* out, Block block) {
-  float acc[RW * R] = {};
-  for (int64_t b = 0; b < nb; ++b)
-    for (int i = 0; i < RW; ++i) {
-      const uint8_t* blk = w[i] + b * T::SIZE;
-      int32_t isum[R], msum[R];
-      block(blk, b, isum, msum);
-      const float d = f16(blk + T::D_AT);
-      for (int r = 0; r < R; ++r) {
-        float& y = acc[i * R + r];
-        y = kquant_step(y, d, a[r][b].d, isum[r]);
-        if constexpr (T::kMins) y = kquant_min_step(y, f16(blk + T::D_AT + 2), a[r][b].d, msum[r]);
-      }
-    }
-  for (int k = 0; k < RW * R; ++k) out[k] = acc[k];
+// int32 [sum of v[0], ..., sum of v[R - 1]] (R <= 4; other lanes 0): the exact integer sums of R vectors at once
+template <int R>
+inline __m128i sum_each(const __m256i* v) {
+  static_assert(R >= 1 && R <= 4, "up to 4 vectors");
+  if constexpr (R == 1) return _mm_cvtsi32_si128(hsum_i32(v[0]));
+  const __m256i z = _mm256_setzero_si256();
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], R > 1 ? v[1] : z),
+                                      _mm256_hadd_epi32(R > 2 ? v[2] : z, R > 3 ? v[3] : z));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
-// group mins . activation group sums (mins16: one int16 min per 16 activation values)
-inline int32_t min_sum(__m256i mins16, const AK& ab) { return hsum_i32(_mm256_madd_epi16(mins16, load256(ab.bsums))); }
+// The K-quant dot skeleton (Q2_K .. Q6_K, row layout): block(blk, b, sumi, mins) gives weight block `blk` (block
+// index b) met by the R activation rows as int32 vectors whose lanes add up to the block's exact integer sums
+// (mins: formats with mins); the R rows' sums go to float together, lane r in kquant_step's sequence. d (and dmin
+// right after it) are the block's f16 scales at byte T::D_AT.
+template <class T, int RW, int R, class Block>
+inline void kquant_dot(const uint8_t* const* w, const AK* const* a, int64_t nb, float* out, Block block) {
+  __m128 acc[RW];  // lane r: activation row r
+  for (int i = 0; i < RW; ++i) acc[i] = _mm_setzero_ps();
+  if constexpr (R == 1 && RW > 1) {  // one activation row (decode): the RW weight rows' sums go to float together
+    __m128 y = _mm_setzero_ps();       // lane i: weight row i
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256i sumi[RW], mins[RW];
+      for (int i = 0; i < RW; ++i) block(w[i] + b * T::SIZE, b, sumi + i, mins + i);
+      // the rows' f16 scales (built in registers: scalar stores read back as a vector would stall)
+      auto scales = [&](int at) {
+        auto h = [&](int i) { return i < RW ? f16(w[i] + b * T::SIZE + at) : 0.f; };
+        return _mm_setr_ps(h(0), h(1), h(2), h(3));
+      };
+      const __m128 da = _mm_set1_ps(a[0][b].d);
+      y = _mm_fmadd_ps(_mm_mul_ps(scales(T::D_AT), da), _mm_cvtepi32_ps(sum_each<RW>(sumi)), y);
+      if constexpr (T::kMins)
+        y = _mm_fnmadd_ps(_mm_mul_ps(scales(T::D_AT + 2), da), _mm_cvtepi32_ps(sum_each<RW>(mins)), y);
+    }
+    alignas(16) float o[4];
+    _mm_store_ps(o, y);
+    for (int i = 0; i < RW; ++i) out[i] = o[i];
+    return;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    auto act = [&](int r) { return r < R ? a[r][b].d : 0.f; };
+    const __m128 da = _mm_setr_ps(act(0), act(1), act(2), act(3));  // lane r: activation row r
+    for (int i = 0; i < RW; ++i) {
+      const uint8_t* blk = w[i] + b * T::SIZE;
+      __m256i sumi[R], mins[R];
+      block(blk, b, sumi, mins);
+      const __m128 d = _mm_set1_ps(f16(blk + T::D_AT));
+      acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, da), _mm_cvtepi32_ps(sum_each<R>(sumi)), acc[i]);
+      if constexpr (T::kMins) {
+        const __m128 dmin = _mm_set1_ps(f16(blk + T::D_AT + 2));
+        acc[i] = _mm_fnmadd_ps(_mm_mul_ps(dmin, da), _mm_cvtepi32_ps(sum_each<R>(mins)), acc[i]);
+      }
+    }
+  }
+  for (int i = 0; i < RW; ++i) {
+    alignas(16) float o[4];
+    _mm_store_ps(o, acc[i]);
+    for (int r = 0; r < R; ++r) out[i * R + r] = o[r];
+  }
+}
 
-// sumi - 2^SHIFT * (group scales . activation group sums), summed: codes stored with an offset of 2^SHIFT.
+// group mins x activation group sums (mins16: one int16 min per 16 activation values), 8 int32 lanes
+inline __m256i min_products(__m256i mins16, const AK& ab) { return _mm256_madd_epi16(mins16, load256(ab.bsums)); }
+
+// sumi - 2^SHIFT * (group scales x activation group sums): codes stored with an offset of 2^SHIFT.
 template <int SHIFT>
-inline int32_t offset_sum(__m256i sumi, __m256i sc16, const AK& ab) {
+inline __m256i with_offset(__m256i sumi, __m256i sc16, const AK& ab) {
   const __m256i corr = _mm256_madd_epi16(sc16, load256(ab.bsums));
-  return hsum_i32(_mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, SHIFT)));
+  return _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, SHIFT));
 }
 
 #endif
@@ -582,11 +622,11 @@ struct Q2_K {
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
 #if RUNLM_AVX2
     const __m256i m3 = _mm256_set1_epi8(3);
-    kquant_dot<Q2_K, RW, R>(w, a, nb, out, [&](const uint8_t* blk, int64_t b, int32_t* isum, int32_t* msum) {
+    kquant_dot<Q2_K, RW, R>(w, a, nb, out, [&](const uint8_t* blk, int64_t b, __m256i* sums, __m256i* mins) {
       const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
       const __m128i sc8 = _mm_and_si128(sm, _mm_set1_epi8(0x0F));
       const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0x0F)));
-      __m256i sumi[R];
+      __m256i sumi[R];  // kept here, not in *sums, so it can stay in registers
       for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
       for (int h = 0; h < 2; ++h) {
         __m256i bits = load256(blk + 16 + 32 * h);
@@ -598,7 +638,7 @@ struct Q2_K {
           for (int r = 0; r < R; ++r) sumi[r] = scaled_dot(sumi[r], q, a[r][b].qs + 32 * c, scv);
         }
       }
-      for (int r = 0; r < R; ++r) isum[r] = hsum_i32(sumi[r]), msum[r] = min_sum(mins16, a[r][b]);
+      for (int r = 0; r < R; ++r) sums[r] = sumi[r], mins[r] = min_products(mins16, a[r][b]);
     });
 #else
     scalar_dot<Q2_K, RW, R>(w, a, nb, out);
@@ -630,12 +670,12 @@ struct Q3_K {
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
 #if RUNLM_AVX2
     const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
-    kquant_dot<Q3_K, RW, R>(w, a, nb, out, [&](const uint8_t* blk, int64_t b, int32_t* isum, int32_t* /*msum*/) {
+    kquant_dot<Q3_K, RW, R>(w, a, nb, out, [&](const uint8_t* blk, int64_t b, __m256i* sums, __m256i* /*mins*/) {
       alignas(16) int8_t sc[16];
       k3_scales(blk + 96, sc);
       const __m128i sc8 = _mm_load_si128(reinterpret_cast<const __m128i*>(sc));
       __m256i hm = load256(blk);
-      __m256i sumi[R];
+      __m256i sumi[R];  // kept here, not in *sums, so it can stay in registers
       for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
       for (int h = 0; h < 2; ++h) {
         __m256i bits = load256(blk + 32 + 32 * h);
@@ -651,7 +691,7 @@ struct Q3_K {
         }
       }
       const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-      for (int r = 0; r < R; ++r) isum[r] = offset_sum<2>(sumi[r], sc16, a[r][b]);  // codes are q' - 4
+      for (int r = 0; r < R; ++r) sums[r] = with_offset<2>(sumi[r], sc16, a[r][b]);  // codes are q' - 4
     });
 #else
     scalar_dot<Q3_K, RW, R>(w, a, nb, out);
@@ -690,13 +730,13 @@ struct QK45 {
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
 #if RUNLM_AVX2
     const __m256i m4 = _mm256_set1_epi8(0x0F), m16 = _mm256_set1_epi8(0x10);
-    kquant_dot<QK45<FIVE>, RW, R>(w, a, nb, out, [&](const uint8_t* blk, int64_t b, int32_t* isum, int32_t* msum) {
+    kquant_dot<QK45<FIVE>, RW, R>(w, a, nb, out, [&](const uint8_t* blk, int64_t b, __m256i* sums, __m256i* mins) {
       alignas(16) uint8_t sc[8], mn[8];
       k4_scale_min(blk + 4, sc, mn);
       const __m128i mn8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn));
       const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));  // m0 m0 m1 m1 ... per 16
       __m256i hb = FIVE ? load256(blk + 16) : _mm256_setzero_si256();
-      __m256i sumi[R];
+      __m256i sumi[R];  // kept here, not in *sums, so it can stay in registers
       for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
       for (int j = 0; j < 4; ++j) {
         const __m256i bits = load256(blk + QS + 32 * j);
@@ -713,7 +753,7 @@ struct QK45 {
           sumi[r] = scaled_dot(scaled_dot(sumi[r], ql, aq, scl), qh, aq + 32, sch);
         }
       }
-      for (int r = 0; r < R; ++r) isum[r] = hsum_i32(sumi[r]), msum[r] = min_sum(mins16, a[r][b]);
+      for (int r = 0; r < R; ++r) sums[r] = sumi[r], mins[r] = min_products(mins16, a[r][b]);
     });
 #else
     scalar_dot<QK45<FIVE>, RW, R>(w, a, nb, out);
@@ -745,9 +785,9 @@ struct Q6_K {
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
 #if RUNLM_AVX2
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    kquant_dot<Q6_K, RW, R>(w, a, nb, out, [&](const uint8_t* blk, int64_t b, int32_t* isum, int32_t* /*msum*/) {
+    kquant_dot<Q6_K, RW, R>(w, a, nb, out, [&](const uint8_t* blk, int64_t b, __m256i* sums, __m256i* /*mins*/) {
       const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
-      __m256i sumi[R];
+      __m256i sumi[R];  // kept here, not in *sums, so it can stay in registers
       for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
       for (int h = 0; h < 2; ++h) {
         const __m256i l0 = load256(blk + 64 * h), l1 = load256(blk + 64 * h + 32);
@@ -767,7 +807,7 @@ struct Q6_K {
         }
       }
       const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-      for (int r = 0; r < R; ++r) isum[r] = offset_sum<5>(sumi[r], sc16, a[r][b]);  // codes are q - 32
+      for (int r = 0; r < R; ++r) sums[r] = with_offset<5>(sumi[r], sc16, a[r][b]);  // codes are q - 32
     });
 #else
     scalar_dot<Q6_K, RW, R>(w, a, nb, out);
