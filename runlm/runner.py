@@ -220,10 +220,14 @@ class LmRunner(ABC):
         """The text that marks where an image goes in a prompt (None: this runner takes no images)."""
         return None
 
-    def multimodal_prompt_ids(self, prompt: str, tokenizer: Any = None) -> list[int]:
+    def multimodal_prompt_ids(
+        self, prompt: str, tokenizer: Any = None, encode: Callable[[str], list[int]] | None = None
+    ) -> list[int]:
         """The token ids a prompt with one image marker runs as (the image expanded to its soft tokens).
 
-        `tokenizer` (a path or tokenizer) replaces the one the runner was loaded with."""
+        `tokenizer` (a path or tokenizer) replaces the one the runner was loaded with. `encode` (text -> ids, BOS
+        as the model wants it), when given, tokenizes the expanded prompt instead: the server passes one that
+        reads only the chat template's markers and the image's tokens as special (`runlm.text.literal`)."""
         raise UnsupportedOperationError(f"{self.family()} runner has no vision tower: this model cannot take images")
 
     def prefill_multimodal(
@@ -234,9 +238,11 @@ class LmRunner(ABC):
         on_phase: Callable[[str], None] | None = None,
         tokenizer: Any = None,
         all_positions: bool = False,
+        ids: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """Prefill `prompt` with `image` spliced in at its marker; `session` then holds
-        `multimodal_prompt_ids(prompt)`. `on_phase` hears "vision" and "prefill" as they start.
+        `multimodal_prompt_ids(prompt)`, or `ids` when given (what `multimodal_prompt_ids` returned, used as they
+        are rather than tokenizing `prompt` again). `on_phase` hears "vision" and "prefill" as they start.
         Returns the last position's logits [vocab], or every position's [T, vocab]."""
         raise UnsupportedOperationError(f"{self.family()} runner has no vision tower: this model cannot take images")
 

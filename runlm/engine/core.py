@@ -31,7 +31,7 @@ class GenerationRequest:
     """What to generate: prompt ids plus the knobs of one OpenAI request.
 
     With `image`, `prompt_text` holds the prompt (the runner's image marker shows where the image
-    goes) and `prompt_ids` its expansion with the image's soft tokens; see Engine.with_image.
+    goes) and `prompt_ids` its expansion with the image's soft tokens, which is what runs; see Engine.with_image.
     """
 
     prompt_ids: list[int]
@@ -272,9 +272,12 @@ class Engine:
         """The most KV-cache memory `gen`'s session holds (0 when the runner cannot tell)."""
         return self.runner.kv_bytes(self.positions(gen)) or 0
 
-    def with_image(self, request: GenerationRequest, prompt_text: str, image: ImageInput) -> GenerationRequest:
-        """Turn a text request into an image + text one (the runner must take images)."""
-        request.prompt_ids = self.runner.multimodal_prompt_ids(prompt_text)
+    def with_image(self, request: GenerationRequest, prompt_text: str, image: ImageInput,
+                   encode: Callable[[str], list[int]] | None = None) -> GenerationRequest:
+        """Turn a text request into an image + text one (the runner must take images). `encode` tokenizes the
+        expanded prompt instead of the runner's tokenizer (see LmRunner.multimodal_prompt_ids); the ids it
+        gives are the ones prefilled."""
+        request.prompt_ids = self.runner.multimodal_prompt_ids(prompt_text, encode=encode)
         request.prompt_text, request.image = prompt_text, image
         request.use_prompt_cache = False  # a snapshot of soft tokens could not be matched by a later prompt
         return request
@@ -338,7 +341,8 @@ class Engine:
         if request.image is not None:
             gen.mark_started()
             gen.session = self.new_session(gen)
-            logits = self.runner.prefill_multimodal(gen.session, request.prompt_text, request.image)
+            logits = self.runner.prefill_multimodal(gen.session, request.prompt_text, request.image,
+                                                    ids=request.prompt_ids)
         else:
             self._open(gen)
             logits, gen.pending = self.runner.extend(gen.session, gen.pending), []

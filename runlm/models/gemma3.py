@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -114,21 +115,26 @@ class GemmaRunner(CachedRunner):
             )
         return self.vision
 
-    def multimodal_prompt_ids(self, prompt: str, tokenizer=None) -> list[int]:
+    def multimodal_prompt_ids(self, prompt: str, tokenizer=None, encode=None) -> list[int]:
         mm_tokens = self._require_vision().config.mm_tokens_per_image
         tok = vision_module.resolve_tokenizer(tokenizer if tokenizer is not None else self.tokenizer)
-        return vision_module.multimodal_ids(tok, prompt, mm_tokens)[0]
+        return vision_module.multimodal_ids(tok, prompt, mm_tokens, encode)[0]
 
     @torch.inference_mode()
     def prefill_multimodal(
         self, session: Session, prompt: str, image: ImageInput, on_phase=None, tokenizer=None,
-        all_positions: bool = False,
+        all_positions: bool = False, ids: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """The image's soft tokens replace the text embeddings at its block, which attends bidirectionally."""
         vision = self._require_vision()
         tok = vision_module.resolve_tokenizer(tokenizer if tokenizer is not None else self.tokenizer)
         pixels = vision_module.preprocess(image, vision.config)
-        ids, group = vision_module.multimodal_ids(tok, prompt, vision.config.mm_tokens_per_image)
+        mm_tokens = vision.config.mm_tokens_per_image
+        if ids is None:
+            ids, group = vision_module.multimodal_ids(tok, prompt, mm_tokens)
+        else:
+            ids = [int(i) for i in ids]
+            group = vision_module.image_groups(tok, ids, mm_tokens)
         self.check_prompt(ids)
         self.check_fits(len(ids))
         if on_phase is not None:

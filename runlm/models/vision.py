@@ -22,7 +22,7 @@ import io
 import json
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -500,20 +500,31 @@ def expand_prompt(prompt: str, mm_tokens: int, bos_text: str | None = None) -> s
     return prompt.replace(BOI, f"\n\n{BOI}{SOFT * mm_tokens}{EOI}\n\n")
 
 
-def multimodal_ids(tokenizer, prompt: str, mm_tokens: int) -> tuple[list[int], torch.Tensor]:
-    """Token ids of the expanded prompt and their image groups (-1 for text, else the image's index)."""
-    soft_id = tokenizer.backend.token_to_id(SOFT)
-    if soft_id is None or tokenizer.backend.token_to_id(BOI) is None:
+def multimodal_ids(tokenizer, prompt: str, mm_tokens: int,
+                   encode: Callable[[str], list[int]] | None = None) -> tuple[list[int], torch.Tensor]:
+    """Token ids of the expanded prompt and their image groups (-1 for text, else the image's index).
+    `encode` (text -> ids with the model's BOS) replaces the tokenizer's encoding of the expanded prompt."""
+    if tokenizer.backend.token_to_id(SOFT) is None or tokenizer.backend.token_to_id(BOI) is None:
         raise TokenizerError(f"the tokenizer has no {BOI} / {SOFT} tokens: it is not a Gemma 3 vision tokenizer")
     bos_text = tokenizer.token_str(tokenizer.bos_id) if tokenizer.bos_id is not None else None
     text = expand_prompt(prompt, mm_tokens, bos_text)
-    ids = tokenizer.encode(text, add_bos=False) if bos_text and text.startswith(bos_text) else tokenizer.encode(text)
+    if encode is not None:
+        ids = list(encode(text))
+    elif bos_text and text.startswith(bos_text):
+        ids = tokenizer.encode(text, add_bos=False)
+    else:
+        ids = tokenizer.encode(text)
+    return ids, image_groups(tokenizer, ids, mm_tokens)
+
+
+def image_groups(tokenizer, ids: Sequence[int], mm_tokens: int) -> torch.Tensor:
+    """Each position's image (-1 for text, else the image's index); the ids must hold one image's soft tokens."""
+    soft_id = tokenizer.backend.token_to_id(SOFT)
     is_image = torch.tensor([i == soft_id for i in ids], dtype=torch.bool)
     if int(is_image.sum()) != mm_tokens:
         raise TokenizerError(f"the tokenizer does not keep {SOFT} whole: expected {mm_tokens} soft tokens")
     starts = is_image & ~torch.cat([torch.zeros(1, dtype=torch.bool), is_image[:-1]])
-    group = torch.where(is_image, torch.cumsum(starts.long(), 0) - 1, torch.full_like(is_image, -1, dtype=torch.long))
-    return ids, group
+    return torch.where(is_image, torch.cumsum(starts.long(), 0) - 1, torch.full_like(is_image, -1, dtype=torch.long))
 
 
 def image_to_rgb(path: str | Path) -> tuple[bytes, int, int]:

@@ -6,6 +6,7 @@ Nothing here runs a model or touches the app: every function takes the ServerSta
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,8 +157,10 @@ def json_grammar(state: ServerState, schema: Any) -> GrammarConstraint:
     return GrammarConstraint(grammar_for_json_schema(schema), tok, state.engine.vocab_size, eos)
 
 
-def message_text(state: ServerState, message: ChatMessage, index: int, images: list[ImageInput]) -> str | None:
-    """The message's text; each image part becomes the model's image marker and its pixels go to `images`."""
+def message_text(state: ServerState, message: ChatMessage, index: int, images: list[ImageInput],
+                 image_slot: str | None = None) -> str | None:
+    """The message's text; each image part becomes the model's image marker (or `image_slot`, to be replaced
+    by it later) and its pixels go to `images`."""
     if message.content is None or isinstance(message.content, str):
         return message.content
     parts = []
@@ -171,7 +174,7 @@ def message_text(state: ServerState, message: ChatMessage, index: int, images: l
                 raise APIError(400, f"{where}: this model has no vision tower and cannot take images",
                                param=f"messages.{index}.content", code="invalid_value")
             images.append(fetch_image(part.image_url.url, where, state.remote_images))
-            parts.append(marker)
+            parts.append(image_slot or marker)
         else:
             raise APIError(400, f"{where}: content of type {part.type!r} is not supported (text and image_url are)",
                            param=f"messages.{index}.content", code="invalid_value")
@@ -196,7 +199,12 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     if image_parts > 1:  # counted before any is fetched or decoded
         raise APIError(400, "only one image per request is supported", param="messages", code="invalid_value")
     images: list[ImageInput] = []
-    messages = [template_message(m, message_text(state, m, i, images), tools) for i, m in enumerate(body.messages)]
+    literal = state.literal_specials
+    # While client text has its special-token strings hidden, an image's place is a slot no client can write, made
+    # the runner's image marker once the template has run: then only that and the template's markers are special.
+    slot = f"runlm-image-{secrets.token_hex(16)}" if literal is not None else None
+    messages = [template_message(m, message_text(state, m, i, images, slot), tools)
+                for i, m in enumerate(body.messages)]
     add_tools_prompt(messages, tools)
     extra = body.chat_template_kwargs or {}
     reserved = sorted(set(extra) & RESERVED_TEMPLATE_KWARGS)
@@ -204,7 +212,6 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
         raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)}",
                        param="chat_template_kwargs", code="invalid_value")
     template_tools = tools.tools if tools.active and tools.template_aware else None
-    literal = state.literal_specials
     if literal is not None:  # special-token strings the client wrote stay text: only the template's are markers
         messages, template_tools, extra = literal.hide(messages), literal.hide(template_tools), literal.hide(extra)
     try:
@@ -212,6 +219,8 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     except Exception as exc:  # the template's own checks (role order...) are about the client's input
         raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages",
                        code="invalid_value") from exc
+    if slot is not None and images:
+        prompt = prompt.replace(slot, state.loaded.runner.image_marker() or "")
     grammar = None
     if tools.forced is not None or tools.required:
         grammar = json_grammar(state, tool_call_schema(tools.tools, tools.forced))
@@ -233,8 +242,8 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     )
     if images:
         try:
-            # the multimodal runner tokenizes the prompt itself (its image marker is a special token)
-            state.engine.with_image(request, literal.show(prompt) if literal is not None else prompt, images[0])
+            # the runner expands its image marker into soft tokens; `literal` tokenizes the expansion
+            state.engine.with_image(request, prompt, images[0], encode=literal.encode if literal is not None else None)
         except RunlmError as exc:
             raise APIError(400, str(exc), param="messages", code="invalid_value") from exc
     return ChatPlan(request, tools)

@@ -54,14 +54,16 @@ class ReferenceRunner(LmRunner):
         pixels = np.frombuffer(image.rgb, dtype=np.uint8).reshape(image.height, image.width, 3)
         return self.processor(text=prompt, images=Image.fromarray(pixels), return_tensors="pt")
 
-    def multimodal_prompt_ids(self, prompt: str, tokenizer: Any = None) -> list[int]:
+    def multimodal_prompt_ids(self, prompt: str, tokenizer: Any = None, encode=None) -> list[int]:
+        if encode is not None:  # the processor's own expansion, tokenized by the caller
+            return encode(prompt.replace(self.processor.boi_token, self.processor.full_image_sequence))
         blank = ImageInput(bytes(3), 1, 1)  # the expansion does not depend on the pixels
         return self._inputs(prompt, blank)["input_ids"][0].tolist()
 
     def prefill_multimodal(self, session: Session, prompt: str, image: ImageInput, on_phase=None,
-                           tokenizer: Any = None, all_positions: bool = False) -> torch.Tensor:
+                           tokenizer: Any = None, all_positions: bool = False, ids=None) -> torch.Tensor:
         inputs = self._inputs(prompt, image)
-        session.tokens = inputs["input_ids"][0].tolist()
+        session.tokens = inputs["input_ids"][0].tolist() if ids is None else [int(i) for i in ids]
         session.state = inputs["pixel_values"]  # every later step runs the image again with the whole context
         return self._forward(session.tokens, session.state, all_positions)
 
