@@ -511,22 +511,22 @@ def test_markdown_renderer_builds_safe_dom(echo_server, open_page):
 # opener, quadratic or worse. Each is ~600k characters and ends in END. The quadratic renderer took 0.2-2 s on each
 # at 40k characters, so minutes at this size (or a stack overflow for the nesting ones); a linear one takes well
 # under a second, so RENDER_BOUND_MS is generous for a loaded machine and still fails any regression.
-LONG = 600_000
+HOSTILE_CHARS = 600_000
 HOSTILE = {
-    "emphasis never closed": "*a _a **a ~~a " * (LONG // 14),
-    "link labels never closed": "[" * LONG,
-    "image labels never closed": "![" * (LONG // 2),
-    "heading with a long gap": "# x" + " " * LONG + "y",
-    "table separator with a long gap": "a|b\n|---" + " " * LONG + "x",
-    "url with unbalanced parens": "http://a" + ")" * LONG,
-    "urls with control characters": "http://\x01" * (LONG // 8),
-    "block quotes nested": "> " * (LONG // 2),
-    "lists nested": "- " * (LONG // 2),
-    "ordered lists nested": "1. " * (LONG // 3),
-    "yaml keys never ending": "```yaml\n" + "a." * (LONG // 2) + "\n",
-    "css names never ending": "```css\n" + "-x" * (LONG // 2) + "\n",
-    "html attributes never ending": "```html\n" + "a." * (LONG // 2) + "\n",
-    "toml blank lines": "```toml\n" + "\n" * LONG + "x\n",
+    "emphasis never closed": "*a _a **a ~~a " * (HOSTILE_CHARS // 14),
+    "link labels never closed": "[" * HOSTILE_CHARS,
+    "image labels never closed": "![" * (HOSTILE_CHARS // 2),
+    "heading with a long gap": "# x" + " " * HOSTILE_CHARS + "y",
+    "table separator with a long gap": "a|b\n|---" + " " * HOSTILE_CHARS + "x",
+    "url with unbalanced parens": "http://a" + ")" * HOSTILE_CHARS,
+    "urls with control characters": "http://\x01" * (HOSTILE_CHARS // 8),
+    "block quotes nested": "> " * (HOSTILE_CHARS // 2),
+    "lists nested": "- " * (HOSTILE_CHARS // 2),
+    "ordered lists nested": "1. " * (HOSTILE_CHARS // 3),
+    "yaml keys never ending": "```yaml\n" + "a." * (HOSTILE_CHARS // 2) + "\n",
+    "css names never ending": "```css\n" + "-x" * (HOSTILE_CHARS // 2) + "\n",
+    "html attributes never ending": "```html\n" + "a." * (HOSTILE_CHARS // 2) + "\n",
+    "toml blank lines": "```toml\n" + "\n" * HOSTILE_CHARS + "x\n",
     "wide table of short rows": "|" + "a|" * 20_000 + "\n|" + "-|" * 20_000 + "\n" + "|\n" * 20_000,
 }
 RENDER_BOUND_MS = 10_000
