@@ -858,11 +858,12 @@ struct X4Fields<Q8_0> {
 // The K-quants in x4 (same bytes, one 256-value super-block of 4 rows after another): every field is cut into
 // pieces and each piece is stored for the 4 rows side by side, like the 32-wide types. With pieces of 16 bytes a
 // 256-bit load gives [row0 piece | row1 piece] (and [row2 | row3] 32 bytes on), which meets 16 activation codes
-// broadcast to both lanes; Q4_K's nibbles come in pieces of 8 bytes, so one load holds the piece of all 4 rows.
+// broadcast to both lanes; Q4_K's / Q5_K's codes come in pieces of 8 bytes, so one load holds the piece of all 4
+// rows.
 // Q4_K / Q5_K's 12 bytes of 6-bit scales and mins are cut into their three 32-bit words, so one 128-bit load holds
 // word k of the 4 rows and the unpacking runs for 4 rows at once. [4 each]: the 4 rows' pieces side by side.
 //   Q4_K (576 bytes): d[4] | dmin[4] | scale words 0, 1, 2 [4 each] | 16 nibble pieces of 8 (qs[8p..8p+8)) [4 each]
-//   Q5_K (704 bytes): d[4] | dmin[4] | scale words [4 each] | 2 fifth-bit pieces of 16 (qh) | 8 nibble pieces of 16
+//   Q5_K (704 bytes): d[4] | dmin[4] | scale words [4 each] | 4 fifth-bit pieces of 8 (qh) | 16 nibble pieces of 8
 //   Q6_K (840 bytes): 8 low-nibble pieces of 16 (ql) | 4 high-bit pieces of 16 (qh) | 2 scale pieces of 8 | d[4]
 template <>
 struct X4Fields<QK45<false>> {
@@ -873,9 +874,11 @@ struct X4Fields<QK45<false>> {
 };
 template <>
 struct X4Fields<QK45<true>> {
-  static constexpr int N = 15, QH = -1;
-  static constexpr Field f[N] = {{0, 2},   {2, 2},   {4, 4},    {8, 4},    {12, 4},   {16, 16},  {32, 16}, {48, 16},
-                                 {64, 16}, {80, 16}, {96, 16}, {112, 16}, {128, 16}, {144, 16}, {160, 16}};
+  static constexpr int N = 25, QH = -1;
+  static constexpr Field f[N] = {{0, 2},   {2, 2},   {4, 4},   {8, 4},   {12, 4},  {16, 8},   {24, 8},
+                                 {32, 8},  {40, 8},  {48, 8},  {56, 8},  {64, 8},  {72, 8},   {80, 8},
+                                 {88, 8},  {96, 8},  {104, 8}, {112, 8}, {120, 8}, {128, 8},  {136, 8},
+                                 {144, 8}, {152, 8}, {160, 8}, {168, 8}};
 };
 template <>
 struct X4Fields<Q6_K> {
@@ -1032,13 +1035,12 @@ struct X4Layout {
   }
 };
 
-// The K-quants' x4 kernels. Each 256-bit register holds one piece of two rows ([row i | row i + 1], 16 codes
-// each) and meets the 16 activation codes of those positions broadcast to both lanes. The integer products are
-// scaled per sub-block in int16 x int16 pair sums (vpdpwssd with AVX-512 VNNI, vpmaddwd + vpaddd otherwise: the
-// same integers), so per super-block and activation row the integer sums go to float once (times d * activation
-// scale), the mins (Q4_K / Q5_K) or the code offset (Q6_K) through the activation's group sums. Every (weight row,
-// activation row) pair is reduced in one fixed order whatever R is: results do not depend on how many activation
-// rows a call has (route invariance), and equal the row layout's up to float summation order.
+// The K-quants' x4 kernels. Each 256-bit register holds one piece of the 4 rows' codes (Q4_K, Q5_K: 8 codes of
+// each row; Q6_K: 16 codes of two rows) and meets the activation codes of those positions broadcast to match. Byte
+// dot products (vpdpbusd with AVX-512 VNNI) are packed to int16 while they fit and scaled per sub-block by int16
+// pair sums (vpdpwssd; vpmaddwd + vpaddd otherwise: the same integers). A super-block's integer sums per (weight
+// row, activation row) are exact, and go to float once in kquant_step's sequence: results do not depend on how
+// many activation rows a call has (route invariance) and equal the row layout's bit for bit.
 
 #if RUNLM_AVX2
 
@@ -1053,21 +1055,6 @@ inline __m256i bcast8(const void* p) {
   std::memcpy(&v, p, 8);
   return _mm256_set1_epi64x(v);
 }
-
-// Byte shuffles picking int16 element s of a 128-bit lane eight times, for s = 0..7.
-alignas(16) const uint8_t kWordShuffle[8][16] = {
-    {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1},
-    {2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3},
-    {4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5},
-    {6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7},
-    {8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9},
-    {10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11},
-    {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13},
-    {14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15},
-};
-
-// int16 [a x 8 | b x 8] where a, b are element s of v's two lanes
-inline __m256i lane_word(__m256i v, int s) { return _mm256_shuffle_epi8(v, bcast16(kWordShuffle[s])); }
 
 // The 4 rows' f16 at p as float [x0 x1 x2 x3]
 inline __m128 f16x4(const uint8_t* p) { return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
@@ -1152,11 +1139,6 @@ inline __m256i dot_words(__m256i acc, __m256i x, __m256i y) {
 #endif
 }
 
-// int32 acc += (unsigned codes q . signed activation codes a, per 16-bit pair) * int16 scales
-inline __m256i scaled_dot16(__m256i acc, __m256i q, __m256i a, __m256i scales) {
-  return dot_words(acc, _mm256_maddubs_epi16(q, a), scales);
-}
-
 #endif
 
 // Q4_K x4: its nibbles come in pieces of 8 bytes, so one 256-bit load holds [r0 | r1 | r2 | r3] 8 bytes each and
@@ -1223,8 +1205,24 @@ struct X4Layout<Q4_K> {
   }
 };
 
-// Q5_K x4: codes up to 31 overflow Q4_K's 16-bit packing, so each pair register's byte products go through
-// vpmaddubsw and are scaled per sub-block by vpdpwssd (scaled_dot16). Integer lanes [row x 4 | row + 1 x 4].
+#if RUNLM_AVX2
+// Byte shuffles for one Q5_K x4 sub-block s from [row 0 scales, row 1 scales] (rows 2 / 3 in the other lane):
+// int16 [s0(s) s0(s) s1(s) s1(s)] twice, zero-extended.
+alignas(16) const uint8_t kQ5KScaleShuffle[8][16] = {
+    {0, 0x80, 0, 0x80, 8, 0x80, 8, 0x80, 0, 0x80, 0, 0x80, 8, 0x80, 8, 0x80},
+    {1, 0x80, 1, 0x80, 9, 0x80, 9, 0x80, 1, 0x80, 1, 0x80, 9, 0x80, 9, 0x80},
+    {2, 0x80, 2, 0x80, 10, 0x80, 10, 0x80, 2, 0x80, 2, 0x80, 10, 0x80, 10, 0x80},
+    {3, 0x80, 3, 0x80, 11, 0x80, 11, 0x80, 3, 0x80, 3, 0x80, 11, 0x80, 11, 0x80},
+    {4, 0x80, 4, 0x80, 12, 0x80, 12, 0x80, 4, 0x80, 4, 0x80, 12, 0x80, 12, 0x80},
+    {5, 0x80, 5, 0x80, 13, 0x80, 13, 0x80, 5, 0x80, 5, 0x80, 13, 0x80, 13, 0x80},
+    {6, 0x80, 6, 0x80, 14, 0x80, 14, 0x80, 6, 0x80, 6, 0x80, 14, 0x80, 14, 0x80},
+    {7, 0x80, 7, 0x80, 15, 0x80, 15, 0x80, 7, 0x80, 7, 0x80, 15, 0x80, 15, 0x80},
+};
+#endif
+
+// Q5_K x4: as Q4_K (pieces of 8 bytes, one vpdpbusd for the 4 rows), but codes up to 31 let only two loads' products
+// share a lane within 16 bits (8 * 31 * 127 = 31496): a sub-block's two halves are packed to int16 side by side and
+// scaled by one vpmaddwd / vpdpwssd, leaving lanes [r0 r1 r0 r1 | r2 r3 r2 r3] like Q4_K.
 template <>
 struct X4Layout<Q5_K> {
   using Plain = Q5_K;
@@ -1243,37 +1241,44 @@ struct X4Layout<Q5_K> {
     for (int64_t b = 0; b < nb; ++b, blk += 4 * SIZE) {
       const __m128 d = f16x4(blk), dmin = f16x4(blk + 8);
       const K4Scales ks(blk + SC);
-      const __m256i sc[2] = {K4Scales::pair16(ks.sc_lo, ks.sc_hi, 0), K4Scales::pair16(ks.sc_lo, ks.sc_hi, 1)};
+      // [row 0 scales, row 1 scales | row 2 scales, row 3 scales]
+      const __m256i sc = _mm256_set_m128i(_mm_unpackhi_epi32(ks.sc_lo, ks.sc_hi), _mm_unpacklo_epi32(ks.sc_lo, ks.sc_hi));
       const __m256i mn[2] = {K4Scales::pair16(ks.mn_lo, ks.mn_hi, 0), K4Scales::pair16(ks.mn_lo, ks.mn_hi, 1)};
-      __m256i hb[2][2];  // fifth bits: [half][pair]
-      for (int h = 0; h < 2; ++h)
-        for (int p = 0; p < 2; ++p) hb[h][p] = load256(blk + QH + 64 * h + 32 * p);
-      __m256i acc[2][R];
-      for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = _mm256_setzero_si256();
+      __m256i hb[4];  // fifth bits of elements 8k..8k + 7 (bit 2j: sub-block 2j, bit 2j + 1: sub-block 2j + 1)
+      for (int k = 0; k < 4; ++k) hb[k] = load256(blk + QH + 32 * k);
+      __m256i acc[R];
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) {  // sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
-#pragma GCC unroll 2
-        for (int p = 0; p < 2; ++p) {
-          const __m256i s_lo = lane_word(sc[p], 2 * j), s_hi = lane_word(sc[p], 2 * j + 1);
-#pragma GCC unroll 2
-          for (int h = 0; h < 2; ++h) {  // positions 16h..16h + 15 of the two sub-blocks
-            const __m256i v = load256(blk + QS + 64 * (2 * j + h) + 32 * p);
-            const __m256i qh = _mm256_srli_epi16(hb[h][p], 2 * j);  // bits 2j, 2j + 1 of qh[l]: fifth bits
-            const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m16));
-            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-                                               _mm256_and_si256(_mm256_slli_epi16(qh, 3), m16));
+        const __m256i s_lo = _mm256_shuffle_epi8(sc, bcast16(kQ5KScaleShuffle[2 * j]));
+        const __m256i s_hi = _mm256_shuffle_epi8(sc, bcast16(kQ5KScaleShuffle[2 * j + 1]));
+        __m256i lo[4], hi[4];  // elements 8k..8k + 7 of the two sub-blocks
+        for (int k = 0; k < 4; ++k) {
+          const __m256i v = load256(blk + QS + 32 * (4 * j + k));
+          const __m256i qh = _mm256_srli_epi16(hb[k], 2 * j);
+          lo[k] = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m16));
+          hi[k] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                  _mm256_and_si256(_mm256_slli_epi16(qh, 3), m16));
+        }
 #pragma GCC unroll 4
-            for (int r = 0; r < R; ++r) {
-              const int8_t* aq = a[r][b].qs + 64 * j + 16 * h;
-              acc[p][r] = scaled_dot16(scaled_dot16(acc[p][r], lo, bcast16(aq), s_lo), hi, bcast16(aq + 32), s_hi);
-            }
-          }
+        for (int r = 0; r < R; ++r) {
+          const int8_t* aq = a[r][b].qs + 64 * j;
+          const __m256i z = _mm256_setzero_si256();
+          const __m256i l01 = dot_bytes(dot_bytes(z, lo[0], bcast8(aq)), lo[1], bcast8(aq + 8));
+          const __m256i l23 = dot_bytes(dot_bytes(z, lo[2], bcast8(aq + 16)), lo[3], bcast8(aq + 24));
+          const __m256i h01 = dot_bytes(dot_bytes(z, hi[0], bcast8(aq + 32)), hi[1], bcast8(aq + 40));
+          const __m256i h23 = dot_bytes(dot_bytes(z, hi[2], bcast8(aq + 48)), hi[3], bcast8(aq + 56));
+          acc[r] = dot_words(dot_words(acc[r], _mm256_packs_epi32(l01, l23), s_lo), _mm256_packs_epi32(h01, h23), s_hi);
         }
       }
       for (int r = 0; r < R; ++r) {
-        const __m256i bs = sums32(a[r][b]);
+        const AK& ab = a[r][b];
+        const __m256i bs = sums32(ab);
+        // lanes [r0 r1 r0 r1 | r2 r3 r2 r3] -> r0 r1 r2 r3
+        const __m128i lo = _mm256_castsi256_si128(acc[r]), hi = _mm256_extracti128_si256(acc[r], 1);
+        const __m128i isum = _mm_add_epi32(_mm_unpacklo_epi64(lo, hi), _mm_unpackhi_epi64(lo, hi));
         const __m128i msum = rows4(_mm256_madd_epi16(mn[0], bs), _mm256_madd_epi16(mn[1], bs));
-        y[r] = kquant_min_step4(kquant_step4(y[r], d, a[r][b].d, rows4(acc[0][r], acc[1][r])), dmin, a[r][b].d, msum);
+        y[r] = kquant_min_step4(kquant_step4(y[r], d, ab.d, isum), dmin, ab.d, msum);
       }
     }
     store_rows4<R>(y, out);
