@@ -180,7 +180,8 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    isa = kernels.isa() or "off"
+    return f"{cpu}, {os.cpu_count()} cores, kernels {isa}, Python {platform.python_version()}"
 
 
 COLUMNS = [

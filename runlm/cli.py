@@ -21,6 +21,7 @@ from runlm.engine import Engine, GenerationRequest, ImageInput
 from runlm.errors import RunlmError
 from runlm.loading import load
 from runlm.models.vision import image_to_rgb
+from runlm.quant import kernels
 from runlm.sampling import SamplingParams
 from runlm.shapes import SHAPES
 
@@ -297,6 +298,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("hidden size", str(cfg.hidden_size)),
         ("heads (q / kv)", f"{cfg.num_heads} / {cfg.num_kv_heads}"),
         ("chat template", "yes" if loaded.chat_template is not None else "no"),
+        ("kernels", kernels.isa() or f"off ({kernels.unavailable_reason() or 'disabled'}): plain PyTorch"),
     ]
     for key, value in rows:
         print(f"{key:>16}: {value}")

@@ -15,6 +15,7 @@ from reference.tiny import build_qwen3_embedding
 
 from runlm import cli, load
 from runlm.engine.embeddings import embed, embedding_ids
+from runlm.quant import kernels
 
 
 def runlm(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -30,6 +31,7 @@ def test_info(smollm2_gguf):
     assert "quantization: Q4_1" in out.stdout
     assert "context length: 8192" in out.stdout
     assert "vocabulary: 49152" in out.stdout
+    assert f"kernels: {kernels.isa()}" in out.stdout if kernels.available() else "kernels: off" in out.stdout
 
 
 @pytest.mark.parametrize("dtype", ["auto", "f32"])
