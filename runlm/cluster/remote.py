@@ -145,12 +145,7 @@ class RemoteScheduler:
             else:
                 self._waiting -= 1
             for handle in handles:
-                if handle.on_done is not None:
-                    try:
-                        handle.on_done(handle)
-                    except Exception:  # a metrics hook must never lose the request's end
-                        pass
-                handle._finish()
+                handle._finish_reported()
 
     def run(self, fn: Callable[[], T]) -> Future[T]:
         """Model work that is not a generation (embeddings) runs on the front's own copy of the model."""

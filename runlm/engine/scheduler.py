@@ -96,6 +96,15 @@ class RequestHandle:
         self.done.set()
         self._put(_END)
 
+    def _finish_reported(self) -> None:
+        """End a request that ran: `on_done` first, so its metrics are counted before the caller hears the end."""
+        if self.on_done is not None:
+            try:
+                self.on_done(self)
+            except Exception:  # a metrics hook must never kill the worker, nor lose the request's end
+                pass
+        self._finish()
+
     # -- caller side ---------------------------------------------------------------------
     def cancel(self) -> None:
         """Stop at the next token (or drop from the queue if not started)."""
@@ -544,9 +553,4 @@ class Scheduler:
             self.engine.finish(handle.gen)
         except Exception:  # the prompt cache is an optimisation: never a reason to lose the worker
             pass
-        if handle.on_done is not None:  # before the caller hears the end: its metrics are then already counted
-            try:
-                handle.on_done(handle)
-            except Exception:  # a metrics hook must never kill the worker
-                pass
-        handle._finish()
+        handle._finish_reported()
