@@ -315,10 +315,22 @@ def run_long_prompt_admission(loaded, ids: list[int], streams: int, prompt_token
     return before, during, first_at - admitted_at
 
 
+def streamed_token_times(base_url: str, body: dict) -> list[float]:
+    """Arrival time of each token of a streamed /v1/completions request (events with text)."""
+    import httpx  # optional: the [server] extra
+
+    arrivals: list[float] = []
+    with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=600) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith("data: {") and '"text": ""' not in line:
+                arrivals.append(time.perf_counter())
+    return arrivals
+
+
 def run_served_vs_direct(loaded, ids: list[int], gen_tokens: int) -> tuple[float, float]:
     """Decode tok/s of one stream read by an HTTP client from `runlm serve`'s app on loopback, and of the
     runner's own greedy loop, on the same prompt."""
-    import httpx  # optional: the [server] extra
     import uvicorn
 
     from runlm.server import create_app
@@ -337,12 +349,8 @@ def run_served_vs_direct(loaded, ids: list[int], gen_tokens: int) -> tuple[float
     port = server.servers[0].sockets[0].getsockname()[1]
     body = {"model": loaded.path.name, "prompt": prompt, "max_tokens": gen_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "cache_prompt": False}
-    arrivals: list[float] = []
     try:
-        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=600) as response:
-            for line in response.iter_lines():
-                if line.startswith("data: {") and '"text": ""' not in line:
-                    arrivals.append(time.perf_counter())
+        arrivals = streamed_token_times(f"http://127.0.0.1:{port}", body)
     finally:
         server.should_exit = True
         thread.join(timeout=10)

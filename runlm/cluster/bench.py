@@ -10,7 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from runlm.bench import english_text, load_tokenizer, machine, percentile
+from runlm.bench import english_text, load_tokenizer, machine, percentile, streamed_token_times
 from runlm.cluster.deploy import ClusterOptions, ReplicaOptions, start, stop
 from runlm.errors import InvalidInputError
 from runlm.loading import resolve_model
@@ -20,18 +20,10 @@ PROMPT_TOKENS = 32
 
 def stream_times(url: str, model: str, prompt: list[int], gen_tokens: int) -> tuple[float, list[float]]:
     """(send time, arrival time of each token) of one streamed completion."""
-    import httpx  # the [server] extra
-
     body = {"model": model, "prompt": prompt, "max_tokens": gen_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True}
     sent = time.perf_counter()
-    arrivals = []
-    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if line.startswith("data: {") and '"text": ""' not in line:
-                arrivals.append(time.perf_counter())
-    return sent, arrivals
+    return sent, streamed_token_times(url, body)
 
 
 def measure(url: str, model: str, prompts: list[list[int]], gen_tokens: int) -> dict[str, float]:
