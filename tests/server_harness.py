@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import uvicorn
@@ -33,3 +37,30 @@ class LiveServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def serve_cli(*args: str) -> Iterator[str]:
+    """`python -m runlm serve ARGS` on a free port, in a subprocess as a user runs it: yields its base URL once
+    uvicorn says it listens (fails with the server's log if it dies first), and stops it afterwards."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "runlm", "serve", *args, "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        log = []
+        for line in server.stderr:  # until uvicorn says it listens (or the server dies: end of its stderr)
+            log.append(line)
+            if "Uvicorn running on" in line:
+                break
+        assert server.poll() is None, "".join(log)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import socket
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -12,6 +11,7 @@ import httpx
 import pytest
 import torch
 from reference.tiny import build_qwen3_embedding
+from server_harness import serve_cli
 
 from runlm import cli, load
 from runlm.engine.embeddings import embed, embedding_ids
@@ -88,24 +88,9 @@ def test_serve_pooling_flag_sets_how_embeddings_pool(tmp_path):
     """`runlm serve --pooling mean` on a model that declares last-token pooling: the server mean-pools."""
     directory = tmp_path / "embedder"
     build_qwen3_embedding(directory)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "runlm", "serve", "-m", str(directory), "--port", str(port),
-                               "--pooling", "mean"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        log = []
-        for line in server.stderr:  # until uvicorn says it listens (or the server dies: end of its stderr)
-            log.append(line)
-            if "Uvicorn running on" in line:
-                break
-        assert server.poll() is None, "".join(log)
+    with serve_cli("-m", str(directory), "--pooling", "mean") as base:
         got = httpx.post(base + "/v1/embeddings", json={"model": "embedder", "input": "The quick brown fox"},
                          timeout=60).json()["data"][0]["embedding"]
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     loaded = load(directory, dtype="f32")
     want = embed(loaded.runner, embedding_ids(loaded.tokenizer, "The quick brown fox"), "mean")
     assert (torch.tensor(got) - want).abs().max().item() <= 1e-4

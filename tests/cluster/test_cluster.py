@@ -8,7 +8,6 @@ the one it was generating), the service keeps answering and Ray brings the repli
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -21,9 +20,10 @@ serve = pytest.importorskip("ray.serve")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
+from server_harness import LiveServer, free_port  # noqa: E402
+
 from runlm.cluster.deploy import ClusterOptions, ReplicaOptions, start, stop  # noqa: E402
 from runlm.server import create_app  # noqa: E402
-from tests.server_harness import LiveServer  # noqa: E402
 
 MODEL = "smollm2-135m"
 T = TypeVar("T")
@@ -34,12 +34,6 @@ SYSTEMS = [
     "shelves, and always end with a friendly reminder about the return date of the loan.",
 ]
 QUESTIONS = ["What should I do today?", "Why is that?", "Tell me more.", "Anything else?"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for(condition: Callable[[], T], what: str, timeout_s: float = 120.0) -> T:

@@ -7,14 +7,10 @@ the user visits can POST to http://127.0.0.1:PORT; the browser marks it with `Or
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-
 import httpx
 import openai
 import pytest
-from server_harness import LiveServer
+from server_harness import LiveServer, serve_cli
 
 from runlm.errors import InvalidInputError
 from runlm.server import create_app
@@ -140,22 +136,8 @@ def test_host_list_entries():
 
 def test_serve_flag_allowed_hosts(smollm2_gguf):
     """`runlm serve --allowed-hosts` as a user runs it: comma-separated and repeatable."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "runlm", "serve", "-m", str(smollm2_gguf), "--port", str(port),
-                               "--allowed-hosts", "box.lan,other.lan", "--allowed-hosts", "third.lan"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        log = []
-        for line in server.stderr:  # until uvicorn says it listens (or the server dies: end of its stderr)
-            log.append(line)
-            if "Uvicorn running on" in line:
-                break
-        assert server.poll() is None, "".join(log)
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+    flags = ("--allowed-hosts", "box.lan,other.lan", "--allowed-hosts", "third.lan")
+    with serve_cli("-m", str(smollm2_gguf), *flags) as base:
+        with httpx.Client(base_url=base, timeout=60) as http:
             for host, want in (("box.lan", 200), ("other.lan", 200), ("third.lan", 200), ("evil.example", 403)):
                 assert http.get("/v1/models", headers={"Host": host}).status_code == want, host
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
