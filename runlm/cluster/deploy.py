@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from runlm.cluster.replica import ModelReplica, ReplicaOptions
@@ -116,7 +116,7 @@ def build_app(options: ReplicaOptions, cluster: ClusterOptions, server_options: 
     serve = _serve()
     from ray.serve.config import RequestRouterConfig
 
-    options.threads = cluster.threads_per_replica
+    options = replace(options, threads=cluster.threads_per_replica)  # the caller's options stay as given
     scaling = scaling_options(cluster)
     replica = serve.deployment(
         RunlmReplica,
