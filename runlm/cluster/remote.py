@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from runlm.cluster.replica import Ended, portable_request
@@ -60,6 +61,7 @@ class RemoteScheduler:
         self._streams = replicas.options(stream=True, method_name="generate")
         self._stats = stats
         self._waiting = 0
+        self._planning = 0  # on the event loop only, as _waiting
         self._running = 0
         self._closed = False
         self._calls = ThreadPoolExecutor(1, thread_name_prefix="runlm-front")  # the front's runner: one thread
@@ -80,6 +82,20 @@ class RemoteScheduler:
     def replica_stats(self) -> list[dict[str, Any]]:
         """Each replica's last report (load, prompt-cache hit rate, tokens/s), as the router last heard it."""
         return self._stats() if self._stats is not None else []
+
+    @contextmanager
+    def planning(self) -> Iterator[None]:
+        """Hold a place in the front's line while a request is planned (Scheduler.planning)."""
+        if self._closed:
+            raise SchedulerClosedError("the server is shutting down")
+        if self._waiting + self._planning >= self.max_queue + self.max_batch:
+            raise QueueFullError(f"the server is busy: {self._waiting + self._planning} requests are already "
+                                 "waiting; retry later")
+        self._planning += 1
+        try:
+            yield
+        finally:
+            self._planning -= 1
 
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None,
                on_done: Callable[[RequestHandle], None] | None = None) -> RequestHandle:

@@ -23,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from runlm.engine.core import Completion, Engine, Generation, GenerationRequest, StreamRecord, Usage, merged_usage
@@ -267,6 +268,7 @@ class Scheduler:
         self.active: list[RequestHandle] = []  # in flight, each with its generation's session
         self.prefilling: list[RequestHandle] = []  # admitted; their prompts run chunk by chunk in the steps
         self._waiting: deque[RequestHandle] = deque()
+        self._planning = 0  # requests holding a queue place while they are planned (Scheduler.planning)
         self._calls: deque[tuple[Callable[[], Any], Future]] = deque()  # run(fn): model work besides decoding
         self._cond = threading.Condition()
         self._closed = False
@@ -292,6 +294,26 @@ class Scheduler:
         """Per-replica reports for /metrics: none here (one local worker; the server's own gauges cover it).
         A cluster's scheduler (runlm.cluster.remote) returns one per replica."""
         return []
+
+    @contextmanager
+    def planning(self) -> Iterator[None]:
+        """Hold a place in the queue while a request is planned (its chat template rendered, its prompt
+        tokenized, its image decoded), or raise QueueFullError before any of that work: a flood of requests
+        is refused at the door instead of each decoding its image and then finding the queue full."""
+        with self._cond:
+            if self._closed:
+                raise SchedulerClosedError("the server is shutting down")
+            ahead = self.queue_depth + self._planning
+            if ahead >= self.max_queue + max(0, self.max_batch - self.in_flight):
+                raise QueueFullError(
+                    f"the server is busy: {ahead} requests are already waiting "
+                    f"(max_queue {self.max_queue}); retry later")
+            self._planning += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._planning -= 1
 
     def submit(
         self,

@@ -41,5 +41,6 @@ async def messages(request: Request, body: MessagesRequest = Depends(json_body(M
 async def count_tokens(body: CountTokensRequest = Depends(json_body(CountTokensRequest)),
                        state: ServerState = Depends(get_state)):
     state.check_model(body.model)
-    plan = await state.workers.run(plan_messages, state, body)
+    with state.scheduler.planning():
+        plan = await state.workers.run(plan_messages, state, body)
     return {"input_tokens": len(plan.request.prompt_ids)}

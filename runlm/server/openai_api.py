@@ -46,10 +46,12 @@ class Pending(Protocol[Result]):
 
 
 async def plan_request(state: ServerState, planner: Callable, body: Any, request: Request) -> Any:
-    """Check the model and plan the request off the event loop (templates and tokenizing cost CPU); the
-    generation reuses only the prompt cache of the tenant the key check found (never one the body names)."""
+    """Check the model and plan the request off the event loop (templates, tokenizing and images cost CPU),
+    holding a place in the queue meanwhile; the generation reuses only the prompt cache of the tenant the key
+    check found (never one the body names)."""
     state.check_model(body.model)
-    plan = await state.workers.run(planner, state, body)
+    with state.scheduler.planning():  # a queue place first: a full queue refuses before any planning work
+        plan = await state.workers.run(planner, state, body)
     plan.request.cache_scope = tenant_of(request.scope)
     return plan
 

@@ -246,6 +246,32 @@ def test_scheduler_queue_full_and_cancel_frees_the_slot():
         sched.close()
 
 
+def test_planning_holds_a_queue_place_and_a_full_queue_refuses_before_planning():
+    eng = engine([ID["a"]] * 200, delay_s=0.005, max_context=512)
+    sched = Scheduler(eng, max_queue=1, max_batch=1)
+    try:
+        req = GenerationRequest(prompt_ids=PROMPT, sampling=GREEDY, max_tokens=200)
+        running = sched.submit(req)
+        deadline = time.time() + 5
+        while not sched.busy and time.time() < deadline:
+            time.sleep(0.001)
+        with sched.planning():  # the one place left is held while this request is planned
+            with pytest.raises(QueueFullError):
+                with sched.planning():
+                    pytest.fail("a request was let in to plan past a full queue")
+            waiting = sched.submit(req)
+        with pytest.raises(QueueFullError):  # now the place is the waiting request's
+            with sched.planning():
+                pytest.fail("a request was let in to plan past a full queue")
+        waiting.cancel()
+        with sched.planning():  # a cancelled request gives its place back
+            pass
+        running.cancel()
+        assert running.result().finish_reason == "cancelled"
+    finally:
+        sched.close()
+
+
 def test_release_openmp_pools_keeps_torch_working():
     """Pausing the OpenMP runtime frees idle pools only: the next parallel op rebuilds them and computes the same."""
     a, b = torch.randn(256, 256), torch.randn(256, 256)

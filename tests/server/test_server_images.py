@@ -88,6 +88,23 @@ def test_two_images_are_refused(server):
     assert response.status_code == 400 and "one image" in response.json()["error"]["message"]
 
 
+def test_a_full_queue_refuses_an_image_request_before_decoding_it(vision_loaded):
+    """The queue place is taken before planning: with the only place held, even an image that cannot be read
+    is a 429 (its decoding never ran); once the place is free, the same request gets the decoder's 400."""
+    live = LiveServer(create_app(vision_loaded, model_name="tiny-vl", api_key="", max_queue=0, max_batch=1))
+    unreadable = [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(
+        b"not an image at all").decode()}}, {"type": "text", "text": "hi"}]
+    try:
+        with live.app.state.runlm.scheduler.planning():
+            refused = chat(live, unreadable)
+        assert refused.status_code == 429 and "busy" in refused.json()["error"]["message"]
+        decoded = chat(live, unreadable)
+        assert decoded.status_code == 400 and "cannot read the image" in decoded.json()["error"]["message"]
+        assert chat(live, "still alive?").status_code == 200
+    finally:
+        live.stop()
+
+
 def test_text_only_model_refuses_images(smollm2_loaded):
     live = LiveServer(create_app(smollm2_loaded, model_name="smol", api_key=""))
     try:
