@@ -30,7 +30,7 @@ from runlm.server.workers import json_body
 router = APIRouter()
 
 
-def get_store(request: Request) -> TenantResponses:
+async def get_store(request: Request) -> TenantResponses:
     """FastAPI dependency: the calling tenant's view of the store create_app put on the app (one API key
     never finds another's stored responses)."""
     store: ResponseStore = request.app.state.responses

@@ -81,6 +81,7 @@ def served_names(loaded: Any, model_name: str | None) -> tuple[str, set[str]]:
     return name, names | {f"{n}:latest" for n in names}
 
 
-def get_state(request: Request) -> ServerState:
-    """FastAPI dependency: the state create_app put on the app."""
+async def get_state(request: Request) -> ServerState:
+    """FastAPI dependency: the state create_app put on the app (async: FastAPI runs a plain function
+    dependency in its thread pool, a hop for every request, /health's included)."""
     return request.app.state.runlm

@@ -12,16 +12,18 @@ import asyncio
 import gc
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
-from typing import Any, TypeVar
+from functools import lru_cache, partial
+from types import UnionType
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 # Bodies up to this size are parsed on the event loop (well under a millisecond); larger ones in the pool.
 INLINE_BODY_BYTES = 64 * 1024
@@ -122,8 +124,8 @@ def parse_body(model: type[Body], raw: bytes, content_type: str | None) -> Body:
     data: Any = raw
     try:
         if is_json(content_type):
-            data = json.loads(raw)
-        return model.model_validate(data)
+            data = load_json(raw)
+        return validate_in_parts(model, data)
     except json.JSONDecodeError as exc:
         raise invalid_json(exc.msg, exc.pos) from None
     except UnicodeDecodeError:
@@ -133,6 +135,111 @@ def parse_body(model: type[Body], raw: bytes, content_type: str | None) -> Body:
     except ValidationError as exc:
         errors = [{**error, "loc": ("body", *error.get("loc", ()))} for error in exc.errors(include_url=False)]
         raise RequestValidationError(errors) from None
+
+
+# Bodies larger than this are read in parts: json.loads holds the GIL for its whole call, ~10 ms per MB.
+JSON_IN_PARTS_BYTES = 1024 * 1024
+# Lists longer than this are validated this many items at a time: a pydantic call holds the GIL throughout
+# (200,000 messages: ~1 s), so the event loop runs between the parts.
+VALIDATE_PART_ITEMS = 1000
+_DECODER = json.JSONDecoder()
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def load_json(raw: bytes) -> Any:
+    """json.loads(raw); above JSON_IN_PARTS_BYTES a top-level object and its arrays are walked here, one
+    member or item per C call, so no call holds the GIL for the whole body. Same values, same errors."""
+    if len(raw) <= JSON_IN_PARTS_BYTES:
+        return json.loads(raw)
+    text = raw.decode("utf-8")
+    at = _JSON_SPACE.match(text).end()
+    if not text.startswith("{", at):
+        return json.loads(text)
+    value, at = _json_object_in_parts(text, at)
+    if _JSON_SPACE.match(text, at).end() != len(text):
+        raise json.JSONDecodeError("Extra data", text, at)
+    return value
+
+
+def _json_object_in_parts(text: str, at: int) -> tuple[dict[str, Any], int]:
+    members: dict[str, Any] = {}
+    at = _JSON_SPACE.match(text, at + 1).end()
+    if text.startswith("}", at):
+        return members, at + 1
+    while True:
+        if not text.startswith('"', at):
+            raise json.JSONDecodeError("Expecting property name enclosed in double quotes", text, at)
+        key, at = _DECODER.raw_decode(text, at)
+        at = _JSON_SPACE.match(text, at).end()
+        if not text.startswith(":", at):
+            raise json.JSONDecodeError("Expecting ':' delimiter", text, at)
+        at = _JSON_SPACE.match(text, at + 1).end()
+        if text.startswith("[", at):
+            members[key], at = _json_array_in_parts(text, at)
+        else:
+            members[key], at = _DECODER.raw_decode(text, at)
+        at = _JSON_SPACE.match(text, at).end()
+        if text.startswith("}", at):
+            return members, at + 1
+        if not text.startswith(",", at):
+            raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
+        at = _JSON_SPACE.match(text, at + 1).end()
+
+
+def _json_array_in_parts(text: str, at: int) -> tuple[list[Any], int]:
+    items: list[Any] = []
+    at = _JSON_SPACE.match(text, at + 1).end()
+    if text.startswith("]", at):
+        return items, at + 1
+    while True:
+        item, at = _DECODER.raw_decode(text, at)
+        items.append(item)
+        at = _JSON_SPACE.match(text, at).end()
+        if text.startswith("]", at):
+            return items, at + 1
+        if not text.startswith(",", at):
+            raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
+        at = _JSON_SPACE.match(text, at + 1).end()
+
+
+def validate_in_parts(model: type[Body], data: Any) -> Body:
+    """model.model_validate(data), with the body's long lists (messages...) validated VALIDATE_PART_ITEMS
+    items at a time first; a failing item is reported where it stands in the body."""
+    if isinstance(data, dict):
+        for name, field in model.model_fields.items():
+            key = field.alias or name
+            items = data.get(key)
+            if isinstance(items, list) and len(items) > VALIDATE_PART_ITEMS:
+                adapter = _list_adapter(field.annotation)
+                if adapter is not None:
+                    data = {**data, key: _validated_items(adapter, items, key)}
+    return model.model_validate(data)
+
+
+def _validated_items(adapter: TypeAdapter, items: list[Any], key: str) -> list[Any]:
+    validated: list[Any] = []
+    for start in range(0, len(items), VALIDATE_PART_ITEMS):
+        try:
+            validated += adapter.validate_python(items[start : start + VALIDATE_PART_ITEMS])
+        except ValidationError as exc:
+            errors = [{**error, "loc": ("body", key, start + error["loc"][0], *error["loc"][1:])}
+                      for error in exc.errors(include_url=False)]
+            raise RequestValidationError(errors) from None
+    return validated
+
+
+@lru_cache(maxsize=64)
+def _list_adapter(annotation: Any) -> TypeAdapter | None:
+    """A validator for lists of the item type in `annotation` (a list, Annotated, or a union holding one
+    list type): None when it holds none."""
+    while get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    if get_origin(annotation) is list:
+        return TypeAdapter(list[get_args(annotation)[0]])  # type: ignore[misc]
+    if get_origin(annotation) in (Union, UnionType):
+        found = [adapter for adapter in map(_list_adapter, get_args(annotation)) if adapter is not None]
+        return found[0] if len(found) == 1 else None  # several list types: only the whole union can tell
+    return None
 
 
 def invalid_json(reason: str, position: int | None = None) -> RequestValidationError:

@@ -8,8 +8,15 @@ import json
 import pytest
 from fastapi.exceptions import RequestValidationError
 
-from runlm.server.schemas import ChatCompletionRequest
-from runlm.server.workers import JSON_PART_VALUES, json_text, parse_body
+from runlm.server.schemas import ChatCompletionRequest, CompletionRequest
+from runlm.server.workers import (
+    JSON_IN_PARTS_BYTES,
+    JSON_PART_VALUES,
+    VALIDATE_PART_ITEMS,
+    json_text,
+    load_json,
+    parse_body,
+)
 
 PIECES = {"tokens": [{"id": i, "piece": f"é{i}"} for i in range(3 * JSON_PART_VALUES)]}
 LOGPROBS = {"choices": [{"index": k, "logprobs": {"content": [
@@ -42,3 +49,44 @@ def test_undecodable_and_deep_bodies_are_plain_400s():
     assert first_error(b'{"model": "\xff"}')["ctx"]["error"] == "it is not UTF-8"
     deep = b'{"model": "m", "messages": [], "tools": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     assert first_error(deep)["ctx"]["error"] == "it is nested too deeply"
+
+
+def large_body(messages: list, **extra) -> bytes:
+    """A chat body past JSON_IN_PARTS_BYTES (so it is read in parts), with JSON's odd corners inside."""
+    body = json.dumps({"model": "m", "messages": messages, "stop": ["\u00e9", "\\n"], "max_tokens": 1, **extra},
+                      indent=1)
+    assert len(body) > JSON_IN_PARTS_BYTES
+    return body.encode()
+
+
+MESSAGES = [{"role": "user", "content": f"hi \u2603 {i}"} for i in range(40_000)]
+
+
+def test_large_bodies_read_in_parts_are_what_one_json_loads_reads():
+    raw = large_body(MESSAGES, logit_bias={"1": 2}, tools=[], n=1)
+    assert load_json(raw) == json.loads(raw)
+    assert load_json(b" [1, 2] ") == [1, 2]
+    parsed = parse_body(ChatCompletionRequest, raw, "application/json")
+    assert parsed == ChatCompletionRequest.model_validate(json.loads(raw))
+    assert len(parsed.messages) > VALIDATE_PART_ITEMS
+
+
+@pytest.mark.parametrize("damage", [
+    lambda raw: raw[:-2],                                # cut short
+    lambda raw: raw + b" {}",                            # extra data
+    lambda raw: raw.replace(b'"max_tokens":', b'"max_tokens" 1', 1),   # no colon
+    lambda raw: raw.replace(b'"n"', b"n", 1),            # a bare key
+    lambda raw: raw.replace(b"},\n  {", b"}\n  {", 1),   # no comma between items
+])
+def test_large_broken_bodies_are_json_errors_as_json_loads_finds(damage):
+    raw = damage(large_body(MESSAGES[:30_000], n=1))
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(raw)
+    assert first_error(raw)["type"] == "json_invalid"
+
+
+def test_long_lists_validated_in_parts_name_the_failing_item():
+    messages = [*MESSAGES, {"role": "wizard", "content": "hi"}]
+    assert first_error(large_body(messages))["loc"] == ("body", "messages", len(MESSAGES), "role")
+    ids = json.dumps({"model": "m", "prompt": list(range(3 * VALIDATE_PART_ITEMS)), "max_tokens": 1}).encode()
+    assert parse_body(CompletionRequest, ids, "application/json").prompt == list(range(3 * VALIDATE_PART_ITEMS))
