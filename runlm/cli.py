@@ -18,12 +18,13 @@ from runlm.bench import run_bench
 from runlm.cluster.simulate import add_arguments as add_simulation_arguments
 from runlm.cluster.simulate import run_from_args as run_simulation_from_args
 from runlm.engine import Engine, GenerationRequest, ImageInput
-from runlm.errors import RunlmError
+from runlm.errors import RunlmError, TokenizerError
 from runlm.loading import load
 from runlm.models.vision import image_to_rgb
 from runlm.quant import kernels
 from runlm.sampling import SamplingParams
 from runlm.shapes import SHAPES
+from runlm.text import ChatTemplate
 
 
 def _add_model(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +39,8 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ctx", "--ctx-size", type=int, default=None,
                         help="context length: no prompt + reply runs past it (default: the model's)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when PyTorch sees a GPU)")
+    parser.add_argument("--chat-template-file", default=None, metavar="FILE",
+                        help="a Jinja chat template to use instead of the model's own (or for a model without one)")
     parser.add_argument(
         "--swa-full", action="store_true",
         help="keep every position in sliding-window layers' caches (more memory; prompt-cache reuse at any length)",
@@ -167,10 +170,26 @@ def _load(args: argparse.Namespace, model: str | None = None):
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     name = model if model is not None else args.model
-    return load(
+    template_file = getattr(args, "chat_template_file", None)
+    template = _read_template_file(template_file) if template_file else None  # fail before the load
+    loaded = load(
         name, dtype=args.dtype, max_context=args.ctx, mmproj=getattr(args, "mmproj", None), device=args.device,
         swa_full=args.swa_full,
     )
+    if template is not None:
+        tok = loaded.tokenizer
+        bos, eos = (None if i is None else tok.token_str(i) for i in (tok.bos_id, tok.eos_id))
+        name = os.path.basename(template_file)
+        loaded.chat_template = ChatTemplate(template, bos_token=bos, eos_token=eos, name=name)
+    return loaded
+
+
+def _read_template_file(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TokenizerError(f"--chat-template-file {path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

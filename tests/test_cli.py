@@ -57,6 +57,18 @@ def test_generate_raw_with_seed_is_reproducible(smollm2_gguf):
     assert first.stdout == second.stdout and first.stdout.strip()
 
 
+def test_chat_template_file_replaces_the_models_template(smollm2_gguf, tmp_path):
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:")
+    out = runlm("generate", "-m", str(smollm2_gguf), "--chat-template-file", str(template), "--max-tokens", "6",
+                "Hello")
+    assert out.returncode == 0, out.stderr
+    loaded = load(smollm2_gguf)
+    greedy = loaded.runner.generate(loaded.tokenizer.encode_prompt("user: Hello\nassistant:"), 6)
+    stop = next((i for i, t in enumerate(greedy) if t in loaded.tokenizer.stop_ids), len(greedy))
+    assert out.stdout.strip() == loaded.tokenizer.decode(greedy[:stop]).strip()
+
+
 def test_chat_repl_answers_and_quits(smollm2_gguf):
     out = runlm("chat", "-m", str(smollm2_gguf), "--max-tokens", "8", stdin="Say hello.\n\n")
     assert out.returncode == 0, out.stderr
@@ -69,6 +81,8 @@ def test_chat_repl_answers_and_quits(smollm2_gguf):
         (("generate", "-m", "/nonexistent/model.gguf", "hi"), "no such file"),
         (("info", "no-such-model"), "no such file"),
         (("pull", "no-such-model"), "unknown catalog model"),
+        (("generate", "-m", "smollm2-135m", "--chat-template-file", "/nonexistent/t.jinja", "hi"),
+         "--chat-template-file /nonexistent/t.jinja: No such file"),
     ],
 )
 def test_errors_are_one_line_and_nonzero(args, message):

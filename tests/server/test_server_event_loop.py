@@ -1,44 +1,55 @@
 """CPU-heavy request work stays off the event loop and is bounded: /health answers while a chat template with
-nested loops, megabyte /tokenize bodies and 7 MB chat bodies run, and the template is refused with a 400 instead
-of rendering forever. On the real SmolLM2 tokenizer behind a real server."""
+nested loops, megabyte /tokenize bodies, 7 MB chat bodies and 200 concurrent requests run, and the template is
+refused with a 400 instead of rendering forever. On the real SmolLM2 behind `runlm serve` in its own process,
+as users run it (a server in the test's process would share the GIL with the clients)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import math
 import statistics
+import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
 import pytest
-from server_harness import LiveServer
+from server_harness import serve_cli
 
-from runlm.server import create_app
 from runlm.server.schemas import MAX_TOKENIZE_CHARS
-from runlm.text import ChatTemplate
 
 MODEL = "smollm2-135m"
-# Every probe within HEALTH_BOUND_S, and the median within the issue's 100 ms. The bound on every probe stays loose:
-# this is a shared 2-core machine (load averages of 4-5 while these ran) and one process holds server and clients,
-# so a C call that keeps the GIL (json.loads of a 7 MB body: ~70 ms), a garbage collection or another process
-# adds to a probe now and then. Measured with the worker pool: the worst probe 0.05-0.6 s, the median under 10 ms;
-# before it, one 200k-message body held the loop ~1 s and a megabyte /tokenize with pieces 15 s.
-HEALTH_BOUND_S = 1.0
+# The issue's bound is 100 ms for every probe. Asserted: 99% of probes within it, and every probe within
+# WORST_HEALTH_S, because this is a shared 2-core machine where the OS may deschedule the server's event loop
+# for other processes (the test's own clients among them). Measured on a quiet machine: see README's security
+# model for the worst probe of each attack.
 TYPICAL_HEALTH_S = 0.1
+WORST_HEALTH_S = 1.0
 NESTED_LOOPS = ("{% for m in messages %}{% for a in range(100000) %}{% for b in range(100000) %}"
                 "{% if b < 0 %}{{ m.role }}{% endif %}{% endfor %}{% endfor %}{% endfor %}")
+JSON_HEADERS = {"content-type": "application/json"}
 
 
 @pytest.fixture(scope="module")
-def live(smollm2_loaded):
-    hostile = dataclasses.replace(smollm2_loaded, chat_template=ChatTemplate(NESTED_LOOPS))
-    server = LiveServer(create_app(hostile, model_name=MODEL, max_queue=4, prompt_cache_mb=0))
-    yield server
-    server.stop()
+def base_url(smollm2_gguf, tmp_path_factory):
+    template = tmp_path_factory.mktemp("templates") / "nested.jinja"
+    template.write_text(NESTED_LOOPS)
+    with serve_cli("-m", str(smollm2_gguf), "--chat-template-file", str(template), "--max-queue", "4",
+                   "--prompt-cache-mb", "0", "--threads", "2") as url:
+        yield url
 
 
-def health_latencies_while(attacks: list, base_url: str) -> list[float]:
+@pytest.fixture(autouse=True)
+def short_switch_interval():
+    """The probe's own process hands the GIL back quickly too (its attack threads send megabytes)."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.001)
+    yield
+    sys.setswitchinterval(before)
+
+
+def health_latencies_while(attacks: list[Future], base_url: str) -> list[float]:
     """Probe /health over and over until every attack has its answer; each probe's latency."""
     latencies = []
     with httpx.Client(base_url=base_url, timeout=60) as probe:
@@ -50,43 +61,56 @@ def health_latencies_while(attacks: list, base_url: str) -> list[float]:
 
 
 def assert_health_answered(latencies: list[float]) -> None:
-    assert latencies and max(latencies) < HEALTH_BOUND_S, sorted(latencies)[-5:]
-    assert statistics.median(latencies) < TYPICAL_HEALTH_S, statistics.median(latencies)
+    """At most 1% of the probes (at least one may) past TYPICAL_HEALTH_S, none past WORST_HEALTH_S."""
+    latencies = sorted(latencies)
+    assert latencies and latencies[-1] < WORST_HEALTH_S, latencies[-5:]
+    slow = sum(latency >= TYPICAL_HEALTH_S for latency in latencies)
+    assert slow <= math.ceil(len(latencies) / 100), (len(latencies), statistics.median(latencies), latencies[-5:])
 
 
-def test_nested_loop_template_is_a_400_and_health_answers_meanwhile(live):
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-    with ThreadPoolExecutor(4) as pool, httpx.Client(base_url=live.base_url, timeout=120) as http:
-        attacks = [pool.submit(http.post, "/v1/chat/completions", json=body) for _ in range(4)]
-        latencies = health_latencies_while(attacks, live.base_url)
-        replies = [a.result() for a in attacks]
+def post_all(base_url: str, path: str, bodies: list[bytes]) -> tuple[list[httpx.Response], list[float]]:
+    """POST every body at once from a thread each, probing /health until all are answered."""
+    with ThreadPoolExecutor(len(bodies)) as pool, httpx.Client(base_url=base_url, timeout=120,
+                                                               limits=httpx.Limits(max_connections=None)) as http:
+        attacks = [pool.submit(http.post, path, content=body, headers=JSON_HEADERS) for body in bodies]
+        latencies = health_latencies_while(attacks, base_url)
+        return [a.result() for a in attacks], latencies
+
+
+def test_nested_loop_template_is_a_400_and_health_answers_meanwhile(base_url):
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode()
+    replies, latencies = post_all(base_url, "/v1/chat/completions", [body] * 4)
     assert_health_answered(latencies)
     for reply in replies:
         assert reply.status_code == 400
         assert "chat template" in reply.json()["error"]["message"]
 
 
-def test_megabyte_tokenize_runs_off_the_loop_and_larger_is_refused(live):
+def test_megabyte_tokenize_runs_off_the_loop_and_larger_is_refused(base_url):
     content = "word " * (MAX_TOKENIZE_CHARS // 5)
-    with ThreadPoolExecutor(2) as pool, httpx.Client(base_url=live.base_url, timeout=120) as http:
-        attacks = [pool.submit(http.post, "/tokenize", json={"content": content, "with_pieces": True})
-                   for _ in range(2)]
-        latencies = health_latencies_while(attacks, live.base_url)
-        replies = [a.result() for a in attacks]
-        too_long = http.post("/tokenize", json={"content": content + "x"})
+    body = json.dumps({"content": content, "with_pieces": True}).encode()
+    replies, latencies = post_all(base_url, "/tokenize", [body] * 2)
     assert_health_answered(latencies)
     assert all(r.status_code == 200 and len(r.json()["tokens"]) >= MAX_TOKENIZE_CHARS // 5 for r in replies)
+    too_long = httpx.post(base_url + "/tokenize", json={"content": content + "x"}, timeout=60)
     assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "content"
 
 
-def test_large_bodies_are_parsed_off_the_loop(live):
-    """Three 7 MB bodies of 200,001 messages, each invalid only at its end: parsed and validated in the pool."""
+def test_large_bodies_are_parsed_off_the_loop(base_url):
+    """Three 7 MB bodies of 200,001 messages, each invalid only at its end: read and validated in the pool,
+    in parts."""
     messages = [{"role": "user", "content": "hi"}] * 200_000 + [{"role": "wizard", "content": "hi"}]
     body = json.dumps({"model": MODEL, "messages": messages, "max_tokens": 1}).encode()
-    headers = {"content-type": "application/json"}
-    with ThreadPoolExecutor(3) as pool, httpx.Client(base_url=live.base_url, timeout=120) as http:
-        attacks = [pool.submit(http.post, "/v1/chat/completions", content=body, headers=headers) for _ in range(3)]
-        latencies = health_latencies_while(attacks, live.base_url)
-        replies = [a.result() for a in attacks]
+    replies, latencies = post_all(base_url, "/v1/chat/completions", [body] * 3)
     assert_health_answered(latencies)
     assert all(r.status_code == 400 and r.json()["error"]["param"] == "messages.200000.role" for r in replies)
+
+
+def test_two_hundred_requests_at_once(base_url):
+    """200 completions at once: the queue takes what it holds (each is planned with its place held), the rest
+    get 429 at the door, and /health answers throughout."""
+    body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2}).encode()
+    replies, latencies = post_all(base_url, "/v1/completions", [body] * 200)
+    assert_health_answered(latencies)
+    statuses = Counter(r.status_code for r in replies)
+    assert set(statuses) <= {200, 429} and statuses[200] >= 5 and statuses[429] > 0, statuses

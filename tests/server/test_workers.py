@@ -13,6 +13,7 @@ from runlm.server.workers import (
     JSON_IN_PARTS_BYTES,
     JSON_PART_VALUES,
     VALIDATE_PART_ITEMS,
+    collector_paused,
     json_text,
     load_json,
     parse_body,
@@ -90,3 +91,18 @@ def test_long_lists_validated_in_parts_name_the_failing_item():
     assert first_error(large_body(messages))["loc"] == ("body", "messages", len(MESSAGES), "role")
     ids = json.dumps({"model": "m", "prompt": list(range(3 * VALIDATE_PART_ITEMS)), "max_tokens": 1}).encode()
     assert parse_body(CompletionRequest, ids, "application/json").prompt == list(range(3 * VALIDATE_PART_ITEMS))
+
+
+def test_the_collector_is_paused_while_large_bodies_are_read_and_left_as_it_was():
+    import gc
+
+    with collector_paused(), collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # a collector someone else turned off stays off
+    finally:
+        gc.enable()
