@@ -245,7 +245,44 @@ def kv_budget_bytes(megabytes: float | None) -> int | None:
     return default_kv_budget_bytes() if megabytes is None else int(megabytes * 2**20) or None
 
 
-MIN_MIXED_CHUNK = 4  # prompt tokens per step, at least, for a prompt admitted beside running streams
+MIN_MIXED_CHUNK = 4  # prompt tokens per step beside running streams, until the steps' costs are learnt
+# A step that carries prompt rows beside running streams may take this many times their plain decode step:
+# the prompt rows per step are paced to it (the issue's bound on their inter-token latency is 2x).
+MIXED_STEP_RATIO = 1.6
+
+
+class StepPacer:
+    """How many prompt rows a step may carry beside `streams` running streams: learnt from the steps' own
+    times, so the streams' inter-token latency stays within MIXED_STEP_RATIO of a plain decode step whatever
+    the model, the machine or how far the prompt has come (its rows attend to more positions as it grows)."""
+
+    SMOOTHING = 0.3  # weight of the newest step in the running averages
+
+    def __init__(self, most_rows: int):
+        self.most_rows = most_rows
+        self.decode_s: dict[int, float] = {}  # a plain decode step's time, by the number of streams in it
+        self.row_s: float | None = None  # the cost of one prompt row in a mixed step, beyond its plain step
+        self.last_rows = MIN_MIXED_CHUNK
+
+    def prompt_rows(self, streams: int) -> int:
+        """At most twice the last mixed step's rows: one step's noise never makes a giant step."""
+        plain = self.decode_s.get(streams)
+        if plain is None or self.row_s is None:
+            return max(MIN_MIXED_CHUNK, streams)
+        fitting = int((MIXED_STEP_RATIO - 1.0) * plain / self.row_s)
+        return max(1, min(self.most_rows, 2 * self.last_rows, fitting))
+
+    def observe(self, streams: int, prompt_rows: int, elapsed_s: float) -> None:
+        if not streams:
+            return
+        if prompt_rows:
+            self.last_rows = prompt_rows
+        plain = self.decode_s.get(streams)
+        if not prompt_rows:
+            self.decode_s[streams] = elapsed_s if plain is None else plain + self.SMOOTHING * (elapsed_s - plain)
+        elif plain is not None:
+            row_s = max(elapsed_s - plain, 1e-6) / prompt_rows
+            self.row_s = row_s if self.row_s is None else self.row_s + self.SMOOTHING * (row_s - self.row_s)
 
 
 class Scheduler:
@@ -262,9 +299,10 @@ class Scheduler:
         self.kv_budget = kv_budget_bytes if kv_budget_bytes else None
         self.kv_held = 0
         # Prompt tokens run per step for the requests being admitted: `prefill_chunk` between them while nothing
-        # else runs; beside running streams, as many as there are streams (at least MIN_MIXED_CHUNK each), which
-        # keeps their inter-token latency within about twice its usual value while a long prompt comes in.
+        # else runs; beside running streams, as many as keep the step within MIXED_STEP_RATIO times a plain
+        # decode step of those streams (StepPacer), so their tokens keep coming while a long prompt comes in.
         self.prefill_chunk = max(1, int(prefill_chunk))
+        self.pacer = StepPacer(self.prefill_chunk)
         self.active: list[RequestHandle] = []  # in flight, each with its generation's session
         self.prefilling: list[RequestHandle] = []  # admitted; their prompts run chunk by chunk in the steps
         self._waiting: deque[RequestHandle] = deque()
@@ -543,13 +581,16 @@ class Scheduler:
             self._end(handle, handle.gen.cancel())
         if not self.busy:
             return
+        streams, admitting_count = len(self.active), len(self.prefilling)
         if self.active:
-            chunk = max(MIN_MIXED_CHUNK, len(self.active) // len(self.prefilling or [None]))
+            chunk = max(1, self.pacer.prompt_rows(streams) // max(1, admitting_count))
         else:
-            chunk = max(MIN_MIXED_CHUNK, self.prefill_chunk // len(self.prefilling))
+            chunk = max(MIN_MIXED_CHUNK, self.prefill_chunk // admitting_count)
         admitting = {id(h.gen): h for h in self.prefilling}
         by_gen = {id(h.gen): h for h in self.active}
+        started = time.perf_counter()
         results = self.engine.step([h.gen for h in self.active], [h.gen for h in self.prefilling], chunk)
+        self.pacer.observe(streams, chunk * admitting_count, time.perf_counter() - started)
         for gen, result in results:
             if id(gen) in admitting:  # its prompt's last chunk ran (or it failed)
                 handle = admitting[id(gen)]
