@@ -10,7 +10,15 @@ import pytest
 import torch
 from engine_mocks import ID, MockTokenizer, ScriptedRunner, ids
 
-from runlm.engine import Engine, GenerationRequest, PromptCache, QueueFullError, Scheduler, StopStringFilter
+from runlm.engine import (
+    Engine,
+    GenerationRequest,
+    PromptCache,
+    QueueFullError,
+    RequestHandle,
+    Scheduler,
+    StopStringFilter,
+)
 from runlm.engine.scheduler import (
     MIN_MIXED_CHUNK,
     MIXED_STEP_RATIO,
@@ -230,15 +238,24 @@ def test_scheduler_streams_and_serialises_requests():
         sched.close()
 
 
+LONG_REQUEST = GenerationRequest(prompt_ids=PROMPT, sampling=GREEDY, max_tokens=200)
+
+
+def one_running(sched: Scheduler) -> RequestHandle:
+    """Submit a long request and wait until the worker runs it (the one batch slot taken)."""
+    running = sched.submit(LONG_REQUEST)
+    deadline = time.time() + 5
+    while not sched.busy and time.time() < deadline:
+        time.sleep(0.001)
+    return running
+
+
 def test_scheduler_queue_full_and_cancel_frees_the_slot():
     eng = engine([ID["a"]] * 200, delay_s=0.005, max_context=512)
     sched = Scheduler(eng, max_queue=1, max_batch=1)
     try:
-        req = GenerationRequest(prompt_ids=PROMPT, sampling=GREEDY, max_tokens=200)
-        running = sched.submit(req)
-        deadline = time.time() + 5
-        while not sched.busy and time.time() < deadline:
-            time.sleep(0.001)
+        req = LONG_REQUEST
+        running = one_running(sched)
         waiting = sched.submit(req)
         with pytest.raises(QueueFullError):
             sched.submit(req)
@@ -256,11 +273,8 @@ def test_planning_holds_a_queue_place_and_a_full_queue_refuses_before_planning()
     eng = engine([ID["a"]] * 200, delay_s=0.005, max_context=512)
     sched = Scheduler(eng, max_queue=1, max_batch=1)
     try:
-        req = GenerationRequest(prompt_ids=PROMPT, sampling=GREEDY, max_tokens=200)
-        running = sched.submit(req)
-        deadline = time.time() + 5
-        while not sched.busy and time.time() < deadline:
-            time.sleep(0.001)
+        req = LONG_REQUEST
+        running = one_running(sched)
         with sched.planning():  # the one place left is held while this request is planned
             with pytest.raises(QueueFullError):
                 with sched.planning():
