@@ -64,3 +64,10 @@ def serve_cli(*args: str) -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def openai_client(base_url: str, api_key: str = "unused", timeout: float = 120) -> Any:
+    """The official OpenAI client of a runlm server at `base_url`, without retries (a test sees every error)."""
+    import openai
+
+    return openai.OpenAI(base_url=base_url + "/v1", api_key=api_key, max_retries=0, timeout=timeout)

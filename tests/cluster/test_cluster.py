@@ -20,7 +20,7 @@ serve = pytest.importorskip("ray.serve")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from server_harness import LiveServer, free_port  # noqa: E402
+from server_harness import LiveServer, free_port, openai_client  # noqa: E402
 
 from runlm.cluster.deploy import ClusterOptions, ReplicaOptions, start, stop  # noqa: E402
 from runlm.server import create_app  # noqa: E402
@@ -63,7 +63,7 @@ def single_url(smollm2_loaded):
 
 
 def client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(url)
 
 
 def chat(url: str, messages: list[dict], stream: bool = False, max_tokens: int = 16):

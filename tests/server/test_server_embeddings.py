@@ -29,11 +29,6 @@ def live(smollm2_loaded):
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def client(live):
-    return openai.OpenAI(base_url=live.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
 def vectors(response) -> np.ndarray:
     return np.array([d.embedding for d in sorted(response.data, key=lambda d: d.index)], dtype=np.float64)
 

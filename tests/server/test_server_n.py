@@ -23,11 +23,6 @@ def live(smollm2_loaded):
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def client(live):
-    return openai.OpenAI(base_url=live.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
 def chat(client, content: str, **kw):
     kw.setdefault("temperature", 0)
     kw.setdefault("max_tokens", 4)

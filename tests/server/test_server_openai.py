@@ -45,17 +45,6 @@ def live(smollm2):
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def client(live):
-    return openai.OpenAI(base_url=live.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def http(live):
-    with httpx.Client(base_url=live.base_url, timeout=120) as c:
-        yield c
-
-
 def chat(client, content: str, **kw):
     kw.setdefault("temperature", 0)
     kw.setdefault("max_tokens", 4)

@@ -35,12 +35,6 @@ def extended(smollm2_loaded):
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def http(live):
-    with httpx.Client(base_url=live.base_url, timeout=120) as client:
-        yield client
-
-
 def test_rebinding_host_is_refused_on_every_route(live, http):
     """POST /v1/chat/completions with Host evil.example was a 200 before: now 403 before any route runs."""
     host = {"Host": f"evil.example:{live.port}"}

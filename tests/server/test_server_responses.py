@@ -10,7 +10,6 @@ import asyncio
 import json
 from typing import Literal
 
-import httpx
 import openai
 import pytest
 from pydantic import BaseModel
@@ -51,17 +50,6 @@ def live(smollm2_loaded):
     server = LiveServer(create_app(smollm2_loaded, model_name=MODEL, max_queue=4, prompt_cache_mb=64))
     yield server
     server.stop()
-
-
-@pytest.fixture(scope="module")
-def client(live):
-    return openai.OpenAI(base_url=live.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def http(live):
-    with httpx.Client(base_url=live.base_url, timeout=120) as c:
-        yield c
 
 
 def respond(client, input, **kw):

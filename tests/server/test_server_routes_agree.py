@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import openai
 import pytest
-from server_harness import LiveServer
+from server_harness import LiveServer, openai_client
 
 from runlm.server import create_app
 
@@ -18,7 +17,7 @@ MESSAGES = [{"role": "user", "content": "Name three animals that live in the sea
 @pytest.fixture(scope="module")
 def client(smollm2_loaded):
     server = LiveServer(create_app(smollm2_loaded, model_name=MODEL, api_key="", max_queue=16, max_batch=8))
-    yield openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    yield openai_client(server.base_url, timeout=300)
     server.stop()
 
 

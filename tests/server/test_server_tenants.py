@@ -9,7 +9,7 @@ import argparse
 
 import openai
 import pytest
-from server_harness import LiveServer
+from server_harness import LiveServer, openai_client
 
 from runlm.cli import serve_keys
 from runlm.errors import InvalidInputError
@@ -31,7 +31,7 @@ def cached_tokens(client: openai.OpenAI, question: str) -> int:
 
 
 def clients(server: LiveServer, *keys: str) -> list[openai.OpenAI]:
-    return [openai.OpenAI(base_url=server.base_url + "/v1", api_key=k, max_retries=0, timeout=120) for k in keys]
+    return [openai_client(server.base_url, api_key=k) for k in keys]
 
 
 def test_a_key_reuses_its_own_prompts_and_never_another_keys(smollm2_loaded):
