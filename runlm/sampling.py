@@ -103,12 +103,16 @@ def apply_logit_bias(logits: torch.Tensor, bias: Mapping[int, float]) -> None:
         logits.index_add_(0, ids, torch.tensor(list(bias.values()), dtype=logits.dtype))
 
 
+def penalties_apply(params: SamplingParams, history: Sequence[int]) -> bool:
+    if params.penalty_last_n == 0 or not history:
+        return False
+    return params.repeat_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
+
+
 def apply_penalties(logits: torch.Tensor, history: Sequence[int], params: SamplingParams) -> None:
     """llama.cpp's penalties over the last-n window: repeat divides (or multiplies negatives), then
     frequency subtracts per occurrence and presence once."""
-    if params.penalty_last_n == 0 or not history:
-        return
-    if params.repeat_penalty == 1.0 and params.frequency_penalty == 0.0 and params.presence_penalty == 0.0:
+    if not penalties_apply(params, history):
         return
     window = history if params.penalty_last_n < 0 else history[-params.penalty_last_n:]
     counts = Counter(t for t in window if 0 <= t < logits.shape[0])
@@ -185,6 +189,8 @@ def sample(
     allowed: torch.Tensor | None = None,
 ) -> int:
     """Draw one token id. `allowed` is a bool mask [vocab] (a grammar's), applied before the chain."""
+    if params.greedy and allowed is None and not params.logit_bias and not penalties_apply(params, history):
+        return int(torch.argmax(logits))  # nothing to change in the scores: no copy of a vocabulary's worth
     if allowed is not None:
         logits = logits.masked_fill(~allowed, -math.inf)
     scores = filter_logits(logits, params, history)
