@@ -15,6 +15,8 @@ from runlm.formats.safetensors import SafetensorsSource
 from runlm.models.base import WeightLoader
 from runlm.models.config import ModelConfig, check_config, expected_shapes
 from runlm.models.registry import Family, family_for_gguf, family_for_hf
+from runlm.quant.int4 import Int4Linear
+from runlm.quant.kernels import GGUFLinear
 from runlm.runner import LmRunner
 from runlm.text import ChatTemplate, Tokenizer
 
@@ -64,6 +66,20 @@ DTYPES = {
     "bf16": (torch.bfloat16, True),
 }
 
+# KV cache element types; "auto": see kv_dtype_for.
+KV_TYPES = {"auto": None, "f32": torch.float32, "f16": torch.float16}
+
+
+def kv_dtype_for(kv_type: str, runner: LmRunner) -> torch.dtype:
+    """The KV caches' element type. "auto" is float16 where the weights run quantized in float32 activations (the
+    packed path: half the memory, and the quantized weights' own error dwarfs its rounding), else the activations'
+    dtype: the float32 reference and float weights stay float32 throughout (exact against transformers)."""
+    if kv_type != "auto":
+        return KV_TYPES[kv_type]
+    dtype = runner.model.dtype
+    quantized = any(isinstance(m, GGUFLinear | Int4Linear) for m in runner.model.modules())
+    return torch.float16 if quantized and dtype == torch.float32 else dtype
+
 
 def load(
     name_or_path: str | Path | None = None,
@@ -72,6 +88,7 @@ def load(
     mmproj: str | Path | None = None,
     device: str | None = None,
     swa_full: bool = False,
+    kv_type: str = "auto",
 ) -> LoadedModel:
     """Load a GGUF file, a Hugging Face directory or a catalog model into a ready runner.
 
@@ -82,9 +99,12 @@ def load(
     tower is found by itself (an HF directory's vision_config, an mmproj*.gguf next to a GGUF)
     or given as `mmproj`, llama.cpp's vision projector GGUF. `swa_full` keeps every position in the
     caches of sliding-window layers (llama.cpp's --swa-full), so the prompt cache can reuse any prefix.
+    `kv_type` is the KV caches' element type (`KV_TYPES`).
     """
     if dtype not in DTYPES:
         raise InvalidInputError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if kv_type not in KV_TYPES:
+        raise InvalidInputError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
     try:
         target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError as exc:
@@ -103,6 +123,7 @@ def load(
         loaded = _load_gguf(path, dtype, packed, max_context, swa_full)
     if target.type != "cpu":
         loaded.runner.to_device(target)
+    loaded.runner.kv_dtype = kv_dtype_for(kv_type, loaded.runner)
     if loaded.chat_template is None:
         spec = loaded.family_spec
         fmt = catalog.CATALOG[catalog_name].chat_format if catalog_name else spec.builtin_chat_format

@@ -148,7 +148,8 @@ class FullKVCache:
             del old, grown  # the old buffer goes before the next one grows
 
     def update(self, k: torch.Tensor, v: torch.Tensor, start: int):
-        """Store k/v [1, H, T, D] at positions start..start+T-1; return all keys, values, key positions."""
+        """Store k/v [1, H, T, D] at positions start..start+T-1; return all keys, values, key positions (in the
+        cache's dtype)."""
         end = start + k.shape[2]
         self.reserve(end)
         self.k[:, :, start:end] = k
@@ -210,7 +211,9 @@ class SlidingKVCache:
         self.length = start + count
 
     def update(self, k: torch.Tensor, v: torch.Tensor, start: int):
-        """Attend over the ring's live entries plus the new ones, then keep the newest `window`."""
+        """Attend over the ring's live entries plus the new ones (all in the cache's dtype), then keep the newest
+        `window`."""
+        k, v = k.to(self.k.dtype), v.to(self.v.dtype)
         t = k.shape[2]
         end = start + t
         if t == 1:
@@ -265,8 +268,10 @@ def attention(
     `key_pos` None means no masking is needed for a single query (every key is
     visible) and keys 0..S-1 in order otherwise. `image_group` (optional, indexed by
     absolute position, -1 for text) also lets a query see every key of its own image
-    block, Gemma 3's bidirectional rule; the window still applies on top.
+    block, Gemma 3's bidirectional rule; the window still applies on top. Keys and values in another dtype than
+    the queries (a float16 cache) are converted to the queries' dtype.
     """
+    k, v = k.to(q.dtype), v.to(q.dtype)
     n_rep = q.shape[1] // k.shape[1]
     t, s = q.shape[2], k.shape[2]
     mask = None

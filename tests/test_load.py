@@ -143,3 +143,28 @@ def test_device_option(tiny_llama):
     if not torch.cuda.is_available():
         with pytest.raises(InvalidInputError, match="no CUDA GPU"):
             load(tiny_llama / "hf", device="cuda")
+
+
+def test_kv_type_sets_the_cache_element_type_and_the_bytes_a_session_holds(tiny_llama):
+    quantized = tiny_llama / "model-q8_0.gguf"
+    cases = [  # (file, load options, the caches' element type)
+        (quantized, {}, torch.float16),  # quantized weights on the packed path: f16 by default
+        (quantized, {"kv_type": "f32"}, torch.float32),
+        (quantized, {"dtype": "f32"}, torch.float32),  # the float32 reference stays float32
+        (quantized, {"dtype": "f32", "kv_type": "f16"}, torch.float16),
+        (tiny_llama / "model.gguf", {}, torch.float32),  # float weights: exact against transformers
+        (tiny_llama / "hf", {}, torch.float32),
+    ]
+    bytes_of = {}
+    for path, options, want in cases:
+        runner = load(path, **options).runner
+        session = runner.new_session(positions=40)
+        held = sum(t.numel() * t.element_size() for layer in session.state for t in (layer.k, layer.v))
+        assert {layer.k.dtype for layer in session.state} == {want} and held == runner.kv_bytes(40), (path, options)
+        bytes_of[want] = held
+    assert bytes_of[torch.float16] * 2 == bytes_of[torch.float32]
+
+
+def test_bad_kv_type_is_a_typed_error(tiny_llama):
+    with pytest.raises(InvalidInputError, match="kv_type must be one of auto, f32, f16, got 'q8_0'"):
+        load(tiny_llama / "model-q8_0.gguf", kv_type="q8_0")

@@ -111,25 +111,27 @@ class DecoderLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed.dtype
 
-    def new_cache(self, swa_full: bool = False, positions: int | None = None) -> list:
+    def new_cache(self, swa_full: bool = False, positions: int | None = None, dtype: torch.dtype | None = None) -> list:
         """One KV cache per layer: a ring of the window for sliding-window layers, unless `swa_full` keeps every
         position there too (more memory, but a prompt-cache snapshot can then be reused at any length). Full
-        caches are sized for `positions` when the caller knows how many the session will hold."""
+        caches are sized for `positions` when the caller knows how many the session will hold. `dtype`: the
+        caches' element type (default: the activations')."""
         cfg = self.config
         device = self.norm.scale.device
+        dtype = dtype or self.dtype
         full = {} if positions is None else {"capacity": positions}
         return [
-            SlidingKVCache(cfg.num_kv_heads, cfg.head_dim, cfg.sliding_window, self.dtype, device)
+            SlidingKVCache(cfg.num_kv_heads, cfg.head_dim, cfg.sliding_window, dtype, device)
             if cfg.is_sliding(i) and not swa_full
-            else FullKVCache(cfg.num_kv_heads, cfg.head_dim, self.dtype, device, **full)
+            else FullKVCache(cfg.num_kv_heads, cfg.head_dim, dtype, device, **full)
             for i in range(cfg.num_layers)
         ]
 
-    def kv_bytes(self, positions: int, swa_full: bool = False) -> int:
-        """Bytes of the caches `new_cache(swa_full, positions)` makes (what a session of that many positions
-        holds at most)."""
+    def kv_bytes(self, positions: int, swa_full: bool = False, dtype: torch.dtype | None = None) -> int:
+        """Bytes of the caches `new_cache(swa_full, positions, dtype)` makes (what a session of that many
+        positions holds at most)."""
         cfg = self.config
-        per_position = 2 * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize  # keys and values
+        per_position = 2 * cfg.num_kv_heads * cfg.head_dim * (dtype or self.dtype).itemsize  # keys and values
         return sum(per_position * (cfg.sliding_window if cfg.is_sliding(i) and not swa_full else positions)
                    for i in range(cfg.num_layers))
 
@@ -221,6 +223,9 @@ class CachedRunner(LmRunner):
         self.model = model
         self.context = max_context or model.config.max_position
         self.swa_full = swa_full  # sliding-window layers keep every position (see DecoderLM.new_cache)
+        # The KV caches' element type for sessions made from now on: the activations' unless set (runlm.load sets
+        # float16 on the packed path; the kernels and torch's attention read it back as float32).
+        self.kv_dtype: torch.dtype = model.dtype
         self.fused_blocks = fuse_blocks(model, model.dtype, self.device)
 
     @property
@@ -247,10 +252,10 @@ class CachedRunner(LmRunner):
         return self.prefill(self.new_session(), prompt_ids)
 
     def new_session(self, positions: int | None = None) -> Session:
-        return Session(state=self.model.new_cache(self.swa_full, positions))
+        return Session(state=self.model.new_cache(self.swa_full, positions, self.kv_dtype))
 
     def kv_bytes(self, positions: int) -> int | None:
-        return self.model.kv_bytes(positions, self.swa_full)
+        return self.model.kv_bytes(positions, self.swa_full, self.kv_dtype)
 
     def reset_session(self, session: Session) -> None:
         for layer_cache in session.state:
@@ -275,7 +280,7 @@ class CachedRunner(LmRunner):
         self.check_prompt(ids)
         self.check_fits(len(ids))
         ids_tensor = torch.tensor([int(t) for t in ids], dtype=torch.long, device=self.device)
-        return self.model.hidden_states(ids_tensor, self.model.new_cache()).float().cpu()
+        return self.model.hidden_states(ids_tensor, self.model.new_cache(dtype=self.kv_dtype)).float().cpu()
 
     @torch.inference_mode()
     def extend_batch(self, sessions: Sequence[Session], ids_lists: Sequence[Sequence[int]]) -> list[torch.Tensor]:

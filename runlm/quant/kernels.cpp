@@ -1877,14 +1877,39 @@ inline void gated_activation(const float* g, const float* u, float* out, int64_t
   }
 }
 
+// KV cache elements: float32, or IEEE half (half the memory). A half is widened to float32 as it is loaded (F16C
+// on AVX2, exact), so attention over half keys / values computes exactly what it would over their float32 values.
+inline float kv_float(float x) { return x; }
+inline float kv_float(c10::Half x) { return c10::detail::fp16_ieee_to_fp32_value(x.x); }
+#if RUNLM_AVX2
+inline __m256 kv_load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 kv_load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#endif
+
+// n floats stored as cache elements: copied, or rounded to the nearest half (ties to even; F16C and the scalar
+// conversion agree on every non-NaN value).
+inline void kv_store(const float* x, float* out, int64_t n) { std::memcpy(out, x, sizeof(float) * n); }
+inline void kv_store(const float* x, c10::Half* out, int64_t n) {
+  int64_t i = 0;
+#if RUNLM_AVX2
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; i < n; ++i) out[i].x = c10::detail::fp16_ieee_from_fp32_value(x[i]);
+}
+
 // The 8 lanes of a dot product's accumulator reduced in the order _mm256_hadd_ps pairs them below.
 inline float tree8(const float* l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
 
 // out[t] = q . keys[t] for n keys given by row pointers (D % 8 == 0; the decode attention of the float32 path and
-// the fused blocks both score keys here): lane l of key t's accumulator sums
+// the fused blocks both score keys here; T: the cache's element type): lane l of key t's accumulator sums
 // q[i + l] * k[i + l] by FMA over i = 0, 8, ..., and the lanes meet in tree8's order, for a key in a group of 8
 // (AVX2) and for a key on its own alike, so a key's score never depends on which keys share the call.
-inline void score_rows(const float* q, const float* const* keys, int64_t n, int64_t D, float* out) {
+template <typename T>
+inline void score_rows(const float* q, const T* const* keys, int64_t n, int64_t D, float* out) {
   int64_t t = 0;
 #if RUNLM_AVX2
   for (; t + 8 <= n; t += 8) {
@@ -1892,7 +1917,7 @@ inline void score_rows(const float* q, const float* const* keys, int64_t n, int6
     for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
     for (int64_t i = 0; i < D; i += 8) {
       const __m256 qv = _mm256_loadu_ps(q + i);
-      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys[t + j] + i), acc[j]);
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, kv_load8(keys[t + j] + i), acc[j]);
     }
     const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
     const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
@@ -1902,14 +1927,15 @@ inline void score_rows(const float* q, const float* const* keys, int64_t n, int6
   for (; t < n; ++t) {
     float lanes[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int64_t i = 0; i < D; i += 8)
-      for (int l = 0; l < 8; ++l) lanes[l] = std::fma(q[i + l], keys[t][i + l], lanes[l]);
+      for (int l = 0; l < 8; ++l) lanes[l] = std::fma(q[i + l], kv_float(keys[t][i + l]), lanes[l]);
     out[t] = tree8(lanes);
   }
 }
 
 // out[0..D) = sum_t w[t] * values[t] for n value rows given by pointers: every output element is one FMA chain
 // over t in order (vector lanes and the scalar tail alike).
-inline void weighted_rows(const float* w, const float* const* values, int64_t n, int64_t D, float* out) {
+template <typename T>
+inline void weighted_rows(const float* w, const T* const* values, int64_t n, int64_t D, float* out) {
   int64_t i = 0;
 #if RUNLM_AVX2
   for (; i + 64 <= D; i += 64) {
@@ -1917,19 +1943,19 @@ inline void weighted_rows(const float* w, const float* const* values, int64_t n,
     for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
     for (int64_t t = 0; t < n; ++t) {
       const __m256 wt = _mm256_set1_ps(w[t]);
-      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(values[t] + i + 8 * j), acc[j]);
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(wt, kv_load8(values[t] + i + 8 * j), acc[j]);
     }
     for (int j = 0; j < 8; ++j) _mm256_storeu_ps(out + i + 8 * j, acc[j]);
   }
   for (; i + 8 <= D; i += 8) {
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t t = 0; t < n; ++t) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), _mm256_loadu_ps(values[t] + i), acc);
+    for (int64_t t = 0; t < n; ++t) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), kv_load8(values[t] + i), acc);
     _mm256_storeu_ps(out + i, acc);
   }
 #endif
   for (; i < D; ++i) {
     float acc = 0.f;
-    for (int64_t t = 0; t < n; ++t) acc = std::fma(w[t], values[t][i], acc);
+    for (int64_t t = 0; t < n; ++t) acc = std::fma(w[t], kv_float(values[t][i]), acc);
     out[i] = acc;
   }
 }
@@ -1937,7 +1963,8 @@ inline void weighted_rows(const float* w, const float* const* values, int64_t n,
 // Softmax attention of `rep` query heads (q, D floats apart) over one chunk of n keys / values given by row
 // pointers: per head, the chunk's max score, its exp-sum and the unnormalized weighted values (merged later by
 // merge_chunks). `scores` is scratch for rep * n floats (stride `stride`).
-inline void attend_chunk(const float* q, int64_t rep, const float* const* keys, const float* const* values, int64_t n,
+template <typename T>
+inline void attend_chunk(const float* q, int64_t rep, const T* const* keys, const T* const* values, int64_t n,
                          int64_t D, float* scores, int64_t stride, float* part_max, float* part_sum, float* part_out) {
   for (int64_t j = 0; j < rep; ++j) {
     float* sr = scores + j * stride;
@@ -1971,39 +1998,22 @@ inline void merge_chunks(const float* part_max, const float* part_sum, const flo
 // the pre-allocated cache at `pos`, then softmax(q K^T * scale) V over positions 0..pos for every query head (GQA:
 // query head h reads kv head h / (n_heads / n_kv_heads)). qkv: float32 [n_heads + 2 * n_kv_heads, D] (queries, keys,
 // values); cos / sin: [D] rotate-half tables with the sign folded into sin (x * cos + roll(x, D/2) * sin);
-// k_cache / v_cache: float32 [1, n_kv_heads, capacity, D], contiguous. Returns [n_heads * D].
+// k_cache / v_cache: float32 or float16 [1, n_kv_heads, capacity, D], contiguous. Returns [n_heads * D].
 // Used by decode_attention (the float32 reference path's decode step over a full cache: len = pos + 1).
-at::Tensor attend_one(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
-                      at::Tensor& v_cache, int64_t pos, int64_t len, int64_t n_heads, int64_t n_kv_heads,
-                      double scale) {
-  TORCH_CHECK(qkv.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
-                  v_cache.scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat &&
-                  sin.scalar_type() == at::kFloat,
-              "runlm::decode_attention: float32 only");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "runlm::decode_attention: caches must be contiguous");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(1) == n_kv_heads && k_cache.sizes() == v_cache.sizes(),
-              "runlm::decode_attention: cache shape mismatch");
-  const int64_t D = k_cache.size(3), cap = k_cache.size(2);
-  TORCH_CHECK(D % 8 == 0 && cos.numel() == D && sin.numel() == D, "runlm::decode_attention: head dim must be a "
-              "multiple of 8, with tables of that size");
-  TORCH_CHECK(qkv.numel() == (n_heads + 2 * n_kv_heads) * D, "runlm::decode_attention: qkv has the wrong size");
-  TORCH_CHECK(0 <= pos && pos < cap && 0 < len && len <= cap,
-              "runlm::decode_attention: position ", pos, " outside the cache of ", cap);
-  TORCH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "runlm::decode_attention: heads must group evenly");
-  const at::Tensor x = qkv.contiguous(), c = cos.contiguous(), sn = sin.contiguous();
+template <typename T>
+at::Tensor attend_cache(const at::Tensor& x, const float* cp, const float* sp, T* kc, T* vc, int64_t D, int64_t cap,
+                        int64_t pos, int64_t len, int64_t n_heads, int64_t n_kv_heads, double scale) {
   const float* xp = x.data_ptr<float>();
-  const float* cp = c.data_ptr<float>();
-  const float* sp = sn.data_ptr<float>();
-  float* kc = k_cache.data_ptr<float>();
-  float* vc = v_cache.data_ptr<float>();
   const int64_t half = D / 2, rep = n_heads / n_kv_heads;
   auto rope = [&](const float* in, float* out, float mult) {
     for (int64_t i = 0; i < half; ++i) out[i] = (in[i] * cp[i] + in[i + half] * sp[i]) * mult;
     for (int64_t i = half; i < D; ++i) out[i] = (in[i] * cp[i] + in[i - half] * sp[i]) * mult;
   };
+  std::vector<float> roped(D);
   for (int64_t h = 0; h < n_kv_heads; ++h) {
-    rope(xp + (n_heads + h) * D, kc + (h * cap + pos) * D, 1.f);
-    std::memcpy(vc + (h * cap + pos) * D, xp + (n_heads + n_kv_heads + h) * D, sizeof(float) * D);
+    rope(xp + (n_heads + h) * D, roped.data(), 1.f);
+    kv_store(roped.data(), kc + (h * cap + pos) * D, D);
+    kv_store(xp + (n_heads + n_kv_heads + h) * D, vc + (h * cap + pos) * D, D);
   }
   std::vector<float> q(n_heads * D);  // roped queries, pre-multiplied by the scale
   for (int64_t h = 0; h < n_heads; ++h) rope(xp + h * D, q.data() + h * D, static_cast<float>(scale));
@@ -2014,7 +2024,7 @@ at::Tensor attend_one(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
   std::vector<float> part_out(items * rep * D), part_max(items * rep), part_sum(items * rep);
   auto work = [&](int64_t begin, int64_t end) {
     std::vector<float> scores(rep * chunk);
-    std::vector<const float*> keys(chunk), values(chunk);
+    std::vector<const T*> keys(chunk), values(chunk);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t g = item / n_chunks, t0 = (item % n_chunks) * chunk, t1 = std::min(len, t0 + chunk), n = t1 - t0;
       for (int64_t t = 0; t < n; ++t) {
@@ -2038,6 +2048,37 @@ at::Tensor attend_one(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
                  op + h * D);
   }
   return out;
+}
+
+// A cache's element type is float32 or float16, keys and values alike.
+inline bool kv_cache_type_ok(const at::Tensor& k, const at::Tensor& v) {
+  return (k.scalar_type() == at::kFloat || k.scalar_type() == at::kHalf) && v.scalar_type() == k.scalar_type();
+}
+
+at::Tensor attend_one(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
+                      at::Tensor& v_cache, int64_t pos, int64_t len, int64_t n_heads, int64_t n_kv_heads,
+                      double scale) {
+  TORCH_CHECK(qkv.scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat,
+              "runlm::decode_attention: float32 activations only");
+  TORCH_CHECK(kv_cache_type_ok(k_cache, v_cache), "runlm::decode_attention: caches must be float32 or float16, alike");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "runlm::decode_attention: caches must be contiguous");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(1) == n_kv_heads && k_cache.sizes() == v_cache.sizes(),
+              "runlm::decode_attention: cache shape mismatch");
+  const int64_t D = k_cache.size(3), cap = k_cache.size(2);
+  TORCH_CHECK(D % 8 == 0 && cos.numel() == D && sin.numel() == D, "runlm::decode_attention: head dim must be a "
+              "multiple of 8, with tables of that size");
+  TORCH_CHECK(qkv.numel() == (n_heads + 2 * n_kv_heads) * D, "runlm::decode_attention: qkv has the wrong size");
+  TORCH_CHECK(0 <= pos && pos < cap && 0 < len && len <= cap,
+              "runlm::decode_attention: position ", pos, " outside the cache of ", cap);
+  TORCH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "runlm::decode_attention: heads must group evenly");
+  const at::Tensor x = qkv.contiguous(), c = cos.contiguous(), sn = sin.contiguous();
+  const float* cp = c.data_ptr<float>();
+  const float* sp = sn.data_ptr<float>();
+  if (k_cache.scalar_type() == at::kHalf)
+    return attend_cache(x, cp, sp, k_cache.data_ptr<c10::Half>(), v_cache.data_ptr<c10::Half>(), D, cap, pos, len,
+                        n_heads, n_kv_heads, scale);
+  return attend_cache(x, cp, sp, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), D, cap, pos, len, n_heads,
+                      n_kv_heads, scale);
 }
 
 at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
@@ -2094,7 +2135,9 @@ at::Tensor linear_parts(const at::Tensor& x, at::TensorList ws, at::IntArrayRef 
 // RMSNorm and RoPE row by row; the GGUF kernels quantize each activation row alone and reduce each (weight row,
 // activation row) pair the same way for any number of rows (the x4 layout and the K-quants; checked by the
 // tests); attention splits a query's key positions into chunks fixed by absolute position (kKeyChunk), scores
-// each key with one fixed reduction (score_row), and merges the chunks in position order.
+// each key with one fixed reduction (score_rows), and merges the chunks in position order. With a float16 cache,
+// this call's keys / values are rounded to float16 before attention reads them, so a key has the same value
+// whether it comes from this call or from the cache.
 
 constexpr int64_t kKeyChunk = 64;  // attention chunk k covers absolute key positions [64k, 64k + 64)
 constexpr int64_t kAttnScratchFloats = int64_t{1} << 22;  // partial attention outputs held at once (16 MiB)
@@ -2103,16 +2146,17 @@ constexpr int64_t kAttnScratchFloats = int64_t{1} << 22;  // partial attention o
 // [first_pos, first_pos + count); earlier positions are in the sequence's cache.
 struct SeqRows {
   int64_t first_row = -1, first_pos = 0, count = 0;
-  const float* k = nullptr;
-  const float* v = nullptr;
+  void* k = nullptr;  // the caches' elements, float or c10::Half
+  void* v = nullptr;
   int64_t cap = 0;
 };
 
 // softmax(q K^T) V for every row and query head over the last `window` positions (all when window is 0).
 // q: [R, n_heads, D] (roped, scaled); knew / vnew: [R, n_kv, D] this call's keys and values; older positions
 // come from the caches ([1, n_kv, cap, D]; with `ring`, a ring of `window` slots where position p sits in slot
-// p % window, else position p in row p). out: [R, n_heads * D].
-void attention_rows(const float* q, const float* knew, const float* vnew, const std::vector<SeqRows>& seqs,
+// p % window, else position p in row p), all with elements of type T. out: [R, n_heads * D].
+template <typename T>
+void attention_rows(const float* q, const T* knew, const T* vnew, const std::vector<SeqRows>& seqs,
                     const std::vector<int64_t>& row_seq, const std::vector<int64_t>& row_pos, int64_t window,
                     bool ring, int64_t n_heads, int64_t n_kv, int64_t D, float* out) {
   const int64_t R = static_cast<int64_t>(row_seq.size()), rep = n_heads / n_kv;
@@ -2138,7 +2182,7 @@ void attention_rows(const float* q, const float* knew, const float* vnew, const 
     part_out.resize(items * rep * D), part_max.resize(items * rep), part_sum.resize(items * rep);
     auto work = [&](int64_t begin, int64_t end) {
       std::vector<float> scores(rep * kKeyChunk);
-      std::vector<const float*> keys(kKeyChunk), values(kKeyChunk);
+      std::vector<const T*> keys(kKeyChunk), values(kKeyChunk);
       int64_t k = std::upper_bound(item_start.begin(), item_start.end(), begin) - item_start.begin() - 1;
       for (int64_t item = begin; item < end; ++item) {
         while (item >= item_start[k + 1]) ++k;
@@ -2147,6 +2191,8 @@ void attention_rows(const float* q, const float* knew, const float* vnew, const 
         const int64_t p = row_pos[r], lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
         const int64_t t0 = std::max(lo, c * kKeyChunk), t1 = std::min(p + 1, (c + 1) * kKeyChunk), n = t1 - t0;
         const SeqRows& sq = seqs[row_seq[r]];
+        const T* kc = static_cast<const T*>(sq.k);
+        const T* vc = static_cast<const T*>(sq.v);
         for (int64_t t = t0; t < t1; ++t) {
           if (t >= sq.first_pos) {
             const int64_t row = sq.first_row + (t - sq.first_pos);
@@ -2154,8 +2200,8 @@ void attention_rows(const float* q, const float* knew, const float* vnew, const 
             values[t - t0] = vnew + (row * n_kv + g) * D;
           } else {
             const int64_t slot = ring ? t % window : t;
-            keys[t - t0] = sq.k + (g * sq.cap + slot) * D;
-            values[t - t0] = sq.v + (g * sq.cap + slot) * D;
+            keys[t - t0] = kc + (g * sq.cap + slot) * D;
+            values[t - t0] = vc + (g * sq.cap + slot) * D;
           }
         }
         attend_chunk(q + (r * n_heads + g * rep) * D, rep, keys.data(), values.data(), n, D, scores.data(),
@@ -2183,6 +2229,41 @@ void attention_rows(const float* q, const float* knew, const float* vnew, const 
   }
 }
 
+// attention_rows over caches of element type T, then this call's keys / values into the caches (slot p, or
+// p % window for a ring that keeps the newest). The new keys / values are first stored as T (rounded, for
+// float16): the rows of this call attend over exactly the values later calls read back from the cache.
+template <typename T>
+void attend_and_store(const float* q, const std::vector<float>& knew, const std::vector<float>& vnew,
+                      const std::vector<SeqRows>& seqs, const std::vector<int64_t>& row_seq,
+                      const std::vector<int64_t>& row_pos, int64_t window, bool ring, int64_t n_heads, int64_t n_kv,
+                      int64_t D, float* out) {
+  const int64_t R = static_cast<int64_t>(row_seq.size()), kv_width = n_kv * D;
+  std::vector<T> k_typed, v_typed;
+  const T* kt;
+  const T* vt;
+  if constexpr (std::is_same_v<T, float>) {
+    kt = knew.data(), vt = vnew.data();
+  } else {
+    k_typed.resize(R * kv_width), v_typed.resize(R * kv_width);
+    at::parallel_for(0, R, 64, [&](int64_t r0, int64_t r1) {
+      kv_store(knew.data() + r0 * kv_width, k_typed.data() + r0 * kv_width, (r1 - r0) * kv_width);
+      kv_store(vnew.data() + r0 * kv_width, v_typed.data() + r0 * kv_width, (r1 - r0) * kv_width);
+    });
+    kt = k_typed.data(), vt = v_typed.data();
+  }
+  attention_rows(q, kt, vt, seqs, row_seq, row_pos, window, ring, n_heads, n_kv, D, out);
+  for (int64_t r = 0; r < R; ++r) {
+    const SeqRows& sq = seqs[row_seq[r]];
+    const int64_t slot = ring ? row_pos[r] % window : row_pos[r];
+    T* kc = static_cast<T*>(sq.k);
+    T* vc = static_cast<T*>(sq.v);
+    for (int64_t g = 0; g < n_kv; ++g) {
+      std::memcpy(kc + (g * sq.cap + slot) * D, kt + r * kv_width + g * D, sizeof(T) * D);
+      std::memcpy(vc + (g * sq.cap + slot) * D, vt + r * kv_width + g * D, sizeof(T) * D);
+    }
+  }
+}
+
 // Rows [R, width] viewed as [R * heads, D]: RMSNorm of every head row (Qwen3 / Gemma q and k norms), in place.
 void norm_heads(float* x, int64_t R, int64_t stride, int64_t offset, int64_t heads, int64_t D, const at::Tensor& w,
                 double eps) {
@@ -2205,7 +2286,7 @@ void norm_heads(float* x, int64_t R, int64_t stride, int64_t offset, int64_t hea
 // with optional per-head q / k norms before RoPE, act = SiLU or tanh-GELU gated. Row r belongs to sequence
 // row_seq[r] (its caches: k_caches / v_caches[row_seq[r]]) at position row_pos[r]; a sequence's rows are
 // consecutive, with consecutive positions that continue its cache. cos / sin: [R, D] (rotate-half, sign in sin).
-// The new keys / values are written to the caches after attention (slot p, or p % window for a ring).
+// The caches (float32 or float16, all alike) take the new keys / values after attention (attend_and_store).
 at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double eps, const c10::optional<at::Tensor>& q_norm,
                       const c10::optional<at::Tensor>& k_norm, at::TensorList qkv_ws, at::IntArrayRef qkv_types,
                       at::IntArrayRef qkv_rows, const at::Tensor& o_w, int64_t o_type, at::TensorList gate_up_ws,
@@ -2226,6 +2307,7 @@ at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double e
   TORCH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, op, ": heads must group evenly");
   TORCH_CHECK(k_caches.size() == v_caches.size() && !k_caches.empty(), op, ": one k and v cache per sequence");
   const int64_t n_seq = static_cast<int64_t>(k_caches.size()), q_width = n_heads * D, kv_width = n_kv_heads * D;
+  const bool half_cache = k_caches[0].scalar_type() == at::kHalf;
   std::vector<SeqRows> seqs(n_seq);
   std::vector<int64_t> rseq(row_seq.begin(), row_seq.end()), rpos(row_pos.begin(), row_pos.end());
   for (int64_t r = 0; r < R; ++r) {
@@ -2242,11 +2324,13 @@ at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double e
   for (int64_t s = 0; s < n_seq; ++s) {
     const at::Tensor& kc = k_caches[s];
     const at::Tensor& vc = v_caches[s];
-    TORCH_CHECK(kc.scalar_type() == at::kFloat && kc.is_contiguous() && vc.is_contiguous() && kc.dim() == 4 &&
-                    kc.size(1) == n_kv_heads && kc.size(3) == D && kc.sizes() == vc.sizes(),
-                op, ": cache ", s, " must be float [1, n_kv_heads, capacity, head_dim], contiguous");
+    TORCH_CHECK(kv_cache_type_ok(kc, vc) && (kc.scalar_type() == at::kHalf) == half_cache, op, ": cache ", s,
+                " must be float32 or float16, as every other cache of the call");
+    TORCH_CHECK(kc.is_contiguous() && vc.is_contiguous() && kc.dim() == 4 && kc.size(1) == n_kv_heads &&
+                    kc.size(3) == D && kc.sizes() == vc.sizes(),
+                op, ": cache ", s, " must be [1, n_kv_heads, capacity, head_dim], contiguous");
     SeqRows& sq = seqs[s];
-    sq.k = kc.data_ptr<float>(), sq.v = vc.data_ptr<float>(), sq.cap = kc.size(2);
+    sq.k = kc.data_ptr(), sq.v = vc.data_ptr(), sq.cap = kc.size(2);
     TORCH_CHECK(ring ? window > 0 && sq.cap == window : sq.first_pos + sq.count <= sq.cap, op, ": cache ", s,
                 " is too small for its positions");
   }
@@ -2280,17 +2364,12 @@ at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double e
     }
   });
   at::Tensor attended = at::empty({R, q_width}, out.options());
-  attention_rows(q.data(), knew.data(), vnew.data(), seqs, rseq, rpos, window, ring, n_heads, n_kv_heads, D,
-                 attended.data_ptr<float>());
-  for (int64_t r = 0; r < R; ++r) {  // the caches take this call's keys / values (a ring keeps the newest)
-    const SeqRows& sq = seqs[rseq[r]];
-    const int64_t slot = ring ? rpos[r] % window : rpos[r];
-    float* kc = const_cast<float*>(sq.k);
-    float* vc = const_cast<float*>(sq.v);
-    for (int64_t g = 0; g < n_kv_heads; ++g) {
-      std::memcpy(kc + (g * sq.cap + slot) * D, knew.data() + r * kv_width + g * D, sizeof(float) * D);
-      std::memcpy(vc + (g * sq.cap + slot) * D, vnew.data() + r * kv_width + g * D, sizeof(float) * D);
-    }
+  if (half_cache) {
+    attend_and_store<c10::Half>(q.data(), knew, vnew, seqs, rseq, rpos, window, ring, n_heads, n_kv_heads, D,
+                                attended.data_ptr<float>());
+  } else {
+    attend_and_store<float>(q.data(), knew, vnew, seqs, rseq, rpos, window, ring, n_heads, n_kv_heads, D,
+                            attended.data_ptr<float>());
   }
   at::Tensor projected = gguf_linear(attended, o_w, o_type, hidden, q_width);
   if (sandwich) projected = rms_norm(projected, norms[1], eps);

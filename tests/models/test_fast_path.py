@@ -2,7 +2,8 @@
 
 Tiny models: their linear weights quantized to Q8_0 / Q4_0 / Q4_1 / Q5_0 by the gguf package, run
 through runlm's C++ block kernels (or torch's int4 kernel). Real models: perplexity of the packed
-path within 1% of the f32 path on the same weights.
+path (float16 KV cache) within 1.5% of the f32 path on the same weights, and a float16 KV cache on the f32 path
+within 0.1% of the float32 one (SmolLM2).
 """
 
 from __future__ import annotations
@@ -72,11 +73,22 @@ def perplexity(runner, token_ids: list[int]) -> float:
 
 
 @pytest.mark.parametrize("fixture", ["smollm2_gguf", "gemma3_gguf"])
-def test_real_model_perplexity_within_one_percent_of_f32(fixture, request):
+def test_real_model_perplexity_close_to_f32(fixture, request):
     path = request.getfixturevalue(fixture)
     fast = load(path, dtype="auto")
     token_ids = fast.tokenizer.encode(english_text())[:384]
     ppl_fast = perplexity(fast.runner, token_ids)
     del fast
     ppl_f32 = perplexity(load(path, dtype="f32").runner, token_ids)
-    assert abs(ppl_fast / ppl_f32 - 1) <= 0.01, (ppl_fast, ppl_f32)
+    # The packed path rounds activations to 8 bits: any tiny change upstream (scaling the embeddings by 1 +- 1e-6)
+    # moves its perplexity over these 384 tokens by up to ~0.8% (SmolLM2; ~0.3% Gemma). Measured with the float16
+    # KV cache: -1.15% / +0.38% (float32 KV: -0.66% / +0.01%); over 1024 tokens -0.22% / +0.46%.
+    assert abs(ppl_fast / ppl_f32 - 1) <= 0.015, (ppl_fast, ppl_f32)
+
+
+def test_half_kv_cache_costs_nothing_measurable_on_the_f32_path(smollm2_gguf):
+    """Without the packed path's noise, what the float16 cache itself costs: measured -0.03% (Gemma: 0.00%)."""
+    runs = {kv: load(smollm2_gguf, dtype="f32", kv_type=kv) for kv in ("f32", "f16")}
+    token_ids = runs["f32"].tokenizer.encode(english_text())[:384]
+    ppl = {kv: perplexity(loaded.runner, token_ids) for kv, loaded in runs.items()}
+    assert abs(ppl["f16"] / ppl["f32"] - 1) <= 0.001, ppl

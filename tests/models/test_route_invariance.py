@@ -3,7 +3,8 @@
 Prefill in one go, prefill in chunks, one decode step at a time, decode batched with another sequence, and a
 prompt-cache restore followed by the suffix all give bit-identical logits (torch.equal, not a tolerance):
 every stage of the fused block is computed row by row (runlm.models.fused, kernels.cpp "Route-invariant
-blocks"). Checked on the tiny quantized models of each family and on both real GGUFs, past Gemma's window.
+blocks"). Checked on the tiny quantized models of each family and on both real GGUFs, past Gemma's window,
+with the default float16 KV cache (a new key is rounded before any route reads it) and with `kv_type="f32"`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,20 @@ def test_tiny_quantized_models_of_every_family(family, tmp_path):
     for quant in QUANTIZED_COPIES:
         runner = load(tmp_path / f"model-{quant.lower()}.gguf").runner
         assert runner.fused_blocks == len(runner.model.layers)  # every block on the route-invariant fused call
+        assert runner.kv_dtype == torch.float16
         assert_identical(route_logits(runner, ids, split=GEMMA_WINDOW + 1, chunk=5))
+
+
+@pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
+def test_float32_kv_cache(tmp_path):
+    build_gemma3(tmp_path)  # a sliding-window ring beside full caches
+    ids = torch.randint(3, 384, (2 * GEMMA_WINDOW + 3,), generator=torch.Generator().manual_seed(5)).tolist()
+    path = tmp_path / "model-q8_0.gguf"
+    runner = load(path, kv_type="f32").runner
+    assert {layer.k.dtype for layer in runner.new_session().state} == {torch.float32}
+    got = route_logits(runner, ids, split=GEMMA_WINDOW + 1, chunk=7)
+    assert_identical(got)
+    assert not torch.equal(got["whole"], route_logits(load(path).runner, ids, GEMMA_WINDOW + 1, 7)["whole"])
 
 
 @pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")

@@ -10,6 +10,8 @@ Tolerances (relative Frobenius error of the output [M, N]):
   measured 4e-3..8.5e-3) and TOL_K = 3e-2 for the K-quants (one activation scale per 256 values; measured
   4e-3..1.3e-2, the top from random-byte weights with random mins; real Q4_K / Q6_K tensors measure <= 8e-3).
 * runlm::gguf_dequantize equals runlm.quant.dequantize bit for bit.
+* A float16 KV cache: values are stored as torch rounds them to float16, bit for bit, and attention over the cache
+  is SDPA over its values widened to float32 (1e-5), in every build.
 
 Run with -s to see the measured errors and the micro-benchmark.
 """
@@ -91,8 +93,46 @@ def kernel_module(type_name: str, data: np.ndarray, shape: tuple[int, int]) -> k
     return module
 
 
+def check_half_cache() -> None:
+    """decode_attention over a float16 cache (this build's F16C conversions, or the portable ones): each new key /
+    value is stored as torch rounds it (to nearest even, overflow to inf, subnormals kept), and the output is SDPA
+    over the cache's values widened to float32."""
+    heads, kv_heads, head_dim, positions = 4, 2, 16, 12
+    no_rope = torch.ones(head_dim), torch.zeros(head_dim)
+
+    def half_caches() -> tuple[torch.Tensor, torch.Tensor]:
+        k_cache = torch.zeros(1, kv_heads, positions, head_dim, dtype=torch.float16)
+        return k_cache, torch.zeros_like(k_cache)
+
+    def step(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int) -> torch.Tensor:
+        out = torch.ops.runlm.decode_attention(qkv, *no_rope, k_cache, v_cache, pos, heads, kv_heads, 0.25)
+        keys = qkv[heads : heads + kv_heads]
+        roped = keys * no_rope[0] + keys.roll(head_dim // 2, -1) * no_rope[1]  # as the kernel ropes: -0.0 -> 0.0
+        stored = torch.stack([roped, qkv[heads + kv_heads :]]).half().view(torch.int16)
+        assert torch.equal(k_cache[0, :, pos].view(torch.int16), stored[0]), pos
+        assert torch.equal(v_cache[0, :, pos].view(torch.int16), stored[1]), pos
+        return out
+
+    ulp = 2.0**-11  # half an f16 ulp at 1: ties and near-ties round to even
+    edge_cases = torch.tensor([65504.0, 65519.0, 65520.0, -7e4, 6e-8, 3e-8, 2.9e-8, 1e-5, -0.0, 1 + ulp,
+                               1 + 3 * ulp, 1 + ulp * 1.001, 2049.0, 2051.0, 1e-3, -1e-3])
+    step(edge_cases.repeat(heads + 2 * kv_heads, 1), *half_caches(), 0)  # caches of their own: they hold infinities
+    gen = torch.Generator().manual_seed(11)
+    k_cache, v_cache = half_caches()
+    for pos in range(positions):
+        qkv = torch.randn(heads + 2 * kv_heads, head_dim, generator=gen) * 10 ** (pos % 4 - 2)
+        out = step(qkv, k_cache, v_cache, pos)
+        keys, values = k_cache[:, :, : pos + 1].float(), v_cache[:, :, : pos + 1].float()
+        want = F.scaled_dot_product_attention(qkv[None, :heads, None], keys, values, scale=0.25, enable_gqa=True)
+        assert (out - want.reshape(-1)).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item()), pos
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Correctness
+
+
+def test_half_cache_rounds_as_torch_and_attends_over_widened_values():
+    check_half_cache()
 
 
 def test_build_info():
@@ -335,6 +375,7 @@ for type_name in kernels.KERNEL_TYPES:
         if type_name in expected:  # K-quants: the row layout's integer sums and float steps
             assert torch.equal(out, module(x[:5])), type_name
         assert t.rel_err(out, module(x[:5])) < t.EXACT_TOL, type_name
+t.check_half_cache()
 print("variant ok")
 """
 
@@ -358,7 +399,7 @@ def test_other_builds_match(variant: str, tmp_path):
     """The portable path (-DRUNLM_SCALAR, what a compiler without AVX2 builds) and the AVX2 path without AVX-512
     (what an AVX2-only CPU runs) give the same results: exact against the quantized-activation reference, x4 rows
     alike for any row count, the x4 layout's portable kernel equal to the row layout's, and the K-quants bit for
-    bit equal to this build's."""
+    bit equal to this build's; a float16 KV cache rounds and attends as torch does."""
     if variant == "avx2" and not kernels.simd():
         pytest.skip("this CPU has no AVX2")
     expected = {}
