@@ -75,6 +75,7 @@ def run_bench(args) -> int:
         "gen_tokens": args.gen_tokens,
         "repeat": args.repeat,
         "ppl_ids": text_ids[: args.ppl_tokens],
+        "kv_type": args.kv_type,
     }
     peers = ["runlm"] + [p for p in args.vs if p != "runlm"]
     results, skipped = [], []
@@ -361,7 +362,7 @@ def run_served_vs_direct(loaded, ids: list[int], gen_tokens: int) -> tuple[float
 def run_engine_bench(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load(args.model, dtype=args.dtype)
+    loaded = load(args.model, dtype=args.dtype, kv_type=args.kv_type)
     ids = loaded.tokenizer.encode(english_text())
     greedy = SamplingParams(temperature=0.0)
     print(f"model: {loaded.path.name}   threads: {torch.get_num_threads()}   machine: {machine()}")

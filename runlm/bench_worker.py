@@ -38,13 +38,13 @@ def nll_of(logits, targets) -> float:
 
 
 class RunlmPeer:
-    def __init__(self, path: str, threads: int, packed: bool):
+    def __init__(self, path: str, threads: int, packed: bool, kv_type: str = "auto"):
         import torch  # here, not at the top: the llama.cpp worker must not pay for torch in its memory
 
         from runlm import load
 
         torch.set_num_threads(threads)
-        self.runner = load(path, dtype="auto" if packed else "f32").runner
+        self.runner = load(path, dtype="auto" if packed else "f32", kv_type=kv_type).runner
 
     def prefill(self, ids: list[int]) -> int:
         return int(self.runner.prefill_logits(ids).argmax())
@@ -152,7 +152,7 @@ def worker(spec: dict) -> dict:
     prompt, gen, ppl_ids = spec["prompt_ids"], spec["gen_tokens"], spec["ppl_ids"]
     started = time.perf_counter()
     if peer_name in ("runlm", "runlm-f32"):
-        peer = RunlmPeer(path, threads, packed=peer_name == "runlm")
+        peer = RunlmPeer(path, threads, packed=peer_name == "runlm", kv_type=spec.get("kv_type", "auto"))
     elif peer_name == "llama.cpp":
         peer = LlamaCppPeer(path, threads, n_ctx=max(len(prompt) + gen, len(ppl_ids)) + 16)
     else:

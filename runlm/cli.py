@@ -45,6 +45,9 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         "--swa-full", action="store_true",
         help="keep every position in sliding-window layers' caches (more memory; prompt-cache reuse at any length)",
     )
+    parser.add_argument("--kv-type", default="auto", choices=["auto", "f32", "f16"],
+                        help="KV cache element type (auto: f16 for quantized GGUF weights on the default path, "
+                             "else as --dtype)")
 
 
 def _add_sampling(parser: argparse.ArgumentParser) -> None:
@@ -174,7 +177,7 @@ def _load(args: argparse.Namespace, model: str | None = None):
     template = _read_template_file(template_file) if template_file else None  # fail before the load
     loaded = load(
         name, dtype=args.dtype, max_context=args.ctx, mmproj=getattr(args, "mmproj", None), device=args.device,
-        swa_full=args.swa_full,
+        swa_full=args.swa_full, kv_type=args.kv_type,
     )
     if template is not None:
         tok = loaded.tokenizer
@@ -378,8 +381,8 @@ def serve_on_ray(args: argparse.Namespace, server_options: dict) -> int:
     if args.device not in (None, "cpu"):
         raise RunlmError("--replicas runs on CPUs here; --device is not supported with it yet")
     replica = ReplicaOptions(model=args.model, dtype=args.dtype, ctx=args.ctx, swa_full=args.swa_full,
-                             mmproj=args.mmproj, prompt_cache_mb=args.prompt_cache_mb, max_batch=args.parallel,
-                             max_queue=args.max_queue, kv_budget_mb=args.kv_budget_mb)
+                             kv_type=args.kv_type, mmproj=args.mmproj, prompt_cache_mb=args.prompt_cache_mb,
+                             max_batch=args.parallel, max_queue=args.max_queue, kv_budget_mb=args.kv_budget_mb)
     cluster = ClusterOptions(replicas=args.replicas if args.replicas is not None else args.min_replicas or 1,
                              threads_per_replica=args.threads_per_replica, ray_address=args.ray_address,
                              policy=args.routing, min_replicas=args.min_replicas, max_replicas=args.max_replicas,

@@ -138,3 +138,8 @@ def test_streamed_reply_on_a_terminal_shows_escapes_as_text(monkeypatch, stdout,
     monkeypatch.setattr(sys, "stdout", stdout)
     assert cli._stream_reply(engine, "prompt", args) == "".join(pieces)
     assert stdout.getvalue() == want
+
+
+def test_kv_type_takes_f32_or_f16():
+    bad = runlm("generate", "--kv-type", "q8_0", "hi")
+    assert bad.returncode == 2 and "argument --kv-type: invalid choice: 'q8_0'" in bad.stderr

@@ -70,6 +70,7 @@ class ReplicaOptions:
     threads: int | None = None
     ctx: int | None = None
     swa_full: bool = False
+    kv_type: str = "auto"  # the KV caches' element type (runlm.load's kv_type)
     mmproj: str | None = None
     prompt_cache_mb: float = 256
     max_batch: int = 8
@@ -86,7 +87,7 @@ class ModelReplica:
         if options.threads:
             torch.set_num_threads(options.threads)
         self.loaded = load(options.model, dtype=options.dtype, max_context=options.ctx, mmproj=options.mmproj,
-                           swa_full=options.swa_full)
+                           swa_full=options.swa_full, kv_type=options.kv_type)
         self.engine = Engine(self.loaded.runner, self.loaded.tokenizer, context_length=self.loaded.context_length,
                              prompt_cache_mb=options.prompt_cache_mb)
         self.scheduler = Scheduler(self.engine, max_queue=options.max_queue, max_batch=options.max_batch,
