@@ -372,19 +372,21 @@ def run_engine_bench(args) -> int:
               "ITL p99 ms |")
         print("|---|---|---|---|---|---|---|")
         base = None
-        for n in counts:
-            got = run_streams(loaded, ids, n, args.gen_tokens)
+        for n in counts:  # the best of --repeat runs, as for one stream's prefill and decode
+            got = max((run_streams(loaded, ids, n, args.gen_tokens) for _ in range(max(1, args.repeat))),
+                      key=lambda run: run["aggregate"])
             rate = got["aggregate"]
             base = base or rate
             print(f"| {n} | {rate:.1f} | {rate / n:.1f} | {rate / base:.2f}x | {got['ttft'] * 1e3:.0f} | "
                   f"{got['itl_p50'] * 1e3:.1f} | {got['itl_p99'] * 1e3:.1f} |")
         busy = max(1, min(4, max(counts)))
-        before, during, admit = run_long_prompt_admission(loaded, ids, busy, 2000)
-        p50 = [percentile(x, 0.5) * 1e3 for x in (before, during)]
-        p99 = [percentile(x, 0.99) * 1e3 for x in (before, during)]
-        print(f"a 2000-token prompt admitted beside {busy} streams (its first token after {admit:.2f} s): their ITL "
-              f"p50 {p50[0]:.1f} -> {p50[1]:.1f} ms ({p50[1] / max(p50[0], 1e-9):.2f}x), "
-              f"p99 {p99[0]:.1f} -> {p99[1]:.1f} ms ({p99[1] / max(p99[0], 1e-9):.2f}x)")
+        for _ in range(max(1, args.repeat)):  # every run shown: a latency tail is not a best-of figure
+            before, during, admit = run_long_prompt_admission(loaded, ids, busy, 2000)
+            p50 = [percentile(x, 0.5) * 1e3 for x in (before, during)]
+            p99 = [percentile(x, 0.99) * 1e3 for x in (before, during)]
+            print(f"a 2000-token prompt admitted beside {busy} streams (its first token after {admit:.2f} s): their "
+                  f"ITL p50 {p50[0]:.1f} -> {p50[1]:.1f} ms ({p50[1] / max(p50[0], 1e-9):.2f}x), "
+                  f"p99 {p99[0]:.1f} -> {p99[1]:.1f} ms ({p99[1] / max(p99[0], 1e-9):.2f}x)")
         served, direct = run_served_vs_direct(loaded, ids, args.gen_tokens)
         print(f"one stream served over HTTP: {served:.1f} tok/s vs the runner's own loop {direct:.1f} tok/s "
               f"({served / direct:.0%})")

@@ -257,12 +257,21 @@ class StepPacer:
     the model, the machine or how far the prompt has come (its rows attend to more positions as it grows)."""
 
     SMOOTHING = 0.3  # weight of the newest step in the running averages
+    PLAIN_EVERY = 8  # while a prompt comes in, one step in this many is a plain one: its time stays current
+    FEWEST_ROWS = 2  # however slow the steps, a prompt keeps coming in (each admitted prompt, this many a step)
 
     def __init__(self, most_rows: int):
         self.most_rows = most_rows
         self.decode_s: dict[int, float] = {}  # a plain decode step's time, by the number of streams in it
         self.row_s: float | None = None  # the cost of one prompt row in a mixed step, beyond its plain step
         self.last_rows = MIN_MIXED_CHUNK
+        self.mixed_in_a_row = 0
+
+    def plain_due(self, streams: int) -> bool:
+        """Whether the next step should carry no prompt rows: the plain step of this many streams is not
+        known yet, or was last measured PLAIN_EVERY steps ago (a machine that got busier since would
+        otherwise be read as costly prompt rows)."""
+        return streams not in self.decode_s or self.mixed_in_a_row >= self.PLAIN_EVERY
 
     def prompt_rows(self, streams: int) -> int:
         """At most twice the last mixed step's rows: one step's noise never makes a giant step."""
@@ -270,11 +279,12 @@ class StepPacer:
         if plain is None or self.row_s is None:
             return max(MIN_MIXED_CHUNK, streams)
         fitting = int((MIXED_STEP_RATIO - 1.0) * plain / self.row_s)
-        return max(1, min(self.most_rows, 2 * self.last_rows, fitting))
+        return max(self.FEWEST_ROWS, min(self.most_rows, 2 * self.last_rows, fitting))
 
     def observe(self, streams: int, prompt_rows: int, elapsed_s: float) -> None:
         if not streams:
             return
+        self.mixed_in_a_row = self.mixed_in_a_row + 1 if prompt_rows else 0
         if prompt_rows:
             self.last_rows = prompt_rows
         plain = self.decode_s.get(streams)
@@ -581,16 +591,17 @@ class Scheduler:
             self._end(handle, handle.gen.cancel())
         if not self.busy:
             return
-        streams, admitting_count = len(self.active), len(self.prefilling)
+        streams = len(self.active)
+        prefilling = [] if streams and self.pacer.plain_due(streams) else self.prefilling
         if self.active:
-            chunk = max(1, self.pacer.prompt_rows(streams) // max(1, admitting_count))
+            chunk = max(StepPacer.FEWEST_ROWS, self.pacer.prompt_rows(streams) // max(1, len(prefilling)))
         else:
-            chunk = max(MIN_MIXED_CHUNK, self.prefill_chunk // admitting_count)
-        admitting = {id(h.gen): h for h in self.prefilling}
+            chunk = max(MIN_MIXED_CHUNK, self.prefill_chunk // len(prefilling))
+        admitting = {id(h.gen): h for h in prefilling}
         by_gen = {id(h.gen): h for h in self.active}
         started = time.perf_counter()
-        results = self.engine.step([h.gen for h in self.active], [h.gen for h in self.prefilling], chunk)
-        self.pacer.observe(streams, chunk * admitting_count, time.perf_counter() - started)
+        results = self.engine.step([h.gen for h in self.active], [h.gen for h in prefilling], chunk)
+        self.pacer.observe(streams, chunk * len(prefilling), time.perf_counter() - started)
         for gen, result in results:
             if id(gen) in admitting:  # its prompt's last chunk ran (or it failed)
                 handle = admitting[id(gen)]

@@ -294,21 +294,29 @@ def test_planning_holds_a_queue_place_and_a_full_queue_refuses_before_planning()
 
 def test_step_pacer_keeps_mixed_steps_within_the_ratio_of_a_plain_step():
     pacer = StepPacer(most_rows=512)
-    assert pacer.prompt_rows(4) == MIN_MIXED_CHUNK  # nothing learnt yet
+    assert pacer.prompt_rows(4) == MIN_MIXED_CHUNK and pacer.plain_due(4)  # nothing learnt yet
     pacer.observe(4, 0, 0.010)  # a plain step of 4 streams: 10 ms
+    assert not pacer.plain_due(4)
     pacer.observe(4, 4, 0.030)  # 4 prompt rows beside them: 20 ms more, 5 ms a row
-    assert pacer.prompt_rows(4) == 1  # (1.6 - 1) * 10 ms / 5 ms
-    plain, row = pacer.decode_s[4], pacer.row_s
-    assert 1 + pacer.prompt_rows(4) * row / plain <= MIXED_STEP_RATIO
+    assert pacer.prompt_rows(4) == StepPacer.FEWEST_ROWS  # (1.6 - 1) * 10 ms / 5 ms is 1: too few to go on
     for _ in range(30):  # the prompt's rows get cheap (say a short prompt now): the rows grow, doubling at most
+        if pacer.plain_due(4):
+            pacer.observe(4, 0, 0.010)
+            continue
         before = pacer.last_rows
         rows = pacer.prompt_rows(4)
         assert rows <= 2 * before
         pacer.observe(4, rows, 0.010 + rows * 0.0001)
     assert 59 <= pacer.prompt_rows(4) <= 60  # (1.6 - 1) * 10 ms / 0.1 ms, as the averages settle
+    assert 1 + pacer.prompt_rows(4) * pacer.row_s / pacer.decode_s[4] <= MIXED_STEP_RATIO
     pacer.observe(4, 60, 0.009)  # a noisy step, faster than the plain one: still no giant step next
     assert pacer.prompt_rows(4) <= 120
-    assert pacer.prompt_rows(7) == 7  # no plain step of 7 streams seen yet
+    assert pacer.prompt_rows(7) == 7 and pacer.plain_due(7)  # no plain step of 7 streams seen yet
+    pacer.observe(4, 0, 0.010)
+    for _ in range(StepPacer.PLAIN_EVERY):  # mixed steps only: the plain step's time is due again
+        assert pacer.plain_due(4) is False
+        pacer.observe(4, 8, 0.011)
+    assert pacer.plain_due(4)
 
 
 def test_release_openmp_pools_keeps_torch_working():
