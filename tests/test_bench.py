@@ -33,3 +33,21 @@ def test_bench_kernels_times_each_weight_type(smollm2_gguf, capsys):
     assert {row[2].strip() for row in rows} == {"Q4_1", "Q8_0"}  # SmolLM2's two weight types
     assert {row[4].strip() for row in rows} == {"1", "17", "128"}
     assert all(float(row[5]) > 0 and float(row[6]) > 0 for row in rows)
+
+
+def test_bench_streams_reports_batching_admission_serving_and_routes(smollm2_gguf, capsys):
+    """The engine bench (`--streams`): its table, the long-prompt admission line, served vs direct and the
+    route-invariance line, with numbers in them (the procedure; the speed is the README's table)."""
+    import re
+
+    from runlm.cli import main
+
+    assert main(["bench", "-m", str(smollm2_gguf), "--streams", "1,2", "--gen-tokens", "6", "--repeat", "1",
+                 "--threads", "2"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if re.match(r"\| [12] \|", line)]
+    assert [int(row[0]) for row in rows] == [1, 2] and all(float(row[1]) > 0 for row in rows)
+    assert re.search(r"a 2000-token prompt admitted beside 2 streams \(its first token after [\d.]+ s\): their "
+                     r"ITL p50 [\d.]+ -> [\d.]+ ms", out)
+    assert re.search(r"one stream served over HTTP: [\d.]+ tok/s vs the runner's own loop [\d.]+ tok/s", out)
+    assert "max |delta logit| 0\n" in out  # the packed path is route-invariant: bit-identical logits
