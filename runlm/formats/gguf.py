@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import mmap
+import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,14 +22,59 @@ from runlm.quant.dequant import BLOCK_LAYOUTS, dequantize, normalize_type_name
 GGUF_MAGIC = b"GGUF"
 
 
+class _FileReader:
+    """A file read at offsets (pread), open for as long as a tensor read from it lives."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def read_into(self, offset: int, out: np.ndarray) -> None:
+        view, done = memoryview(out).cast("B"), 0
+        while done < len(view):  # preadv may return less than asked (Linux caps one call at ~2 GiB)
+            count = os.preadv(self.fd, [view[done:]], offset + done)
+            if count <= 0:
+                raise ModelLoadError(f"{self.path}: the file ended at byte {offset + done} (changed while loading?)")
+            done += count
+
+    def __del__(self) -> None:
+        os.close(self.fd)
+
+
 @dataclass(frozen=True)
 class RawTensor:
-    """A tensor as stored: its GGUF type name, logical shape (rows, cols...) and raw bytes."""
+    """A tensor as stored: its GGUF type name, logical shape (rows, cols...) and raw bytes.
+
+    `data` is a view of the file's memory map, for weights used in place (only the pages touched become resident).
+    Copies go through `read_rows`, which reads the file with pread where the tensor is in one (`mapped`): every page
+    touched through a map stays in the process's resident memory for as long as the map lives, so a load that
+    copied weights out of `data` would hold the whole file beside its copy.
+    """
 
     name: str
     type_name: str
     shape: tuple[int, ...]
     data: np.ndarray  # uint8 view into the memory map for quantized types, typed array otherwise
+    file: _FileReader | None = None  # where `data` lies, at `offset`; None: data is an array of its own
+    offset: int = 0
+
+    @property
+    def mapped(self) -> bool:
+        """Whether `data` is a view of a file's map (so a weight in the file's layout can be used without a copy)."""
+        return self.file is not None
+
+    def read_rows(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """The bytes of rows [start, stop) (rows: all dimensions but the last), into `out` (contiguous, writable,
+        exactly that many bytes) or a new uint8 array [stop - start, row_bytes]; never through the map."""
+        rows = math.prod(self.shape[:-1])
+        row_bytes = self.data.nbytes // rows if rows else 0
+        if out is None:
+            out = np.empty((stop - start, row_bytes), dtype=np.uint8)
+        if self.file is not None:
+            self.file.read_into(self.offset + start * row_bytes, out)
+        else:
+            np.copyto(out.reshape(stop - start, row_bytes), self.data.reshape(rows, -1).view(np.uint8)[start:stop])
+        return out
 
 
 class GGUFFile:
@@ -45,9 +92,11 @@ class GGUFFile:
         try:
             with self.path.open("rb") as handle:
                 magic = handle.read(4)
-            if magic != GGUF_MAGIC:
-                raise ModelLoadError(f"{self.path}: not a GGUF file (magic bytes {magic!r}, expected b'GGUF')")
-            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+                if magic != GGUF_MAGIC:
+                    raise ModelLoadError(f"{self.path}: not a GGUF file (magic bytes {magic!r}, expected b'GGUF')")
+                # mmap rather than np.memmap: it can madvise (the header's pages go once the header is parsed)
+                self._mmap = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            self._map = np.frombuffer(self._mmap, dtype=np.uint8)
         except OSError as exc:
             raise ModelLoadError(f"{self.path}: cannot read ({exc.strerror or exc})") from exc
         try:
@@ -61,6 +110,10 @@ class GGUFFile:
                     f"{self.path}: truncated GGUF file (tensor {info.name!r} ends at byte "
                     f"{info.offset + info.nbytes}, the file has {size})"
                 )
+        header_bytes = min((info.offset for info in self._tensors.values()), default=size)
+        if hasattr(mmap, "MADV_DONTNEED"):  # the header is now Python objects: its pages (the vocabulary) can go
+            self._mmap.madvise(mmap.MADV_DONTNEED, 0, header_bytes)
+        self._reader = _FileReader(self.path) if hasattr(os, "preadv") else None
 
     @property
     def architecture(self) -> str:
@@ -96,15 +149,19 @@ class GGUFFile:
             data = data.view(_PLAIN_DTYPES[info.type_name]).reshape(info.shape)
         else:
             data = data.reshape(rows, info.nbytes // rows if rows else 0)
-        return RawTensor(name=name, type_name=info.type_name, shape=info.shape, data=data)
+        return RawTensor(info.name, info.type_name, info.shape, data, self._reader, info.offset)
 
     def tensor(self, name: str):
         """The tensor dequantized to a float32 torch tensor of its logical shape."""
-        raw = self.raw(name)
-        try:
-            return dequantize(raw.type_name, raw.data, raw.shape)
-        except ModelLoadError as exc:
-            raise ModelLoadError(f"{self.path}: tensor {name!r}: {exc}") from exc
+        return _dequantized(self.raw(name), self.path)
+
+
+def _dequantized(raw: RawTensor, path: Path) -> torch.Tensor:
+    """A float32 copy of a tensor, read without touching the map (see RawTensor)."""
+    try:
+        return dequantize(raw.type_name, raw.read_rows(0, math.prod(raw.shape[:-1])), raw.shape)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{path}: tensor {raw.name!r}: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -332,11 +389,7 @@ class GGUFSource(WeightSource):
         perm = self.row_perm(name)
         if perm is None:
             return raw
-        return RawTensor(raw.name, raw.type_name, raw.shape, raw.data.reshape(raw.shape[0], -1)[perm.numpy()])
+        return RawTensor(raw.name, raw.type_name, raw.shape, raw.read_rows(0, raw.shape[0])[perm.numpy()])
 
     def tensor(self, name: str) -> torch.Tensor:
-        raw = self.raw(name)
-        try:
-            return dequantize(raw.type_name, raw.data, raw.shape)
-        except ModelLoadError as exc:
-            raise ModelLoadError(f"{self.path}: tensor {raw.name!r}: {exc}") from exc
+        return _dequantized(self.raw(name), self.path)

@@ -15,20 +15,29 @@ from runlm.nn import FullKVCache, Rope, SlidingKVCache
 from runlm.quant import kernels
 from runlm.quant.dequant import dequantize
 from runlm.quant.int4 import DenseLinear, concat_linears, pack_linear
+from runlm.quant.kernels import GGUFLinear
 from runlm.runner import LmRunner, Session, SessionSnapshot
 
 
 class Embedding(nn.Module):
-    """Token embeddings: a dense table, or GGUF blocks dequantized only for the rows looked up."""
+    """Token embeddings: a dense table, or GGUF blocks dequantized only for the rows looked up (read from the file's
+    map, or from the tied LM head's blocks once `share_rows` gave it: one copy of the table, not two)."""
 
     def __init__(self, table: torch.Tensor | None = None, raw=None, dtype: torch.dtype = torch.float32):
         super().__init__()
         self.register_buffer("table", table, persistent=False)
         self.raw, self.dtype = raw, dtype
+        self.head: GGUFLinear | None = None
+
+    def share_rows(self, head: GGUFLinear) -> None:
+        """Look rows up in `head`, a GGUF linear of the same weight (the embedding tied to the LM head)."""
+        self.head, self.raw = head, None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.table is not None:
             return self.table[ids]
+        if self.head is not None:
+            return self.head.gathered(ids).view(*ids.shape, -1).to(self.dtype)
         rows = self.raw.data[ids.cpu().numpy()]
         shape = (ids.numel(), self.raw.shape[1])
         if kernels.available() and self.raw.type_name in kernels.KERNEL_TYPES:
@@ -47,6 +56,7 @@ class WeightLoader:
     def __init__(self, source: WeightSource, dtype: torch.dtype = torch.float32, packed: bool = False):
         self.source, self.dtype, self.packed = source, dtype, packed
         self._dense: dict[str, torch.Tensor] = {}  # shared by a tied embedding and LM head
+        self._quantized_embeddings: dict[str, Embedding] = {}  # a tied LM head built later serves their rows
 
     def norm_weight(self, name: str) -> torch.Tensor:
         return self.source.tensor(name)
@@ -62,23 +72,32 @@ class WeightLoader:
         Packed mode prefers runlm's C++ kernels on the GGUF blocks themselves, then torch's
         int4 kernel, then a dequantized dense weight.
         """
+        raws = [self.source.raw(name) if self.packed else None for name in names]
+        if None not in raws:  # parts of one kernel type: one buffer, built without a second copy of any part
+            module = kernels.gguf_linear_from_parts(raws)
+            if module is not None:
+                if len(names) == 1 and names[0] in self._quantized_embeddings:
+                    self._quantized_embeddings[names[0]].share_rows(module)
+                return module
         parts = []
-        for name in names:
+        for name, raw in zip(names, raws):
             module = None
-            raw = self.source.raw(name) if self.packed else None
             if raw is not None:
-                module = kernels.gguf_linear_module(raw.type_name, raw.data, raw.shape)
-                if module is None:
-                    module = pack_linear(raw.type_name, raw.data, raw.shape, torch.bfloat16)
+                module = kernels.gguf_linear_from_parts([raw])
+                if module is None:  # read, not through the map (see RawTensor)
+                    module = pack_linear(raw.type_name, raw.read_rows(0, raw.shape[0]), raw.shape, torch.bfloat16)
             if module is None:
                 module = DenseLinear(self._dense_weight(name))
             parts.append(module)
         return parts[0] if len(parts) == 1 else concat_linears(parts)
 
     def embedding(self, name: str) -> Embedding:
+        """The token embedding; quantized tables stay in the file's map (only looked-up rows are read) until an LM
+        head tied to them is built, whose blocks then serve the lookups."""
         raw = self.source.raw(name) if self.packed else None
         if raw is not None and raw.type_name not in ("F32", "F16", "BF16"):
-            return Embedding(raw=raw, dtype=self.dtype)
+            self._quantized_embeddings[name] = Embedding(raw=raw, dtype=self.dtype)
+            return self._quantized_embeddings[name]
         return Embedding(table=self._dense_weight(name), dtype=self.dtype)
 
 

@@ -45,6 +45,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -93,6 +94,24 @@ DENSE_MIN_ROWS: dict[str, int] = {
 }
 # float32 weight elements dequantized at a time on the dense path (64 MiB), so a 262144-row head stays bounded.
 _DENSE_CHUNK_ELEMENTS = 1 << 24
+# Bytes of a weight regrouped at a time at load. Small on purpose: the chunks are temporaries, and temporaries above
+# glibc malloc's mmap threshold (128 KiB) raise that threshold when freed, after which the weights allocated between
+# them fragment the heap (+180 MB resident on the 1B shape with 16 MiB chunks, under +10 MB with these).
+_LOAD_CHUNK_BYTES = 1 << 16
+
+
+class WeightRows(Protocol):
+    """Raw GGUF bytes of a row-major (rows, cols) weight, as `runlm.formats.gguf.RawTensor` hands them out."""
+
+    type_name: str
+    shape: tuple[int, ...]
+    data: np.ndarray | torch.Tensor  # all the bytes; a view of the file's map where `mapped`
+    mapped: bool
+
+    def read_rows(self, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+        """Copy rows [start, stop) into `out` (for a file: read, not through the map)."""
+        ...
+
 
 ENV_VAR = "RUNLM_GGUF_KERNELS"
 _SOURCE = Path(__file__).with_name("kernels.cpp")
@@ -292,9 +311,18 @@ def _byte_view(data: np.ndarray | torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(arr)
 
 
-def _copy_bytes(data: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """The bytes of `data` as a new flat uint8 tensor (never a view into a memory map)."""
-    return _byte_view(data).clone()
+class _OwnedRows:
+    """WeightRows over bytes the caller holds."""
+
+    mapped = False
+
+    def __init__(self, type_name: str, data: np.ndarray | torch.Tensor, shape: Sequence[int]):
+        self.type_name, self.data, self.shape = type_name, data, tuple(int(d) for d in shape)
+
+    def read_rows(self, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+        rows = _byte_view(self.data).view(self.shape[0], -1)
+        np.copyto(out.reshape(stop - start, -1), rows[start:stop].numpy())
+        return out
 
 
 def _has_x4(type_name: str, out_features: int) -> bool:
@@ -347,19 +375,53 @@ class GGUFLinear(nn.Module):
 
         `interleave`: straight into the x4 layout where the weight can take it (one copy, not two).
         """
-        name = normalize_type_name(type_name)
         if len(shape) != 2:
             raise InvalidInputError(f"linear weight must be 2-D, got shape {tuple(shape)}")
-        rows, cols = int(shape[0]), int(shape[1])
-        x4 = interleave and _has_x4(name, rows)
-        raw = _byte_view(data) if x4 else _copy_bytes(data)
-        if name in BLOCK_LAYOUTS and cols % BLOCK_LAYOUTS[name][0] == 0:
-            expected = rows * _row_bytes(name, cols)
-            if raw.numel() != expected:
-                raise ModelLoadError(f"{name} tensor of shape {(rows, cols)} needs {expected} bytes, has {raw.numel()}")
-        if x4:
-            raw = torch.ops.runlm.gguf_relayout(raw, KERNEL_TYPES[name], rows, cols)
-        return cls(name, raw, cols, rows, x4=x4)
+        return cls.from_parts(type_name, [_OwnedRows(type_name, data, shape)], interleave)
+
+    @classmethod
+    def from_parts(cls, type_name: str, parts: Sequence[WeightRows], interleave: bool = False) -> GGUFLinear:
+        """One weight from parts of one type and width stacked along the output dim (fused QKV / gate-up).
+
+        A lone file-mapped part whose layout is kept is used from the map as it is. Otherwise the parts are read
+        (`read_rows`: from a file with pread, not through its map) into one buffer of the module's own, straight
+        into place, or `_LOAD_CHUNK_BYTES` at a time through a small scratch where `interleave` asks for the x4
+        layout and every part has whole 4-row groups: a load holds no file pages and no second copy of a part.
+        """
+        name = normalize_type_name(type_name)
+        if not parts or any(len(part.shape) != 2 for part in parts):
+            raise InvalidInputError("GGUFLinear.from_parts needs one or more 2-D weights")
+        cols = int(parts[0].shape[1])
+        if any(int(part.shape[1]) != cols for part in parts):
+            raise InvalidInputError(f"cannot stack {name} weights of different widths: {[p.shape for p in parts]}")
+        row_counts = [int(part.shape[0]) for part in parts]
+        if name not in KERNEL_TYPES or cols <= 0 or cols % BLOCK_LAYOUTS[name][0]:  # the constructor says why
+            return cls(name, torch.zeros(0, dtype=torch.uint8), cols, sum(row_counts))
+        row_bytes = _row_bytes(name, cols)
+        for part, rows in zip(parts, row_counts):
+            nbytes = _byte_view(part.data).numel()
+            if nbytes != rows * row_bytes:
+                raise ModelLoadError(f"{name} tensor of shape {(rows, cols)} needs {rows * row_bytes} bytes, "
+                                     f"has {nbytes}")
+        x4 = interleave and all(_has_x4(name, rows) for rows in row_counts)
+        if len(parts) == 1 and parts[0].mapped and not x4:
+            return cls(name, _byte_view(parts[0].data), cols, row_counts[0])  # the file's layout, from the map
+        blocks = torch.empty(sum(row_counts), row_bytes, dtype=torch.uint8)
+        into = blocks.numpy()  # numpy copies: one thread (torch's copy_ wakes its pool for every small chunk)
+        step = max(4, _LOAD_CHUNK_BYTES // row_bytes // 4 * 4)
+        scratch = np.empty((step, row_bytes), dtype=np.uint8)
+        first = 0
+        for part, rows in zip(parts, row_counts):
+            if not x4:
+                part.read_rows(0, rows, into[first : first + rows])
+            for start in range(0, rows, step) if x4 else ():
+                stop = min(rows, start + step)
+                chunk = torch.from_numpy(part.read_rows(start, stop, scratch[: stop - start]))
+                into[first + start : first + stop] = torch.ops.runlm.gguf_relayout(
+                    chunk, KERNEL_TYPES[name], stop - start, cols
+                ).numpy()
+            first += rows
+        return cls(name, blocks, cols, blocks.shape[0], x4=x4)
 
     def interleaved(self) -> GGUFLinear:
         """This weight in the x4 layout where it has one (see _has_x4), else self."""
@@ -403,6 +465,18 @@ class GGUFLinear(nn.Module):
             return torch.ops.runlm.gguf_dequantize(blocks, self.type_id, shape[0], shape[1])
         return dequantize(self.type_name, blocks, shape)
 
+    def gathered(self, ids: torch.Tensor) -> torch.Tensor:
+        """The float32 weight rows `ids` [n] -> [n, in_features]: a tied LM head serving the embedding lookup."""
+        ids = ids.reshape(-1).cpu()
+        if not self.x4:
+            shape = (ids.numel(), self.in_features)
+            if self._kernel:
+                return torch.ops.runlm.gguf_dequantize(self.blocks[ids], self.type_id, *shape)
+            return dequantize(self.type_name, self.blocks[ids], shape)
+        groups = self.blocks.view(self.out_features // 4, -1)[ids // 4]  # each row's 4-row group, decoded whole
+        rows = torch.ops.runlm.gguf_dequantize(groups, self.type_id, 4 * ids.numel(), self.in_features)
+        return rows.view(ids.numel(), 4, self.in_features)[torch.arange(ids.numel()), ids % 4]
+
     def _dense(self, x2: torch.Tensor) -> torch.Tensor:
         rows = max(4, _DENSE_CHUNK_ELEMENTS // self.in_features // 4 * 4)
         if self.out_features <= rows:
@@ -438,18 +512,27 @@ def gguf_linear_module(
     """A GGUFLinear for a GGUF weight of row-major `shape` (out_features, in_features), or None.
 
     None when the kernels are unavailable (build failed / disabled) or there is no kernel for this type / shape:
-    the caller should use `runlm.quant.int4.make_linear` instead. The bytes are copied, so the file may close.
+    the caller should use `runlm.quant.int4.make_linear` instead. The bytes are copied (`data` may change after).
     `interleave`: in the x4 layout where the type has one (see GGUFLinear.interleaved).
     """
-    name = normalize_type_name(type_name)
-    if name not in KERNEL_TYPES or len(shape) != 2:
+    if len(shape) != 2:
         return None
-    rows, cols = int(shape[0]), int(shape[1])
-    if rows <= 0 or cols <= 0 or cols % BLOCK_LAYOUTS[name][0]:
+    return gguf_linear_from_parts([_OwnedRows(type_name, data, shape)], interleave)
+
+
+def gguf_linear_from_parts(parts: Sequence[WeightRows], interleave: bool = True) -> GGUFLinear | None:
+    """One GGUFLinear for GGUF weights stacked along the output dim, built by `GGUFLinear.from_parts` (one buffer,
+    read from the file rather than through its map), or None where `gguf_linear_module` would give None for one of
+    them or they differ in type or width (then build them one by one)."""
+    parts = list(parts)
+    if not parts or len({(normalize_type_name(p.type_name), tuple(p.shape[1:])) for p in parts}) != 1:
         return None
-    if not available():
+    name, shape = normalize_type_name(parts[0].type_name), parts[0].shape
+    if name not in KERNEL_TYPES or len(shape) != 2 or any(int(p.shape[0]) <= 0 for p in parts):
         return None
-    return GGUFLinear.from_raw(name, data, (rows, cols), interleave=interleave)
+    if int(shape[1]) <= 0 or int(shape[1]) % BLOCK_LAYOUTS[name][0] or not available():
+        return None
+    return GGUFLinear.from_parts(name, parts, interleave=interleave)
 
 
 def concat_gguf_linears(modules: Sequence[nn.Module]) -> GGUFLinear | None:
