@@ -38,7 +38,8 @@ class _FileReader:
             done += count
 
     def __del__(self) -> None:
-        os.close(self.fd)
+        if getattr(self, "fd", None) is not None:  # None: os.open failed
+            os.close(self.fd)
 
 
 @dataclass(frozen=True)
