@@ -1960,13 +1960,100 @@ inline void weighted_rows(const float* w, const T* const* values, int64_t n, int
   }
 }
 
+#if RUNLM_AVX2
+// score_rows for H query heads (q, D floats apart; scores `stride` apart) that share their keys (grouped-query
+// attention): each key is loaded (and widened from float16) once for the H heads. Every score is the same FMA
+// chain per lane and the same tree8 order as score_rows gives it, so the results are bit for bit score_rows'.
+template <int H, typename T>
+inline void score_rows_shared(const float* q, const T* const* keys, int64_t n, int64_t D, float* out,
+                              int64_t stride) {
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) {
+    __m256 acc[H][4];
+    for (int h = 0; h < H; ++h)
+      for (int j = 0; j < 4; ++j) acc[h][j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < D; i += 8) {
+      __m256 k[4];
+      for (int j = 0; j < 4; ++j) k[j] = kv_load8(keys[t + j] + i);
+      for (int h = 0; h < H; ++h) {
+        const __m256 qv = _mm256_loadu_ps(q + h * D + i);
+        for (int j = 0; j < 4; ++j) acc[h][j] = _mm256_fmadd_ps(qv, k[j], acc[h][j]);
+      }
+    }
+    for (int h = 0; h < H; ++h) {  // [(l0+l1)+(l2+l3) of keys 0..3 | (l4+l5)+(l6+l7) of keys 0..3], halves added
+      const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(acc[h][0], acc[h][1]), _mm256_hadd_ps(acc[h][2], acc[h][3]));
+      _mm_storeu_ps(out + h * stride + t, _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
+    }
+  }
+  for (int h = 0; h < H; ++h) score_rows(q + h * D, keys + t, n - t, D, out + h * stride + t);
+}
+
+// weighted_rows for H heads (weights `stride` apart, outputs D apart) sharing their values: each value row is
+// loaded once for the H heads; every output element is the same FMA chain over t as weighted_rows makes it.
+template <int H, typename T>
+inline void weighted_rows_shared(const float* w, int64_t stride, const T* const* values, int64_t n, int64_t D,
+                                 float* out) {
+  int64_t i = 0;
+  for (; i + 16 <= D; i += 16) {
+    __m256 acc[H][2];
+    for (int h = 0; h < H; ++h) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) {
+      const __m256 v0 = kv_load8(values[t] + i), v1 = kv_load8(values[t] + i + 8);
+      for (int h = 0; h < H; ++h) {
+        const __m256 wt = _mm256_set1_ps(w[h * stride + t]);
+        acc[h][0] = _mm256_fmadd_ps(wt, v0, acc[h][0]);
+        acc[h][1] = _mm256_fmadd_ps(wt, v1, acc[h][1]);
+      }
+    }
+    for (int h = 0; h < H; ++h) {
+      _mm256_storeu_ps(out + h * D + i, acc[h][0]);
+      _mm256_storeu_ps(out + h * D + i + 8, acc[h][1]);
+    }
+  }
+  if (i < D) {
+    for (int h = 0; h < H; ++h) {
+      float tail[64];  // D - i < 16
+      std::vector<const T*> shifted(values, values + n);
+      for (auto& row : shifted) row += i;
+      weighted_rows(w + h * stride, shifted.data(), n, D - i, tail);
+      std::copy(tail, tail + (D - i), out + h * D + i);
+    }
+  }
+}
+
+// Heads h0 .. h0 + H of a chunk: scores, then each head's max and exp-sum, then the weighted values.
+template <int H, typename T>
+inline void attend_heads(const float* q, const T* const* keys, const T* const* values, int64_t n, int64_t D,
+                         float* scores, int64_t stride, float* part_max, float* part_sum, float* part_out) {
+  score_rows_shared<H>(q, keys, n, D, scores, stride);
+  for (int h = 0; h < H; ++h) {
+    float* sr = scores + h * stride;
+    part_max[h] = *std::max_element(sr, sr + n);
+    part_sum[h] = exp_shift_sum(sr, n, part_max[h]);
+  }
+  weighted_rows_shared<H>(scores, stride, values, n, D, part_out);
+}
+#endif
+
 // Softmax attention of `rep` query heads (q, D floats apart) over one chunk of n keys / values given by row
 // pointers: per head, the chunk's max score, its exp-sum and the unnormalized weighted values (merged later by
-// merge_chunks). `scores` is scratch for rep * n floats (stride `stride`).
+// merge_chunks). `scores` is scratch for rep * n floats (stride `stride`). With AVX2 the heads go up to 4 at a
+// time over each key and value row loaded once (the same numbers as one head at a time).
 template <typename T>
 inline void attend_chunk(const float* q, int64_t rep, const T* const* keys, const T* const* values, int64_t n,
                          int64_t D, float* scores, int64_t stride, float* part_max, float* part_sum, float* part_out) {
-  for (int64_t j = 0; j < rep; ++j) {
+  int64_t j = 0;
+#if RUNLM_AVX2
+  for (; rep - j >= 2; j += std::min<int64_t>(4, rep - j)) {
+    const int64_t heads = std::min<int64_t>(4, rep - j);
+    const float* qj = q + j * D;
+    float *sj = scores + j * stride, *mj = part_max + j, *zj = part_sum + j, *oj = part_out + j * D;
+    if (heads == 4) attend_heads<4>(qj, keys, values, n, D, sj, stride, mj, zj, oj);
+    else if (heads == 3) attend_heads<3>(qj, keys, values, n, D, sj, stride, mj, zj, oj);
+    else attend_heads<2>(qj, keys, values, n, D, sj, stride, mj, zj, oj);
+  }
+#endif
+  for (; j < rep; ++j) {
     float* sr = scores + j * stride;
     score_rows(q + j * D, keys, n, D, sr);
     const float best = *std::max_element(sr, sr + n);
