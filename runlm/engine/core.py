@@ -362,8 +362,9 @@ class Engine:
         members = list(gens) + list(prefilling)
         ids_lists = [[g.next_token] for g in gens]
         for g in prefilling:
-            # whole chunks, the last one up to twice as long: no short tail step at the end of a prompt
-            ids_lists.append(g.pending[:chunk] if chunk and len(g.pending) >= 2 * chunk else g.pending)
+            # whole chunks, the last one up to twice as long (and of two tokens at least): no short tail step
+            # at the end of a prompt, and a prompt's last chunk is never a lone token, which reads like a decode
+            ids_lists.append(g.pending[:chunk] if chunk and len(g.pending) >= chunk + max(chunk, 2) else g.pending)
         rows: list[torch.Tensor | Exception]
         try:
             rows = list(self.runner.extend_batch([g.session for g in members], ids_lists))

@@ -258,7 +258,6 @@ class StepPacer:
 
     SMOOTHING = 0.3  # weight of the newest step in the running averages
     PLAIN_EVERY = 8  # while a prompt comes in, one step in this many is a plain one: its time stays current
-    FEWEST_ROWS = 2  # however slow the steps, a prompt keeps coming in (each admitted prompt, this many a step)
 
     def __init__(self, most_rows: int):
         self.most_rows = most_rows
@@ -279,7 +278,7 @@ class StepPacer:
         if plain is None or self.row_s is None:
             return max(MIN_MIXED_CHUNK, streams)
         fitting = int((MIXED_STEP_RATIO - 1.0) * plain / self.row_s)
-        return max(self.FEWEST_ROWS, min(self.most_rows, 2 * self.last_rows, fitting))
+        return max(1, min(self.most_rows, 2 * self.last_rows, fitting))  # one row at least: the prompt goes on
 
     def observe(self, streams: int, prompt_rows: int, elapsed_s: float) -> None:
         if not streams:
@@ -594,7 +593,7 @@ class Scheduler:
         streams = len(self.active)
         prefilling = [] if streams and self.pacer.plain_due(streams) else self.prefilling
         if self.active:
-            chunk = max(StepPacer.FEWEST_ROWS, self.pacer.prompt_rows(streams) // max(1, len(prefilling)))
+            chunk = max(1, self.pacer.prompt_rows(streams) // max(1, len(prefilling)))
         else:
             chunk = max(MIN_MIXED_CHUNK, self.prefill_chunk // len(prefilling))
         admitting = {id(h.gen): h for h in prefilling}

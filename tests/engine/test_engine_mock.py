@@ -298,7 +298,7 @@ def test_step_pacer_keeps_mixed_steps_within_the_ratio_of_a_plain_step():
     pacer.observe(4, 0, 0.010)  # a plain step of 4 streams: 10 ms
     assert not pacer.plain_due(4)
     pacer.observe(4, 4, 0.030)  # 4 prompt rows beside them: 20 ms more, 5 ms a row
-    assert pacer.prompt_rows(4) == StepPacer.FEWEST_ROWS  # (1.6 - 1) * 10 ms / 5 ms is 1: too few to go on
+    assert pacer.prompt_rows(4) == 1  # (1.6 - 1) * 10 ms / 5 ms
     for _ in range(30):  # the prompt's rows get cheap (say a short prompt now): the rows grow, doubling at most
         if pacer.plain_due(4):
             pacer.observe(4, 0, 0.010)
