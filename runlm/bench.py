@@ -20,6 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,6 +38,7 @@ from runlm.shapes import ensure_shape
 from runlm.text import Tokenizer
 
 PEERS = ("runlm", "runlm-f32", "llama.cpp", "transformers")
+GREEDY = SamplingParams(temperature=0.0)
 
 
 def english_text() -> str:
@@ -266,18 +268,8 @@ def timed_records(handle) -> list[float]:
 def run_streams(loaded, ids: list[int], count: int, gen_tokens: int) -> dict[str, float]:
     """`count` streams through the scheduler at once: aggregate and per-stream decode rate, TTFT, inter-token
     latency p50 / p99 (each stream's records timed on a thread of its own)."""
-    engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length, prompt_cache_mb=0)
-    scheduler = Scheduler(engine, max_queue=count, max_batch=count)
-    greedy = SamplingParams(temperature=0.0)
-    try:
-        started = time.perf_counter()
-        handles = [scheduler.submit(GenerationRequest(ids[i * 40 : i * 40 + 32], max_tokens=gen_tokens,
-                                                      sampling=greedy, ignore_eos=True, use_prompt_cache=False))
-                   for i in range(count)]
-        with ThreadPoolExecutor(count) as pool:
-            times = list(pool.map(timed_records, handles))
-    finally:
-        scheduler.close()
+    started = time.perf_counter()
+    times, _ = _timed_streams(loaded, ids, count, gen_tokens)
     gaps = [b - a for t in times for a, b in zip(t, t[1:])]
     decode_window = max(t[-1] for t in times) - min(t[0] for t in times)
     return {"aggregate": sum(len(t) - 1 for t in times) / decode_window,
@@ -286,34 +278,59 @@ def run_streams(loaded, ids: list[int], count: int, gen_tokens: int) -> dict[str
 
 
 def run_long_prompt_admission(loaded, ids: list[int], streams: int, prompt_tokens: int):
-    """Inter-token latencies of `streams` running streams before and while a `prompt_tokens` prompt is
-    admitted, and how long its admission took (seconds to its first token)."""
+    """Inter-token latencies of `streams` running streams while a `prompt_tokens` prompt is admitted, the same
+    streams' latencies over the same tokens in a run without it (their normal value: a stream's steps grow
+    slower as its context grows, so latencies from before the admission would flatter nothing), and how long
+    the admission took (seconds to the prompt's first token)."""
+    long_prompt = (ids * (prompt_tokens // len(ids) + 1))[:prompt_tokens]
+    windows: list[tuple[int, int]] = []  # per stream: the indices of its gaps that fell in the admission
+
+    def admitted(scheduler: Scheduler, handles: list) -> tuple[float, float]:
+        while min(h.gen.usage.completion_tokens for h in handles) < 64:  # steady state first
+            time.sleep(0.01)
+        admitted_at = time.perf_counter()
+        long_handle = scheduler.submit(GenerationRequest(long_prompt, max_tokens=1, sampling=GREEDY,
+                                                         use_prompt_cache=False))
+        first_at = timed_records(long_handle)[0]
+        while min(h.gen.usage.completion_tokens for h in handles) < 64 + 32:
+            time.sleep(0.01)
+        return admitted_at, first_at
+
+    times, (admitted_at, first_at) = _timed_streams(loaded, ids, streams, meanwhile=admitted)
+    for t in times:
+        inside = [k for k in range(1, len(t)) if admitted_at <= t[k] <= first_at]
+        windows.append((inside[0], inside[-1]) if inside else (1, 0))
+
+    def unhurried(scheduler: Scheduler, handles: list) -> None:
+        while any(h.gen.usage.completion_tokens <= last for h, (_, last) in zip(handles, windows)):
+            time.sleep(0.01)
+
+    control, _ = _timed_streams(loaded, ids, streams, meanwhile=unhurried)
+    during = [t[k] - t[k - 1] for t, (a, b) in zip(times, windows) for k in range(a, b + 1)]
+    normal = [t[k] - t[k - 1] for t, (a, b) in zip(control, windows) for k in range(a, b + 1)]
+    return normal, during, first_at - admitted_at
+
+
+def _timed_streams(loaded, ids: list[int], streams: int, max_tokens: int = 100_000,
+                   meanwhile: Callable | None = None) -> tuple[list[list[float]], Any]:
+    """`streams` greedy streams through a scheduler, their records timed on threads of their own: to their end,
+    or while `meanwhile(scheduler, handles)` runs, then cancelled. (token times per stream, what it returned)"""
     engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length, prompt_cache_mb=0)
     scheduler = Scheduler(engine, max_queue=streams + 1, max_batch=streams + 1)
-    greedy = SamplingParams(temperature=0.0)
-    long_prompt = (ids * (prompt_tokens // len(ids) + 1))[:prompt_tokens]
     try:
-        handles = [scheduler.submit(GenerationRequest(ids[i * 40 : i * 40 + 32], max_tokens=100_000, sampling=greedy,
-                                                      ignore_eos=True, use_prompt_cache=False))
+        handles = [scheduler.submit(GenerationRequest(ids[i * 40 : i * 40 + 32], max_tokens=max_tokens,
+                                                      sampling=GREEDY, ignore_eos=True, use_prompt_cache=False))
                    for i in range(streams)]
         with ThreadPoolExecutor(streams) as pool:
             timing = [pool.submit(timed_records, h) for h in handles]
-            while min(h.gen.usage.completion_tokens for h in handles) < 64:  # steady state first
-                time.sleep(0.01)
-            admitted_at = time.perf_counter()
-            long_handle = scheduler.submit(GenerationRequest(long_prompt, max_tokens=1, sampling=greedy,
-                                                             use_prompt_cache=False))
-            first_at = timed_records(long_handle)[0]
-            while min(h.gen.usage.completion_tokens for h in handles) < 64 + 32:
-                time.sleep(0.01)
-            for handle in handles:
-                handle.cancel()
-            times = [f.result() for f in timing]
+            result = None
+            if meanwhile is not None:
+                result = meanwhile(scheduler, handles)
+                for handle in handles:
+                    handle.cancel()
+            return [f.result() for f in timing], result
     finally:
         scheduler.close()
-    before = [b - a for t in times for a, b in zip(t, t[1:]) if b < admitted_at]
-    during = [b - a for t in times for a, b in zip(t, t[1:]) if admitted_at <= b <= first_at]
-    return before, during, first_at - admitted_at
 
 
 def streamed_token_times(base_url: str, body: dict) -> list[float]:
@@ -364,7 +381,6 @@ def run_engine_bench(args) -> int:
         torch.set_num_threads(args.threads)
     loaded = load(args.model, dtype=args.dtype, kv_type=args.kv_type)
     ids = loaded.tokenizer.encode(english_text())
-    greedy = SamplingParams(temperature=0.0)
     print(f"model: {loaded.path.name}   threads: {torch.get_num_threads()}   machine: {machine()}")
     if args.streams:
         counts = [int(n) for n in args.streams.split(",")]
@@ -381,12 +397,13 @@ def run_engine_bench(args) -> int:
                   f"{got['itl_p50'] * 1e3:.1f} | {got['itl_p99'] * 1e3:.1f} |")
         busy = max(1, min(4, max(counts)))
         for _ in range(max(1, args.repeat)):  # every run shown: a latency tail is not a best-of figure
-            before, during, admit = run_long_prompt_admission(loaded, ids, busy, 2000)
-            p50 = [percentile(x, 0.5) * 1e3 for x in (before, during)]
-            p99 = [percentile(x, 0.99) * 1e3 for x in (before, during)]
+            normal, during, admit = run_long_prompt_admission(loaded, ids, busy, 2000)
+            p50 = [percentile(x, 0.5) * 1e3 for x in (normal, during)]
+            p99 = [percentile(x, 0.99) * 1e3 for x in (normal, during)]
             print(f"a 2000-token prompt admitted beside {busy} streams (its first token after {admit:.2f} s): their "
                   f"ITL p50 {p50[0]:.1f} -> {p50[1]:.1f} ms ({p50[1] / max(p50[0], 1e-9):.2f}x), "
-                  f"p99 {p99[0]:.1f} -> {p99[1]:.1f} ms ({p99[1] / max(p99[0], 1e-9):.2f}x)")
+                  f"p99 {p99[0]:.1f} -> {p99[1]:.1f} ms ({p99[1] / max(p99[0], 1e-9):.2f}x), against the same "
+                  "tokens of the same streams without it")
         served, direct = run_served_vs_direct(loaded, ids, args.gen_tokens)
         print(f"one stream served over HTTP: {served:.1f} tok/s vs the runner's own loop {direct:.1f} tok/s "
               f"({served / direct:.0%})")
@@ -395,8 +412,8 @@ def run_engine_bench(args) -> int:
     if args.prompt_cache:
         engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length, prompt_cache_mb=256)
         shared = ids[: args.prompt_tokens]
-        first = engine.complete(GenerationRequest(shared + ids[600:616], max_tokens=1, sampling=greedy))
-        second = engine.complete(GenerationRequest(shared + ids[700:716], max_tokens=1, sampling=greedy))
+        first = engine.complete(GenerationRequest(shared + ids[600:616], max_tokens=1, sampling=GREEDY))
+        second = engine.complete(GenerationRequest(shared + ids[700:716], max_tokens=1, sampling=GREEDY))
         print("| prompt cache | prompt tokens | cached | time to first token s |")
         print("|---|---|---|---|")
         print(f"| cold | {first.usage.prompt_tokens} | {first.usage.cached_tokens} | {first.usage.ttft_s:.3f} |")
