@@ -250,46 +250,45 @@ def one_running(sched: Scheduler) -> RequestHandle:
     return running
 
 
-def test_scheduler_queue_full_and_cancel_frees_the_slot():
-    eng = engine([ID["a"]] * 200, delay_s=0.005, max_context=512)
-    sched = Scheduler(eng, max_queue=1, max_batch=1)
+@pytest.fixture
+def one_slot_busy():
+    """A scheduler with one batch slot, held by a long request, and one queue place: (scheduler, running)."""
+    sched = Scheduler(engine([ID["a"]] * 200, delay_s=0.005, max_context=512), max_queue=1, max_batch=1)
     try:
-        req = LONG_REQUEST
-        running = one_running(sched)
-        waiting = sched.submit(req)
-        with pytest.raises(QueueFullError):
-            sched.submit(req)
-        waiting.cancel()
-        third = sched.submit(req)  # the cancelled one no longer holds the slot
-        running.cancel()
-        assert running.result().finish_reason == "cancelled"
-        third.cancel()
-        assert third.result().finish_reason == "cancelled"
+        yield sched, one_running(sched)
     finally:
         sched.close()
 
 
-def test_planning_holds_a_queue_place_and_a_full_queue_refuses_before_planning():
-    eng = engine([ID["a"]] * 200, delay_s=0.005, max_context=512)
-    sched = Scheduler(eng, max_queue=1, max_batch=1)
-    try:
-        req = LONG_REQUEST
-        running = one_running(sched)
-        with sched.planning():  # the one place left is held while this request is planned
-            with pytest.raises(QueueFullError):
-                with sched.planning():
-                    pytest.fail("a request was let in to plan past a full queue")
-            waiting = sched.submit(req)
-        with pytest.raises(QueueFullError):  # now the place is the waiting request's
+def test_scheduler_queue_full_and_cancel_frees_the_slot(one_slot_busy):
+    sched, running = one_slot_busy
+    req = LONG_REQUEST
+    waiting = sched.submit(req)
+    with pytest.raises(QueueFullError):
+        sched.submit(req)
+    waiting.cancel()
+    third = sched.submit(req)  # the cancelled one no longer holds the slot
+    running.cancel()
+    assert running.result().finish_reason == "cancelled"
+    third.cancel()
+    assert third.result().finish_reason == "cancelled"
+
+
+def test_planning_holds_a_queue_place_and_a_full_queue_refuses_before_planning(one_slot_busy):
+    sched, running = one_slot_busy
+    with sched.planning():  # the one place left is held while this request is planned
+        with pytest.raises(QueueFullError):
             with sched.planning():
                 pytest.fail("a request was let in to plan past a full queue")
-        waiting.cancel()
-        with sched.planning():  # a cancelled request gives its place back
-            pass
-        running.cancel()
-        assert running.result().finish_reason == "cancelled"
-    finally:
-        sched.close()
+        waiting = sched.submit(LONG_REQUEST)
+    with pytest.raises(QueueFullError):  # now the place is the waiting request's
+        with sched.planning():
+            pytest.fail("a request was let in to plan past a full queue")
+    waiting.cancel()
+    with sched.planning():  # a cancelled request gives its place back
+        pass
+    running.cancel()
+    assert running.result().finish_reason == "cancelled"
 
 
 def test_step_pacer_keeps_mixed_steps_within_the_ratio_of_a_plain_step():
