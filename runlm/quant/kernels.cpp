@@ -14,9 +14,10 @@
 // conversion and the FMA run once per block for all 4).
 //
 // Ops (registered under TORCH_LIBRARY(runlm)): gguf_linear (above), gguf_dequantize (weight rows to float32),
-// gguf_relayout, gguf_simd (1 if AVX2 path), gguf_isa (the instruction set built for), rms_norm (a one-pass float32
-// RMSNorm), decode_attention (RoPE + cache write + attention for one new token of one sequence, the float32
-// reference path), transformer_block (a whole block for rows of one or more sequences, route-invariant: see
+// gguf_relayout (and gguf_relayout_into a given buffer), gguf_simd (1 if AVX2 path), gguf_isa (the instruction set
+// built for), rms_norm (a one-pass float32 RMSNorm), decode_attention (RoPE + cache write + attention for one new
+// token of one sequence, the float32 reference path), transformer_block (a whole block for rows of one or more
+// sequences, route-invariant: see
 // "Route-invariant blocks").
 //
 // Built with -march=native for the CPU it runs on (runlm.quant.kernels caches one build per CPU model): the AVX2/
@@ -1760,18 +1761,20 @@ void relayout(const uint8_t* src, int64_t N, int64_t K, uint8_t* dst, bool to_pl
   });
 }
 
-// The same weight in the other layout: plain GGUF rows (type) <-> x4 groups (type + X4). Returns the new type's
-// bytes; out_features must be a multiple of 4.
-at::Tensor gguf_relayout(const at::Tensor& w, int64_t type, int64_t out_features, int64_t in_features) {
-  check_weight("runlm::gguf_relayout", w, type, out_features, in_features);
+// The same weight in the other layout: plain GGUF rows (type) <-> x4 groups (type + X4), written to `out` (as
+// many bytes as w, contiguous); out_features must be a multiple of 4.
+void relayout_to(const char* op, const at::Tensor& w, at::Tensor& out, int64_t type, int64_t out_features,
+                 int64_t in_features) {
+  check_weight(op, w, type, out_features, in_features);
   const bool to_plain = type >= X4;
   const int64_t base = to_plain ? type - X4 : type;
   TORCH_CHECK(base == T_Q4_0 || base == T_Q4_1 || base == T_Q5_0 || base == T_Q5_1 || base == T_Q8_0 ||
                   base == T_Q4_K || base == T_Q5_K || base == T_Q6_K,
-              "runlm::gguf_relayout: no x4 layout for GGML type ", base);
-  TORCH_CHECK(out_features % 4 == 0, "runlm::gguf_relayout: out_features must be a multiple of 4");
+              op, ": no x4 layout for GGML type ", base);
+  TORCH_CHECK(out_features % 4 == 0, op, ": out_features must be a multiple of 4");
+  TORCH_CHECK(out.scalar_type() == at::kByte && out.is_contiguous() && out.numel() == w.numel(), op,
+              ": out must be contiguous uint8 bytes, as many as the weight's");
   const at::Tensor wc = w.contiguous();
-  at::Tensor out = at::empty_like(wc);
   const uint8_t* src = wc.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   switch (base) {
@@ -1784,7 +1787,18 @@ at::Tensor gguf_relayout(const at::Tensor& w, int64_t type, int64_t out_features
     case T_Q6_K: relayout<Q6_K>(src, out_features, in_features, dst, to_plain); break;
     default: relayout<Q8_0>(src, out_features, in_features, dst, to_plain); break;
   }
+}
+
+at::Tensor gguf_relayout(const at::Tensor& w, int64_t type, int64_t out_features, int64_t in_features) {
+  at::Tensor out = at::empty({w.numel()}, w.options().dtype(at::kByte)).view(w.sizes());
+  relayout_to("runlm::gguf_relayout", w, out, type, out_features, in_features);
   return out;
+}
+
+// gguf_relayout into a given buffer (the load regroups a weight chunk by chunk straight into its module's memory).
+void gguf_relayout_into(const at::Tensor& w, at::Tensor& out, int64_t type, int64_t out_features,
+                        int64_t in_features) {
+  relayout_to("runlm::gguf_relayout_into", w, out, type, out_features, in_features);
 }
 
 int64_t gguf_simd() { return RUNLM_AVX2 ? 1 : 0; }
@@ -2491,6 +2505,7 @@ TORCH_LIBRARY(runlm, m) {
   m.def("gguf_linear(Tensor x, Tensor w, int type, int out_features, int in_features) -> Tensor");
   m.def("gguf_dequantize(Tensor w, int type, int out_features, int in_features) -> Tensor");
   m.def("gguf_relayout(Tensor w, int type, int out_features, int in_features) -> Tensor");
+  m.def("gguf_relayout_into(Tensor w, Tensor(a!) out, int type, int out_features, int in_features) -> ()");
   m.def("gguf_simd() -> int", &gguf_simd);
   m.def("gguf_isa() -> str", &gguf_isa);
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
@@ -2510,6 +2525,7 @@ TORCH_LIBRARY_IMPL(runlm, CPU, m) {
   m.impl("gguf_linear", &gguf_linear);
   m.impl("gguf_dequantize", &gguf_dequantize);
   m.impl("gguf_relayout", &gguf_relayout);
+  m.impl("gguf_relayout_into", &gguf_relayout_into);
   m.impl("rms_norm", &rms_norm);
   m.impl("decode_attention", &decode_attention);
   m.impl("transformer_block", &transformer_block);

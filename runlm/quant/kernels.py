@@ -94,10 +94,20 @@ DENSE_MIN_ROWS: dict[str, int] = {
 }
 # float32 weight elements dequantized at a time on the dense path (64 MiB), so a 262144-row head stays bounded.
 _DENSE_CHUNK_ELEMENTS = 1 << 24
-# Bytes of a weight regrouped at a time at load. Small on purpose: the chunks are temporaries, and temporaries above
-# glibc malloc's mmap threshold (128 KiB) raise that threshold when freed, after which the weights allocated between
-# them fragment the heap (+180 MB resident on the 1B shape with 16 MiB chunks, under +10 MB with these).
-_LOAD_CHUNK_BYTES = 1 << 16
+# Bytes of a weight read and regrouped at a time at load, through one scratch buffer per loading thread that is
+# kept, not freed: a temporary above glibc malloc's mmap threshold (128 KiB) raises that threshold when freed,
+# after which the weights allocated between such temporaries fragment the heap (+180 MB resident on the 1B shape
+# with 16 MiB temporaries). Chunks regroup straight into the module's buffer (gguf_relayout_into).
+_LOAD_CHUNK_BYTES = 4 << 20
+_load_scratch = threading.local()
+
+
+def _scratch_rows(rows: int, row_bytes: int) -> np.ndarray:
+    """`rows` x `row_bytes` of this thread's load scratch (_LOAD_CHUNK_BYTES, or more for 4 huge rows; kept)."""
+    buffer = getattr(_load_scratch, "buffer", None)
+    if buffer is None or buffer.size < rows * row_bytes:
+        buffer = _load_scratch.buffer = np.empty(max(_LOAD_CHUNK_BYTES, rows * row_bytes), dtype=np.uint8)
+    return buffer[: rows * row_bytes].reshape(rows, row_bytes)
 
 
 class WeightRows(Protocol):
@@ -407,19 +417,17 @@ class GGUFLinear(nn.Module):
         if len(parts) == 1 and parts[0].mapped and not x4:
             return cls(name, _byte_view(parts[0].data), cols, row_counts[0])  # the file's layout, from the map
         blocks = torch.empty(sum(row_counts), row_bytes, dtype=torch.uint8)
-        into = blocks.numpy()  # numpy copies: one thread (torch's copy_ wakes its pool for every small chunk)
+        into = blocks.numpy()
         step = max(4, _LOAD_CHUNK_BYTES // row_bytes // 4 * 4)
-        scratch = np.empty((step, row_bytes), dtype=np.uint8)
         first = 0
         for part, rows in zip(parts, row_counts):
             if not x4:
                 part.read_rows(0, rows, into[first : first + rows])
             for start in range(0, rows, step) if x4 else ():
                 stop = min(rows, start + step)
-                chunk = torch.from_numpy(part.read_rows(start, stop, scratch[: stop - start]))
-                into[first + start : first + stop] = torch.ops.runlm.gguf_relayout(
-                    chunk, KERNEL_TYPES[name], stop - start, cols
-                ).numpy()
+                chunk = part.read_rows(start, stop, _scratch_rows(stop - start, row_bytes))
+                torch.ops.runlm.gguf_relayout_into(torch.from_numpy(chunk), blocks[first + start : first + stop],
+                                                   KERNEL_TYPES[name], stop - start, cols)
             first += rows
         return cls(name, blocks, cols, blocks.shape[0], x4=x4)
 

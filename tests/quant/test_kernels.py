@@ -221,6 +221,28 @@ def test_x4_layout_matches_plain_rows(type_name: str):
         kernels.GGUFLinear(type_name, odd.blocks, shape[1], 6, x4=True)
 
 
+@pytest.mark.parametrize("type_name", kernels.X4_TYPES)
+def test_x4_load_regroups_parts_chunk_by_chunk_into_the_module(type_name: str, monkeypatch: pytest.MonkeyPatch):
+    """from_parts regroups through a small scratch straight into the module's buffer: the same bytes as
+    regrouping the whole stacked weight at once, whatever the chunk size."""
+    if not kernels.simd():
+        pytest.skip("no x4 layout without the SIMD kernels")
+    shape = (40, 512)
+    data = weight_data(type_name, *shape, seed=11)
+    whole = kernels.gguf_linear_module(type_name, data, shape, interleave=False)
+    want = torch.ops.runlm.gguf_relayout(whole.blocks, whole.type_id, *shape)
+    row_bytes = whole.blocks.shape[1]
+    for chunk_rows in (4, 8, 40):
+        monkeypatch.setattr(kernels, "_LOAD_CHUNK_BYTES", chunk_rows * row_bytes)
+        monkeypatch.setattr(kernels._load_scratch, "buffer", None, raising=False)
+        parts = [kernels._OwnedRows(type_name, data[:24], (24, 512)),
+                 kernels._OwnedRows(type_name, data[24:], (16, 512))]
+        module = kernels.GGUFLinear.from_parts(type_name, parts, interleave=True)
+        assert module.x4 and torch.equal(module.blocks, want), f"{chunk_rows}-row chunks"
+    with pytest.raises(RuntimeError, match="as many as the weight's"):
+        torch.ops.runlm.gguf_relayout_into(whole.blocks, torch.empty(8, dtype=torch.uint8), whole.type_id, *shape)
+
+
 @pytest.mark.parametrize("type_name", TYPES)
 def test_dequantize_op_matches_reference(type_name: str):
     shape = (24, 512)
