@@ -283,13 +283,14 @@ class StepPacer:
     def observe(self, streams: int, prompt_rows: int, elapsed_s: float) -> None:
         if not streams:
             return
-        self.mixed_in_a_row = self.mixed_in_a_row + 1 if prompt_rows else 0
-        if prompt_rows:
-            self.last_rows = prompt_rows
         plain = self.decode_s.get(streams)
         if not prompt_rows:
+            self.mixed_in_a_row = 0
             self.decode_s[streams] = elapsed_s if plain is None else plain + self.SMOOTHING * (elapsed_s - plain)
-        elif plain is not None:
+            return
+        self.mixed_in_a_row += 1
+        self.last_rows = prompt_rows
+        if plain is not None:
             row_s = max(elapsed_s - plain, 1e-6) / prompt_rows
             self.row_s = row_s if self.row_s is None else self.row_s + self.SMOOTHING * (row_s - self.row_s)
 
@@ -351,7 +352,7 @@ class Scheduler:
             if self._closed:
                 raise SchedulerClosedError("the server is shutting down")
             ahead = self.queue_depth + self._planning
-            if ahead >= self.max_queue + max(0, self.max_batch - self.in_flight):
+            if ahead >= self._queue_room():
                 raise QueueFullError(
                     f"the server is busy: {ahead} requests are already waiting "
                     f"(max_queue {self.max_queue}); retry later")
@@ -405,8 +406,7 @@ class Scheduler:
                 raise SchedulerClosedError("the server is shutting down")
             if any(h.cancelled for h in self._waiting):  # cancelled requests do not hold slots
                 self._waiting = deque(h for h in self._waiting if not h.cancelled or self._drop(h))
-            free = max(0, self.max_batch - self.in_flight)
-            over = len(self._waiting) + len(handles) > self.max_queue + free
+            over = len(self._waiting) + len(handles) > self._queue_room()
             if over and (self._waiting or len(handles) == 1):
                 raise QueueFullError(
                     f"the server is busy: {len(self._waiting)} requests are already waiting (max_queue "
@@ -414,6 +414,10 @@ class Scheduler:
                 )
             self._waiting.extend(handles)
             self._cond.notify()
+
+    def _queue_room(self) -> int:
+        """How many requests may wait: the queue, plus the batch slots free now (they are admitted next step)."""
+        return self.max_queue + max(0, self.max_batch - self.in_flight)
 
     def _check_kv(self, handles: list[RequestHandle]) -> None:
         """Set each handle's KV need; a request whose need is past the whole budget is refused (InvalidInputError:
