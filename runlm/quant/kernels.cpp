@@ -2002,13 +2002,13 @@ inline void score_rows_shared(const float* q, const T* const* keys, int64_t n, i
   for (int h = 0; h < H; ++h) score_rows(q + h * D, keys + t, n - t, D, out + h * stride + t);
 }
 
-// weighted_rows for H heads (weights `stride` apart, outputs D apart) sharing their values: each value row is
-// loaded once for the H heads; every output element is the same FMA chain over t as weighted_rows makes it.
+// weighted_rows for H heads (weights `stride` apart, outputs D apart; D % 16 == 0) sharing their values: each
+// value row is loaded once for the H heads; every output element is the same FMA chain over t as weighted_rows
+// makes it.
 template <int H, typename T>
 inline void weighted_rows_shared(const float* w, int64_t stride, const T* const* values, int64_t n, int64_t D,
                                  float* out) {
-  int64_t i = 0;
-  for (; i + 16 <= D; i += 16) {
+  for (int64_t i = 0; i < D; i += 16) {
     __m256 acc[H][2];
     for (int h = 0; h < H; ++h) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
     for (int64_t t = 0; t < n; ++t) {
@@ -2022,15 +2022,6 @@ inline void weighted_rows_shared(const float* w, int64_t stride, const T* const*
     for (int h = 0; h < H; ++h) {
       _mm256_storeu_ps(out + h * D + i, acc[h][0]);
       _mm256_storeu_ps(out + h * D + i + 8, acc[h][1]);
-    }
-  }
-  if (i < D) {
-    for (int h = 0; h < H; ++h) {
-      float tail[64];  // D - i < 16
-      std::vector<const T*> shifted(values, values + n);
-      for (auto& row : shifted) row += i;
-      weighted_rows(w + h * stride, shifted.data(), n, D - i, tail);
-      std::copy(tail, tail + (D - i), out + h * D + i);
     }
   }
 }
@@ -2051,14 +2042,14 @@ inline void attend_heads(const float* q, const T* const* keys, const T* const* v
 
 // Softmax attention of `rep` query heads (q, D floats apart) over one chunk of n keys / values given by row
 // pointers: per head, the chunk's max score, its exp-sum and the unnormalized weighted values (merged later by
-// merge_chunks). `scores` is scratch for rep * n floats (stride `stride`). With AVX2 the heads go up to 4 at a
-// time over each key and value row loaded once (the same numbers as one head at a time).
+// merge_chunks). `scores` is scratch for rep * n floats (stride `stride`). With AVX2 (and D % 16 == 0) the heads
+// go up to 4 at a time over each key and value row loaded once (the same numbers as one head at a time).
 template <typename T>
 inline void attend_chunk(const float* q, int64_t rep, const T* const* keys, const T* const* values, int64_t n,
                          int64_t D, float* scores, int64_t stride, float* part_max, float* part_sum, float* part_out) {
   int64_t j = 0;
 #if RUNLM_AVX2
-  for (; rep - j >= 2; j += std::min<int64_t>(4, rep - j)) {
+  for (; D % 16 == 0 && rep - j >= 2; j += std::min<int64_t>(4, rep - j)) {
     const int64_t heads = std::min<int64_t>(4, rep - j);
     const float* qj = q + j * D;
     float *sj = scores + j * stride, *mj = part_max + j, *zj = part_sum + j, *oj = part_out + j * D;
