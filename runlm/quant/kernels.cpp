@@ -1140,6 +1140,30 @@ inline __m256i dot_words(__m256i acc, __m256i x, __m256i y) {
 #endif
 }
 
+// What the Q4_K and Q5_K x4 kernels share of a super-block of 4 rows (blk; its 6-bit scales at byte `scales_at`):
+// the f16 scales, the 6-bit scales for the 4 rows and the mins, and the end of each activation row's part.
+struct K4X4Block {
+  __m128 d, dmin;
+  __m256i sc;     // [row 0 scales, row 1 scales | row 2 scales, row 3 scales]
+  __m256i mn[2];  // the mins as int16, for the activation's sums
+
+  K4X4Block(const uint8_t* blk, int scales_at) : d(f16x4(blk)), dmin(f16x4(blk + 8)) {
+    const K4Scales ks(blk + scales_at);
+    sc = _mm256_set_m128i(_mm_unpackhi_epi32(ks.sc_lo, ks.sc_hi), _mm_unpacklo_epi32(ks.sc_lo, ks.sc_hi));
+    mn[0] = K4Scales::pair16(ks.mn_lo, ks.mn_hi, 0), mn[1] = K4Scales::pair16(ks.mn_lo, ks.mn_hi, 1);
+  }
+
+  // y (lane i: weight row i) plus this super-block's part for activation block ab, from acc's scaled integer sums
+  // in lanes [r0 r1 r0 r1 | r2 r3 r2 r3]: exact isum and msum, then kquant's float steps.
+  __m128 finish(__m128 y, __m256i acc, const AK& ab) const {
+    const __m256i bs = sums32(ab);
+    const __m128i lo = _mm256_castsi256_si128(acc), hi = _mm256_extracti128_si256(acc, 1);
+    const __m128i isum = _mm_add_epi32(_mm_unpacklo_epi64(lo, hi), _mm_unpackhi_epi64(lo, hi));
+    const __m128i msum = rows4(_mm256_madd_epi16(mn[0], bs), _mm256_madd_epi16(mn[1], bs));
+    return kquant_min_step4(kquant_step4(y, d, ab.d, isum), dmin, ab.d, msum);
+  }
+};
+
 #endif
 
 // Q4_K x4: its nibbles come in pieces of 8 bytes, so one 256-bit load holds [r0 | r1 | r2 | r3] 8 bytes each and
@@ -1163,16 +1187,12 @@ struct X4Layout<Q4_K> {
     for (int r = 0; r < R; ++r) y[r] = _mm_setzero_ps();
     const uint8_t* blk = w[0];
     for (int64_t b = 0; b < nb; ++b, blk += 4 * SIZE) {
-      const __m128 d = f16x4(blk), dmin = f16x4(blk + 8);
-      const K4Scales ks(blk + SC);
-      // [row 0 scales, row 1 scales | row 2 scales, row 3 scales]
-      const __m256i sc = _mm256_set_m128i(_mm_unpackhi_epi32(ks.sc_lo, ks.sc_hi), _mm_unpacklo_epi32(ks.sc_lo, ks.sc_hi));
-      const __m256i mn[2] = {K4Scales::pair16(ks.mn_lo, ks.mn_hi, 0), K4Scales::pair16(ks.mn_lo, ks.mn_hi, 1)};
+      const K4X4Block kb(blk, SC);
       __m256i acc[R];
       for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) {  // sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
-        const __m256i scj = _mm256_shuffle_epi8(sc, bcast16(kQ4KScaleShuffle[j]));
+        const __m256i scj = _mm256_shuffle_epi8(kb.sc, bcast16(kQ4KScaleShuffle[j]));
         __m256i lo[4], hi[4];  // elements 8k..8k + 7 of the two sub-blocks
         for (int k = 0; k < 4; ++k) {
           const __m256i v = load256(blk + QS + 32 * (4 * j + k));
@@ -1189,15 +1209,7 @@ struct X4Layout<Q4_K> {
           acc[r] = dot_words(acc[r], _mm256_packs_epi32(u_lo, u_hi), scj);
         }
       }
-      for (int r = 0; r < R; ++r) {
-        const AK& ab = a[r][b];
-        const __m256i bs = sums32(ab);
-        // lanes [r0 r1 r0 r1 | r2 r3 r2 r3] -> r0 r1 r2 r3
-        const __m128i lo = _mm256_castsi256_si128(acc[r]), hi = _mm256_extracti128_si256(acc[r], 1);
-        const __m128i isum = _mm_add_epi32(_mm_unpacklo_epi64(lo, hi), _mm_unpackhi_epi64(lo, hi));
-        const __m128i msum = rows4(_mm256_madd_epi16(mn[0], bs), _mm256_madd_epi16(mn[1], bs));
-        y[r] = kquant_min_step4(kquant_step4(y[r], d, ab.d, isum), dmin, ab.d, msum);
-      }
+      for (int r = 0; r < R; ++r) y[r] = kb.finish(y[r], acc[r], a[r][b]);
     }
     store_rows4<R>(y, out);
 #else
@@ -1240,19 +1252,15 @@ struct X4Layout<Q5_K> {
     for (int r = 0; r < R; ++r) y[r] = _mm_setzero_ps();
     const uint8_t* blk = w[0];
     for (int64_t b = 0; b < nb; ++b, blk += 4 * SIZE) {
-      const __m128 d = f16x4(blk), dmin = f16x4(blk + 8);
-      const K4Scales ks(blk + SC);
-      // [row 0 scales, row 1 scales | row 2 scales, row 3 scales]
-      const __m256i sc = _mm256_set_m128i(_mm_unpackhi_epi32(ks.sc_lo, ks.sc_hi), _mm_unpacklo_epi32(ks.sc_lo, ks.sc_hi));
-      const __m256i mn[2] = {K4Scales::pair16(ks.mn_lo, ks.mn_hi, 0), K4Scales::pair16(ks.mn_lo, ks.mn_hi, 1)};
+      const K4X4Block kb(blk, SC);
       __m256i hb[4];  // fifth bits of elements 8k..8k + 7 (bit 2j: sub-block 2j, bit 2j + 1: sub-block 2j + 1)
       for (int k = 0; k < 4; ++k) hb[k] = load256(blk + QH + 32 * k);
       __m256i acc[R];
       for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) {  // sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
-        const __m256i s_lo = _mm256_shuffle_epi8(sc, bcast16(kQ5KScaleShuffle[2 * j]));
-        const __m256i s_hi = _mm256_shuffle_epi8(sc, bcast16(kQ5KScaleShuffle[2 * j + 1]));
+        const __m256i s_lo = _mm256_shuffle_epi8(kb.sc, bcast16(kQ5KScaleShuffle[2 * j]));
+        const __m256i s_hi = _mm256_shuffle_epi8(kb.sc, bcast16(kQ5KScaleShuffle[2 * j + 1]));
         __m256i lo[4], hi[4];  // elements 8k..8k + 7 of the two sub-blocks
         for (int k = 0; k < 4; ++k) {
           const __m256i v = load256(blk + QS + 32 * (4 * j + k));
@@ -1272,15 +1280,7 @@ struct X4Layout<Q5_K> {
           acc[r] = dot_words(dot_words(acc[r], _mm256_packs_epi32(l01, l23), s_lo), _mm256_packs_epi32(h01, h23), s_hi);
         }
       }
-      for (int r = 0; r < R; ++r) {
-        const AK& ab = a[r][b];
-        const __m256i bs = sums32(ab);
-        // lanes [r0 r1 r0 r1 | r2 r3 r2 r3] -> r0 r1 r2 r3
-        const __m128i lo = _mm256_castsi256_si128(acc[r]), hi = _mm256_extracti128_si256(acc[r], 1);
-        const __m128i isum = _mm_add_epi32(_mm_unpacklo_epi64(lo, hi), _mm_unpackhi_epi64(lo, hi));
-        const __m128i msum = rows4(_mm256_madd_epi16(mn[0], bs), _mm256_madd_epi16(mn[1], bs));
-        y[r] = kquant_min_step4(kquant_step4(y[r], d, ab.d, isum), dmin, ab.d, msum);
-      }
+      for (int r = 0; r < R; ++r) y[r] = kb.finish(y[r], acc[r], a[r][b]);
     }
     store_rows4<R>(y, out);
 #else
