@@ -194,10 +194,8 @@ def load_json(raw: bytes) -> Any:
 
 def _json_object_in_parts(text: str, at: int) -> tuple[dict[str, Any], int]:
     members: dict[str, Any] = {}
-    at = _JSON_SPACE.match(text, at + 1).end()
-    if text.startswith("}", at):
-        return members, at + 1
-    while True:
+
+    def member(at: int) -> int:
         if not text.startswith('"', at):
             raise json.JSONDecodeError("Expecting property name enclosed in double quotes", text, at)
         key, at = _DECODER.raw_decode(text, at)
@@ -209,25 +207,32 @@ def _json_object_in_parts(text: str, at: int) -> tuple[dict[str, Any], int]:
             members[key], at = _json_array_in_parts(text, at)
         else:
             members[key], at = _DECODER.raw_decode(text, at)
-        at = _JSON_SPACE.match(text, at).end()
-        if text.startswith("}", at):
-            return members, at + 1
-        if not text.startswith(",", at):
-            raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
-        at = _JSON_SPACE.match(text, at + 1).end()
+        return at
+
+    return members, _json_elements(text, at, "}", member)
 
 
 def _json_array_in_parts(text: str, at: int) -> tuple[list[Any], int]:
     items: list[Any] = []
+
+    def item(at: int) -> int:
+        value, at = _DECODER.raw_decode(text, at)
+        items.append(value)
+        return at
+
+    return items, _json_elements(text, at, "]", item)
+
+
+def _json_elements(text: str, at: int, closer: str, element: Callable[[int], int]) -> int:
+    """Read the comma-separated elements of the container opening at `at` with `element` (which reads one
+    at a position and returns where it ends), up to `closer`; where the container ends."""
     at = _JSON_SPACE.match(text, at + 1).end()
-    if text.startswith("]", at):
-        return items, at + 1
+    if text.startswith(closer, at):
+        return at + 1
     while True:
-        item, at = _DECODER.raw_decode(text, at)
-        items.append(item)
-        at = _JSON_SPACE.match(text, at).end()
-        if text.startswith("]", at):
-            return items, at + 1
+        at = _JSON_SPACE.match(text, element(at)).end()
+        if text.startswith(closer, at):
+            return at + 1
         if not text.startswith(",", at):
             raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
         at = _JSON_SPACE.match(text, at + 1).end()
