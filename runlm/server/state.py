@@ -57,7 +57,8 @@ class ServerState:
 
     @cached_property
     def literal_specials(self) -> LiteralSpecials | None:
-        """How chat prompts keep special-token strings in client text as text (None: they are not kept)."""
+        """How chat prompts keep special-token strings in client text as text (None: they are not kept). Built
+        when the app is (`create_app`), so that no request pays for it on the event loop's time."""
         return None if self.special_tokens_in_content else LiteralSpecials(self.tokenizer)
 
     @cached_property

@@ -17,7 +17,6 @@ without forged strings gets the ids a plain `encode_prompt` gives (tested on the
 from __future__ import annotations
 
 import re
-import threading
 from typing import Any
 
 from tokenizers import AddedToken
@@ -48,9 +47,9 @@ class LiteralSpecials:
         parts = [(r"\s*" if specials[t][1].lstrip else "") + f"({re.escape(t)})" + (r"\s*" if specials[t][1].rstrip
                                                                                    else "") for t in texts]
         self._marker_pattern = re.compile("|".join(parts)) if texts else None
-        self._literal: Backend | None = None
-        self._anchor_id = -1
-        self._lock = threading.Lock()
+        # built here, not at the first request: a copy of a 262k-token vocabulary takes seconds and holds the GIL
+        self._literal = self._literal_backend(backend) if texts else None
+        self._anchor_id = self._literal.token_to_id(ANCHOR) if self._literal is not None else -1
 
     def hide(self, value: Any) -> Any:
         """`value` (a string, or lists / dicts of them) with every special-token string a placeholder."""
@@ -92,7 +91,8 @@ class LiteralSpecials:
     def _text_ids(self, text: str, after_marker: bool) -> list[int]:
         if not text:
             return []
-        literal = self._literal_backend()
+        literal = self._literal
+        assert literal is not None  # there is text between markers only where there are markers
         if not after_marker:
             return literal.encode(self.show(text), add_special_tokens=False).ids
         ids = literal.encode(ANCHOR + self.show(text), add_special_tokens=False).ids
@@ -100,13 +100,10 @@ class LiteralSpecials:
             raise TokenizerError("the literal-text tokenizer did not keep its anchor token first")
         return ids[1:]
 
-    def _literal_backend(self) -> Backend:
+    @staticmethod
+    def _literal_backend(backend: Backend) -> Backend:
         """A private copy of the tokenizer that reads special-token strings as text, with the anchor added."""
-        with self._lock:
-            if self._literal is None:
-                literal = Backend.from_str(self.tokenizer.backend.to_str())
-                literal.encode_special_tokens = True
-                literal.add_tokens([AddedToken(ANCHOR, special=False, normalized=False)])
-                self._anchor_id = literal.token_to_id(ANCHOR)
-                self._literal = literal
-            return self._literal
+        literal = Backend.from_str(backend.to_str())
+        literal.encode_special_tokens = True
+        literal.add_tokens([AddedToken(ANCHOR, special=False, normalized=False)])
+        return literal
