@@ -17,6 +17,7 @@ from runlm.server.workers import (
     json_text,
     load_json,
     parse_body,
+    release_in_parts,
 )
 
 PIECES = {"tokens": [{"id": i, "piece": f"é{i}"} for i in range(3 * JSON_PART_VALUES)]}
@@ -91,6 +92,24 @@ def test_long_lists_validated_in_parts_name_the_failing_item():
     assert first_error(large_body(messages))["loc"] == ("body", "messages", len(MESSAGES), "role")
     ids = json.dumps({"model": "m", "prompt": list(range(3 * VALIDATE_PART_ITEMS)), "max_tokens": 1}).encode()
     assert parse_body(CompletionRequest, ids, "application/json").prompt == list(range(3 * VALIDATE_PART_ITEMS))
+
+
+def test_lists_of_objects_longer_than_the_cap_are_refused_and_scalar_lists_are_not():
+    raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}] * 5}).encode()
+    with pytest.raises(RequestValidationError) as caught:
+        parse_body(ChatCompletionRequest, raw, "application/json", max_object_items=4)
+    error = caught.value.errors()[0]
+    assert error["loc"] == ("body", "messages") and error["type"] == "too_long"
+    assert "has 5 items; at most 4 fit" in error["msg"]
+    assert len(parse_body(ChatCompletionRequest, raw, "application/json", max_object_items=5).messages) == 5
+    ids = json.dumps({"model": "m", "prompt": list(range(10)), "max_tokens": 1}).encode()
+    assert parse_body(CompletionRequest, ids, "application/json", max_object_items=4).prompt == list(range(10))
+
+
+def test_release_in_parts_empties_the_list():
+    items = [{"n": n} for n in range(3 * VALIDATE_PART_ITEMS + 7)]
+    release_in_parts(items)
+    assert items == []
 
 
 def test_the_collector_is_paused_while_large_bodies_are_read_and_left_as_it_was():
