@@ -14,10 +14,11 @@ import os
 import platform
 import subprocess
 import sys
-import threading
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -346,37 +347,52 @@ def streamed_token_times(base_url: str, body: dict) -> list[float]:
     return arrivals
 
 
-def run_served_vs_direct(loaded, ids: list[int], gen_tokens: int, repeat: int = 1) -> tuple[float, float]:
-    """Decode tok/s of one stream read by an HTTP client from `runlm serve`'s app on loopback, and of the
-    runner's own greedy loop, on the same prompt: the best of `repeat` runs of each. The direct runs go
-    first: the runner used on this thread once the server's worker runs would leave two OpenMP pools."""
-    import uvicorn
+@contextmanager
+def served_process(model: Path, threads: int, *options: str, start_timeout_s: float = 600) -> Iterator[str]:
+    """`runlm serve` on `model` in a process of its own, as users run it: yields its base URL once it listens,
+    stops it afterwards."""
+    from runlm.cluster.bench import free_port
 
-    from runlm.server import create_app
+    port = free_port()
+    with tempfile.TemporaryFile("w+") as log:
+        server = subprocess.Popen([sys.executable, "-m", "runlm", "serve", "-m", str(model), "--threads",
+                                   str(threads), "--port", str(port), *options],
+                                  stdout=subprocess.DEVNULL, stderr=log, text=True)
+        try:
+            deadline = time.monotonic() + start_timeout_s
+            while True:
+                log.seek(0)
+                text = log.read()
+                if "Uvicorn running on" in text:
+                    break
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise InvalidInputError(f"`runlm serve` did not start: {text.strip()[-2000:]}")
+                time.sleep(0.05)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
 
+
+def run_served_vs_direct(loaded, ids: list[int], gen_tokens: int, repeat: int = 1, dtype: str = "auto",
+                         kv_type: str = "auto") -> tuple[float, float]:
+    """Decode tok/s of one stream read by an HTTP client from `runlm serve` in its own process, and of the
+    runner's own greedy loop here, on the same prompt: the best of `repeat` runs of each, taken in turns.
+    (A server in this process would share its GIL with the client, which no user's setup does.)"""
     runner = loaded.runner
     prompt = ids[:32]
     direct = served = 0.0
-    for _ in range(max(1, repeat)):
-        marks: list[float] = []
-        runner.generate(prompt, gen_tokens, on_token=lambda t, marks=marks: marks.append(time.perf_counter()) or True)
-        direct = max(direct, (len(marks) - 1) / (marks[-1] - marks[0]))
-    config = uvicorn.Config(create_app(loaded, prompt_cache_mb=0), host="127.0.0.1", port=0, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
     body = {"model": loaded.path.name, "prompt": prompt, "max_tokens": gen_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "cache_prompt": False}
-    try:
+    with served_process(loaded.path, torch.get_num_threads(), "--dtype", dtype, "--kv-type", kv_type,
+                        "--prompt-cache-mb", "0") as url:
         for _ in range(max(1, repeat)):
-            arrivals = streamed_token_times(f"http://127.0.0.1:{port}", body)
+            marks: list[float] = []
+            runner.generate(prompt, gen_tokens,
+                            on_token=lambda t, marks=marks: marks.append(time.perf_counter()) or True)
+            direct = max(direct, (len(marks) - 1) / (marks[-1] - marks[0]))
+            arrivals = streamed_token_times(url, body)
             served = max(served, (len(arrivals) - 1) / (arrivals[-1] - arrivals[0]))
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
     return served, direct
 
 
@@ -408,7 +424,8 @@ def run_engine_bench(args) -> int:
                   f"ITL p50 {p50[0]:.1f} -> {p50[1]:.1f} ms ({p50[1] / max(p50[0], 1e-9):.2f}x), "
                   f"p99 {p99[0]:.1f} -> {p99[1]:.1f} ms ({p99[1] / max(p99[0], 1e-9):.2f}x), against the same "
                   "tokens of the same streams without it")
-        served, direct = run_served_vs_direct(loaded, ids, args.gen_tokens, args.repeat)
+        served, direct = run_served_vs_direct(loaded, ids, args.gen_tokens, args.repeat, args.dtype,
+                                              args.kv_type)
         print(f"one stream served over HTTP: {served:.1f} tok/s vs the runner's own loop {direct:.1f} tok/s "
               f"({served / direct:.0%})")
         print(f"routes (prefill / decode / chunks / batch / prompt-cache reuse): max |delta logit| "
