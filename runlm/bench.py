@@ -57,6 +57,10 @@ def run_bench(args) -> int:
         args.model = str(ensure_shape(args.shape, args.quant, threads=args.threads))
     if args.kernels:
         return run_kernel_bench(args)
+    if args.health:
+        from runlm.bench_health import run_health_bench
+
+        return run_health_bench(args)
     if getattr(args, "replicas", None):  # through the HTTP front of N replicas on Ray Serve
         from runlm.cluster.bench import run_replica_bench  # optional: the [cluster] extra
 
