@@ -1,15 +1,14 @@
 """`runlm bench --health`: how fast `/health` answers while hostile requests run against `runlm serve`.
 
 The server, the attacker and the prober each run in a process of their own. The attacker is one asyncio client
-sending an attack's requests all at once (`python -m runlm.bench_health URL ATTACK MODEL` prints each reply's
-status and error as JSON lines): on a 2-core machine, 200 client threads would keep the server's event loop
-waiting for a core, which says nothing of the server, and a remote attacker's threads do not run on its cores.
-The prober asks for `/health` over one keep-alive connection, back to back, until the attacker is done.
+sending an attack's requests all at once (`ATTACKER`, with nothing of runlm loaded): on a 2-core machine, 200
+client threads would keep the server's event loop waiting for a core, which says nothing of the server, and a
+remote attacker's threads do not run on its cores. The prober asks for `/health` over one keep-alive
+connection, back to back, until the attacker is done.
 """
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import json
 import subprocess
@@ -67,16 +66,23 @@ class Reply:
 
 
 def start_attack(base_url: str, name: str, model: str) -> subprocess.Popen:
-    """The attack `name` in a process of its own; its stdout is one JSON line per reply (`replies_of`)."""
-    return subprocess.Popen([sys.executable, "-m", "runlm.bench_health", base_url, name, model],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """The attack `name` in a process of its own (Python with httpx, nothing of runlm's loaded); its stdout is
+    one JSON line per reply (`replies_of`)."""
+    attack = ATTACKS[name]
+    attacker = subprocess.Popen([sys.executable, "-c", ATTACKER, base_url, attack.path, str(attack.count)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert attacker.stdin is not None
+    attacker.stdin.write(json.dumps(attack.body(model)).encode())
+    attacker.stdin.close()
+    attacker.stdin = None  # sent: communicate() has nothing more to write
+    return attacker
 
 
 def replies_of(attacker: subprocess.Popen, timeout_s: float = 600) -> list[Reply]:
     out, err = attacker.communicate(timeout=timeout_s)
     if attacker.returncode != 0:
-        raise RuntimeError(f"the attacker failed: {err.strip()[-2000:]}")
-    return [Reply(**json.loads(line)) for line in out.splitlines()]
+        raise RuntimeError(f"the attacker failed: {err.decode(errors='replace').strip()[-2000:]}")
+    return [Reply(**json.loads(line)) for line in out.decode().splitlines()]
 
 
 def health_latencies_until(base_url: str, done: Callable[[], bool]) -> list[float]:
@@ -127,18 +133,16 @@ def run_health_bench(args: Any) -> int:
     return 0
 
 
-async def _send_all(base_url: str, attack: Attack, model: str) -> list[Reply]:
-    import httpx  # the [server] extra
-
-    content = json.dumps(attack.body(model)).encode()
+# argv: base URL, path, how many; stdin: the JSON body. Sends them all at once, prints each reply's status, body
+# size and error object (of a 4xx / 5xx) as a JSON line.
+ATTACKER = """
+import asyncio, json, sys
+import httpx
+async def send_all(base_url, path, count, content):
     headers = {"content-type": "application/json"}
     async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=httpx.Limits(max_connections=None)) as http:
-        responses = await asyncio.gather(*[http.post(attack.path, content=content, headers=headers)
-                                           for _ in range(attack.count)])
-    return [Reply(r.status_code, len(r.content), r.json().get("error") if r.status_code >= 400 else None)
-            for r in responses]
-
-
-if __name__ == "__main__":  # the attacker: URL ATTACK MODEL
-    for reply in asyncio.run(_send_all(sys.argv[1], ATTACKS[sys.argv[2]], sys.argv[3])):
-        print(json.dumps(reply.__dict__))
+        return await asyncio.gather(*[http.post(path, content=content, headers=headers) for _ in range(count)])
+for r in asyncio.run(send_all(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.stdin.buffer.read())):
+    error = r.json().get("error") if r.status_code >= 400 else None
+    print(json.dumps({"status": r.status_code, "size": len(r.content), "error": error}))
+"""
