@@ -45,9 +45,9 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         "--swa-full", action="store_true",
         help="keep every position in sliding-window layers' caches (more memory; prompt-cache reuse at any length)",
     )
-    parser.add_argument("--kv-type", default="auto", choices=["auto", "f32", "f16"],
+    parser.add_argument("--kv-type", default="auto", choices=["auto", "f32", "f16", "q8_0"],
                         help="KV cache element type (auto: f16 for quantized GGUF weights on the default path, "
-                             "else as --dtype)")
+                             "else as --dtype; q8_0: 8-bit blocks, 17/32 of f16's memory, default path only)")
 
 
 def _add_sampling(parser: argparse.ArgumentParser) -> None:

@@ -15,6 +15,8 @@ from runlm.formats.safetensors import SafetensorsSource
 from runlm.models.base import WeightLoader
 from runlm.models.config import ModelConfig, check_config, expected_shapes
 from runlm.models.registry import Family, family_for_gguf, family_for_hf
+from runlm.nn import Q8_0_VALUES
+from runlm.quant import kernels
 from runlm.quant.int4 import Int4Linear
 from runlm.quant.kernels import GGUFLinear
 from runlm.runner import LmRunner
@@ -66,8 +68,9 @@ DTYPES = {
     "bf16": (torch.bfloat16, True),
 }
 
-# KV cache element types; "auto": see kv_dtype_for.
-KV_TYPES = {"auto": None, "f32": torch.float32, "f16": torch.float16}
+# KV cache element types; "auto": see kv_dtype_for. torch.uint8 means q8_0: GGML's block_q8_0 bytes (runlm.nn
+# kv_row_width), which only the fused C++ blocks read and write (see q8_0_kv_refusal).
+KV_TYPES = {"auto": None, "f32": torch.float32, "f16": torch.float16, "q8_0": torch.uint8}
 
 
 def kv_dtype_for(kv_type: str, runner: LmRunner) -> torch.dtype:
@@ -79,6 +82,27 @@ def kv_dtype_for(kv_type: str, runner: LmRunner) -> torch.dtype:
     dtype = runner.model.dtype
     quantized = any(isinstance(m, GGUFLinear | Int4Linear) for m in runner.model.modules())
     return torch.float16 if quantized and dtype == torch.float32 else dtype
+
+
+def q8_0_kv_refusal(loaded: LoadedModel, dtype_name: str, device: torch.device) -> str | None:
+    """Why a q8_0 KV cache cannot serve this model (None when it can). Its blocks are quantized and read only by
+    the fused C++ blocks (kernels.cpp, KvQ8Block); torch's attention, which every other route uses, cannot read
+    them."""
+    if device.type != "cpu":
+        return f"runlm's C++ kernels run on the CPU only, not on {device.type}"
+    if not kernels.available():
+        return kernels.unavailable_reason() or "runlm's C++ kernels are not available"
+    if dtype_name != "auto":
+        return f"dtype {dtype_name!r} runs torch's attention; q8_0 needs the default dtype 'auto'"
+    if loaded.runner.supports_multimodal():
+        return "this model has a vision tower, and an image prompt's prefill runs on torch's attention"
+    head_dim = loaded.config.head_dim
+    if head_dim % Q8_0_VALUES:
+        return f"the head dimension {head_dim} is not a multiple of {Q8_0_VALUES} (the values of a q8_0 block)"
+    if not loaded.runner.model.fused_stack:
+        return (f"not every block of this {loaded.format} model runs on the fused kernels (those need GGUF "
+                f"quantized weights and no attention soft cap)")
+    return None
 
 
 def load(
@@ -134,6 +158,8 @@ def load(
         loaded.family_spec.attach_vision(loaded, mmproj)
     elif mmproj is not None:
         raise ModelLoadError(f"{path}: {loaded.family} models take no vision projector (mmproj)")
+    if kv_type == "q8_0" and (refusal := q8_0_kv_refusal(loaded, dtype_name, target)) is not None:
+        raise InvalidInputError(f"kv_type 'q8_0' cannot be used here: {refusal}")
     return loaded
 
 

@@ -107,6 +107,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
 
 # -- KV caches --------------------------------------------------------------------
 
+# A q8_0 cache (element type torch.uint8) holds each head row of D values as D / 32 of GGML's block_q8_0: a float16
+# scale and 32 int8 values, 34 bytes. Only runlm's fused C++ blocks read and write it (kernels.cpp, KvQ8Block).
+Q8_0_VALUES, Q8_0_BYTES = 32, 34
+
+
+def kv_row_width(head_dim: int, dtype: torch.dtype) -> int:
+    """The last dimension of a KV cache buffer: head_dim elements, or a q8_0 row's bytes (dtype torch.uint8)."""
+    return head_dim // Q8_0_VALUES * Q8_0_BYTES if dtype == torch.uint8 else head_dim
+
 
 class FullKVCache:
     """Every position's keys and values (position p in row p), in a buffer of `capacity` positions.
@@ -120,7 +129,7 @@ class FullKVCache:
     ring = False
 
     def __init__(self, n_kv: int, head_dim: int, dtype: torch.dtype, device: torch.device, capacity: int = 256):
-        self.k = torch.empty(1, n_kv, max(1, capacity), head_dim, dtype=dtype, device=device)
+        self.k = torch.empty(1, n_kv, max(1, capacity), kv_row_width(head_dim, dtype), dtype=dtype, device=device)
         self.v = torch.empty_like(self.k)
         self.length = 0
 
@@ -189,7 +198,7 @@ class SlidingKVCache:
 
     def __init__(self, n_kv: int, head_dim: int, window: int, dtype: torch.dtype, device: torch.device):
         self.window = window
-        self.k = torch.zeros(1, n_kv, window, head_dim, dtype=dtype, device=device)
+        self.k = torch.zeros(1, n_kv, window, kv_row_width(head_dim, dtype), dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         self.length = 0
 

@@ -11,7 +11,7 @@ from runlm.errors import InvalidInputError
 from runlm.formats import WeightSource
 from runlm.models.config import ModelConfig
 from runlm.models.fused import Rows, fuse_blocks
-from runlm.nn import FullKVCache, Rope, SlidingKVCache
+from runlm.nn import FullKVCache, Rope, SlidingKVCache, kv_row_width
 from runlm.quant import kernels
 from runlm.quant.dequant import dequantize
 from runlm.quant.int4 import DenseLinear, concat_linears, pack_linear
@@ -134,7 +134,7 @@ class DecoderLM(nn.Module):
         """One KV cache per layer: a ring of the window for sliding-window layers, unless `swa_full` keeps every
         position there too (more memory, but a prompt-cache snapshot can then be reused at any length). Full
         caches are sized for `positions` when the caller knows how many the session will hold. `dtype`: the
-        caches' element type (default: the activations')."""
+        caches' element type (default: the activations'; torch.uint8: q8_0 blocks, see runlm.nn.kv_row_width)."""
         cfg = self.config
         device = self.norm.scale.device
         dtype = dtype or self.dtype
@@ -150,7 +150,8 @@ class DecoderLM(nn.Module):
         """Bytes of the caches `new_cache(swa_full, positions, dtype)` makes (what a session of that many
         positions holds at most)."""
         cfg = self.config
-        per_position = 2 * cfg.num_kv_heads * cfg.head_dim * (dtype or self.dtype).itemsize  # keys and values
+        dtype = dtype or self.dtype
+        per_position = 2 * cfg.num_kv_heads * kv_row_width(cfg.head_dim, dtype) * dtype.itemsize  # keys and values
         return sum(per_position * (cfg.sliding_window if cfg.is_sliding(i) and not swa_full else positions)
                    for i in range(cfg.num_layers))
 

@@ -1891,14 +1891,50 @@ inline void gated_activation(const float* g, const float* u, float* out, int64_t
   }
 }
 
-// KV cache elements: float32, or IEEE half (half the memory). A half is widened to float32 as it is loaded (F16C
-// on AVX2, exact), so attention over half keys / values computes exactly what it would over their float32 values.
-inline float kv_float(float x) { return x; }
-inline float kv_float(c10::Half x) { return c10::detail::fp16_ieee_to_fp32_value(x.x); }
+// KV cache elements: float32, IEEE half (half the memory) or q8_0 (GGML's block_q8_0: 32 values as int8 times one
+// half scale, 34 bytes; 17/32 of half's memory). A cache row (one kv head at one position: D values) is D floats or
+// halves, or D / 32 blocks; rows lie one after another (kv_row). Values are widened to float32 as they are loaded:
+// a half exactly (F16C on AVX2), a q8_0 value as float(q) * float(d), one rounding that the vector and the scalar
+// load make alike. So attention computes over exactly the values the cache holds, whichever load reads them.
+struct KvQ8Block {
+  uint16_t d;  // the scale, IEEE half bits
+  int8_t qs[32];
+};
+static_assert(sizeof(KvQ8Block) == 34, "a q8_0 block is GGML's block_q8_0: 34 bytes");
+constexpr int64_t kQ8Values = 32;  // values per q8_0 block
+
+// Storage units of type T (float, c10::Half or KvQ8Block) per row of D values, and that row's bytes.
+template <typename T>
+constexpr int64_t kv_row_units(int64_t D) {
+  return std::is_same_v<std::remove_const_t<T>, KvQ8Block> ? D / kQ8Values : D;
+}
+template <typename T>
+constexpr size_t kv_row_bytes(int64_t D) {
+  return sizeof(T) * kv_row_units<T>(D);
+}
+// Row `index` of rows of D values each.
+template <typename T>
+inline T* kv_row(T* rows, int64_t index, int64_t D) {
+  return rows + index * kv_row_units<T>(D);
+}
+
+// Value i of a row, as float32.
+inline float kv_elem(const float* row, int64_t i) { return row[i]; }
+inline float kv_elem(const c10::Half* row, int64_t i) { return c10::detail::fp16_ieee_to_fp32_value(row[i].x); }
+inline float kv_elem(const KvQ8Block* row, int64_t i) {
+  const KvQ8Block& b = row[i / kQ8Values];
+  return static_cast<float>(b.qs[i % kQ8Values]) * c10::detail::fp16_ieee_to_fp32_value(b.d);
+}
 #if RUNLM_AVX2
-inline __m256 kv_load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 kv_load8(const c10::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+// Values i .. i + 7 of a row (i % 8 == 0), as float32.
+inline __m256 kv_load8(const float* row, int64_t i) { return _mm256_loadu_ps(row + i); }
+inline __m256 kv_load8(const c10::Half* row, int64_t i) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i)));
+}
+inline __m256 kv_load8(const KvQ8Block* row, int64_t i) {
+  const KvQ8Block& b = row[i / kQ8Values];
+  const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qs + i % kQ8Values)));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(b.d))));
 }
 #endif
 
@@ -1913,6 +1949,18 @@ inline void kv_store(const float* x, c10::Half* out, int64_t n) {
                      _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 #endif
   for (; i < n; ++i) out[i].x = c10::detail::fp16_ieee_from_fp32_value(x[i]);
+}
+// n floats (n % 32 == 0) as q8_0 blocks, the bytes GGML's reference quantizer makes: d = max |x| / 127 (kept as a
+// half), q = x * (1 / d) rounded half away from zero (all zeros for a block of zeros).
+inline void kv_store(const float* x, KvQ8Block* out, int64_t n) {
+  for (int64_t b = 0; b < n / kQ8Values; ++b) {
+    const float* v = x + b * kQ8Values;
+    float amax = 0.f;
+    for (int64_t j = 0; j < kQ8Values; ++j) amax = std::max(amax, std::fabs(v[j]));
+    const float d = amax / 127.f, inv = d != 0.f ? 1.f / d : 0.f;
+    out[b].d = c10::detail::fp16_ieee_from_fp32_value(d);
+    for (int64_t j = 0; j < kQ8Values; ++j) out[b].qs[j] = static_cast<int8_t>(std::round(v[j] * inv));
+  }
 }
 
 // The 8 lanes of a dot product's accumulator reduced in the order _mm256_hadd_ps pairs them below.
@@ -1931,7 +1979,7 @@ inline void score_rows(const float* q, const T* const* keys, int64_t n, int64_t 
     for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
     for (int64_t i = 0; i < D; i += 8) {
       const __m256 qv = _mm256_loadu_ps(q + i);
-      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, kv_load8(keys[t + j] + i), acc[j]);
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, kv_load8(keys[t + j], i), acc[j]);
     }
     const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
     const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
@@ -1941,7 +1989,7 @@ inline void score_rows(const float* q, const T* const* keys, int64_t n, int64_t 
   for (; t < n; ++t) {
     float lanes[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int64_t i = 0; i < D; i += 8)
-      for (int l = 0; l < 8; ++l) lanes[l] = std::fma(q[i + l], kv_float(keys[t][i + l]), lanes[l]);
+      for (int l = 0; l < 8; ++l) lanes[l] = std::fma(q[i + l], kv_elem(keys[t], i + l), lanes[l]);
     out[t] = tree8(lanes);
   }
 }
@@ -1957,26 +2005,26 @@ inline void weighted_rows(const float* w, const T* const* values, int64_t n, int
     for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
     for (int64_t t = 0; t < n; ++t) {
       const __m256 wt = _mm256_set1_ps(w[t]);
-      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(wt, kv_load8(values[t] + i + 8 * j), acc[j]);
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(wt, kv_load8(values[t], i + 8 * j), acc[j]);
     }
     for (int j = 0; j < 8; ++j) _mm256_storeu_ps(out + i + 8 * j, acc[j]);
   }
   for (; i + 8 <= D; i += 8) {
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t t = 0; t < n; ++t) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), kv_load8(values[t] + i), acc);
+    for (int64_t t = 0; t < n; ++t) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), kv_load8(values[t], i), acc);
     _mm256_storeu_ps(out + i, acc);
   }
 #endif
   for (; i < D; ++i) {
     float acc = 0.f;
-    for (int64_t t = 0; t < n; ++t) acc = std::fma(w[t], kv_float(values[t][i]), acc);
+    for (int64_t t = 0; t < n; ++t) acc = std::fma(w[t], kv_elem(values[t], i), acc);
     out[i] = acc;
   }
 }
 
 #if RUNLM_AVX2
 // score_rows for H query heads (q, D floats apart; scores `stride` apart) that share their keys (grouped-query
-// attention): each key is loaded (and widened from float16) once for the H heads. Every score is the same FMA
+// attention): each key is loaded (and widened to float32) once for the H heads. Every score is the same FMA
 // chain per lane and the same tree8 order as score_rows gives it, so the results are bit for bit score_rows'.
 template <int H, typename T>
 inline void score_rows_shared(const float* q, const T* const* keys, int64_t n, int64_t D, float* out,
@@ -1988,7 +2036,7 @@ inline void score_rows_shared(const float* q, const T* const* keys, int64_t n, i
       for (int j = 0; j < 4; ++j) acc[h][j] = _mm256_setzero_ps();
     for (int64_t i = 0; i < D; i += 8) {
       __m256 k[4];
-      for (int j = 0; j < 4; ++j) k[j] = kv_load8(keys[t + j] + i);
+      for (int j = 0; j < 4; ++j) k[j] = kv_load8(keys[t + j], i);
       for (int h = 0; h < H; ++h) {
         const __m256 qv = _mm256_loadu_ps(q + h * D + i);
         for (int j = 0; j < 4; ++j) acc[h][j] = _mm256_fmadd_ps(qv, k[j], acc[h][j]);
@@ -2012,7 +2060,7 @@ inline void weighted_rows_shared(const float* w, int64_t stride, const T* const*
     __m256 acc[H][2];
     for (int h = 0; h < H; ++h) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
     for (int64_t t = 0; t < n; ++t) {
-      const __m256 v0 = kv_load8(values[t] + i), v1 = kv_load8(values[t] + i + 8);
+      const __m256 v0 = kv_load8(values[t], i), v1 = kv_load8(values[t], i + 8);
       for (int h = 0; h < H; ++h) {
         const __m256 wt = _mm256_set1_ps(w[h * stride + t]);
         acc[h][0] = _mm256_fmadd_ps(wt, v0, acc[h][0]);
@@ -2090,7 +2138,8 @@ inline void merge_chunks(const float* part_max, const float* part_sum, const flo
 // the pre-allocated cache at `pos`, then softmax(q K^T * scale) V over positions 0..pos for every query head (GQA:
 // query head h reads kv head h / (n_heads / n_kv_heads)). qkv: float32 [n_heads + 2 * n_kv_heads, D] (queries, keys,
 // values); cos / sin: [D] rotate-half tables with the sign folded into sin (x * cos + roll(x, D/2) * sin);
-// k_cache / v_cache: float32 or float16 [1, n_kv_heads, capacity, D], contiguous. Returns [n_heads * D].
+// k_cache / v_cache: float32, float16 or q8_0 [1, n_kv_heads, capacity, row] (see kv_cache_row), contiguous. Returns
+// [n_heads * D].
 // Used by decode_attention (the float32 reference path's decode step over a full cache: len = pos + 1).
 template <typename T>
 at::Tensor attend_cache(const at::Tensor& x, const float* cp, const float* sp, T* kc, T* vc, int64_t D, int64_t cap,
@@ -2104,8 +2153,8 @@ at::Tensor attend_cache(const at::Tensor& x, const float* cp, const float* sp, T
   std::vector<float> roped(D);
   for (int64_t h = 0; h < n_kv_heads; ++h) {
     rope(xp + (n_heads + h) * D, roped.data(), 1.f);
-    kv_store(roped.data(), kc + (h * cap + pos) * D, D);
-    kv_store(xp + (n_heads + n_kv_heads + h) * D, vc + (h * cap + pos) * D, D);
+    kv_store(roped.data(), kv_row(kc, h * cap + pos, D), D);
+    kv_store(xp + (n_heads + n_kv_heads + h) * D, kv_row(vc, h * cap + pos, D), D);
   }
   std::vector<float> q(n_heads * D);  // roped queries, pre-multiplied by the scale
   for (int64_t h = 0; h < n_heads; ++h) rope(xp + h * D, q.data() + h * D, static_cast<float>(scale));
@@ -2120,8 +2169,8 @@ at::Tensor attend_cache(const at::Tensor& x, const float* cp, const float* sp, T
     for (int64_t item = begin; item < end; ++item) {
       const int64_t g = item / n_chunks, t0 = (item % n_chunks) * chunk, t1 = std::min(len, t0 + chunk), n = t1 - t0;
       for (int64_t t = 0; t < n; ++t) {
-        keys[t] = kc + (g * cap + t0 + t) * D;
-        values[t] = vc + (g * cap + t0 + t) * D;
+        keys[t] = kv_row(kc, g * cap + t0 + t, D);
+        values[t] = kv_row(vc, g * cap + t0 + t, D);
       }
       attend_chunk(q.data() + g * rep * D, rep, keys.data(), values.data(), n, D, scores.data(), chunk,
                    part_max.data() + item * rep, part_sum.data() + item * rep, part_out.data() + item * rep * D);
@@ -2142,9 +2191,23 @@ at::Tensor attend_cache(const at::Tensor& x, const float* cp, const float* sp, T
   return out;
 }
 
-// A cache's element type is float32 or float16, keys and values alike.
+// A cache's element type is float32, float16 or q8_0 (a uint8 tensor of KvQ8Block rows), keys and values alike.
 inline bool kv_cache_type_ok(const at::Tensor& k, const at::Tensor& v) {
-  return (k.scalar_type() == at::kFloat || k.scalar_type() == at::kHalf) && v.scalar_type() == k.scalar_type();
+  const at::ScalarType type = k.scalar_type();
+  return (type == at::kFloat || type == at::kHalf || type == at::kByte) && v.scalar_type() == type;
+}
+
+// The last dimension of a cache of head dim D: D elements, or for q8_0 D / 32 blocks' bytes (D % 32 == 0).
+inline int64_t kv_cache_row(const at::Tensor& cache, int64_t D) {
+  return cache.scalar_type() == at::kByte ? D / kQ8Values * static_cast<int64_t>(sizeof(KvQ8Block)) : D;
+}
+
+// f(T{}) with T the element type of caches of `type` (kv_cache_type_ok): float, c10::Half or KvQ8Block.
+template <typename F>
+auto with_kv_type(at::ScalarType type, F&& f) {
+  if (type == at::kHalf) return f(c10::Half{});
+  if (type == at::kByte) return f(KvQ8Block{});
+  return f(float{});
 }
 
 at::Tensor attend_one(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
@@ -2152,13 +2215,16 @@ at::Tensor attend_one(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
                       double scale) {
   TORCH_CHECK(qkv.scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat,
               "runlm::decode_attention: float32 activations only");
-  TORCH_CHECK(kv_cache_type_ok(k_cache, v_cache), "runlm::decode_attention: caches must be float32 or float16, alike");
+  TORCH_CHECK(kv_cache_type_ok(k_cache, v_cache),
+              "runlm::decode_attention: caches must be float32, float16 or q8_0 (uint8), alike");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "runlm::decode_attention: caches must be contiguous");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(1) == n_kv_heads && k_cache.sizes() == v_cache.sizes(),
-              "runlm::decode_attention: cache shape mismatch");
-  const int64_t D = k_cache.size(3), cap = k_cache.size(2);
-  TORCH_CHECK(D % 8 == 0 && cos.numel() == D && sin.numel() == D, "runlm::decode_attention: head dim must be a "
-              "multiple of 8, with tables of that size");
+  const int64_t D = cos.numel(), cap = k_cache.dim() == 4 ? k_cache.size(2) : 0;
+  TORCH_CHECK(D % 8 == 0 && sin.numel() == D, "runlm::decode_attention: head dim must be a multiple of 8, with "
+              "tables of that size");
+  TORCH_CHECK(k_cache.scalar_type() != at::kByte || D % kQ8Values == 0, "runlm::decode_attention: a q8_0 cache "
+              "needs a head dim that is a multiple of 32, got ", D);
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(1) == n_kv_heads && k_cache.size(3) == kv_cache_row(k_cache, D) &&
+              k_cache.sizes() == v_cache.sizes(), "runlm::decode_attention: cache shape mismatch");
   TORCH_CHECK(qkv.numel() == (n_heads + 2 * n_kv_heads) * D, "runlm::decode_attention: qkv has the wrong size");
   TORCH_CHECK(0 <= pos && pos < cap && 0 < len && len <= cap,
               "runlm::decode_attention: position ", pos, " outside the cache of ", cap);
@@ -2166,11 +2232,11 @@ at::Tensor attend_one(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
   const at::Tensor x = qkv.contiguous(), c = cos.contiguous(), sn = sin.contiguous();
   const float* cp = c.data_ptr<float>();
   const float* sp = sn.data_ptr<float>();
-  if (k_cache.scalar_type() == at::kHalf)
-    return attend_cache(x, cp, sp, k_cache.data_ptr<c10::Half>(), v_cache.data_ptr<c10::Half>(), D, cap, pos, len,
-                        n_heads, n_kv_heads, scale);
-  return attend_cache(x, cp, sp, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), D, cap, pos, len, n_heads,
-                      n_kv_heads, scale);
+  return with_kv_type(k_cache.scalar_type(), [&](auto element) {
+    using T = decltype(element);
+    return attend_cache(x, cp, sp, static_cast<T*>(k_cache.data_ptr()), static_cast<T*>(v_cache.data_ptr()), D, cap,
+                        pos, len, n_heads, n_kv_heads, scale);
+  });
 }
 
 at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
@@ -2227,8 +2293,8 @@ at::Tensor linear_parts(const at::Tensor& x, at::TensorList ws, at::IntArrayRef 
 // RMSNorm and RoPE row by row; the GGUF kernels quantize each activation row alone and reduce each (weight row,
 // activation row) pair the same way for any number of rows (the x4 layout and the K-quants; checked by the
 // tests); attention splits a query's key positions into chunks fixed by absolute position (kKeyChunk), scores
-// each key with one fixed reduction (score_rows), and merges the chunks in position order. With a float16 cache,
-// this call's keys / values are rounded to float16 before attention reads them, so a key has the same value
+// each key with one fixed reduction (score_rows), and merges the chunks in position order. With a float16 or q8_0
+// cache, this call's keys / values are stored in that type before attention reads them, so a key has the same value
 // whether it comes from this call or from the cache.
 
 constexpr int64_t kKeyChunk = 64;  // attention chunk k covers absolute key positions [64k, 64k + 64)
@@ -2238,15 +2304,15 @@ constexpr int64_t kAttnScratchFloats = int64_t{1} << 22;  // partial attention o
 // [first_pos, first_pos + count); earlier positions are in the sequence's cache.
 struct SeqRows {
   int64_t first_row = -1, first_pos = 0, count = 0;
-  void* k = nullptr;  // the caches' elements, float or c10::Half
+  void* k = nullptr;  // the caches' elements: float, c10::Half or KvQ8Block
   void* v = nullptr;
   int64_t cap = 0;
 };
 
 // softmax(q K^T) V for every row and query head over the last `window` positions (all when window is 0).
-// q: [R, n_heads, D] (roped, scaled); knew / vnew: [R, n_kv, D] this call's keys and values; older positions
-// come from the caches ([1, n_kv, cap, D]; with `ring`, a ring of `window` slots where position p sits in slot
-// p % window, else position p in row p), all with elements of type T. out: [R, n_heads * D].
+// q: [R, n_heads, D] (roped, scaled); knew / vnew: [R, n_kv] rows of D values, this call's keys and values; older
+// positions come from the caches ([1, n_kv, cap] rows; with `ring`, a ring of `window` slots where position p sits
+// in slot p % window, else position p in row p), all with elements of type T. out: [R, n_heads * D].
 template <typename T>
 void attention_rows(const float* q, const T* knew, const T* vnew, const std::vector<SeqRows>& seqs,
                     const std::vector<int64_t>& row_seq, const std::vector<int64_t>& row_pos, int64_t window,
@@ -2288,12 +2354,12 @@ void attention_rows(const float* q, const T* knew, const T* vnew, const std::vec
         for (int64_t t = t0; t < t1; ++t) {
           if (t >= sq.first_pos) {
             const int64_t row = sq.first_row + (t - sq.first_pos);
-            keys[t - t0] = knew + (row * n_kv + g) * D;
-            values[t - t0] = vnew + (row * n_kv + g) * D;
+            keys[t - t0] = kv_row(knew, row * n_kv + g, D);
+            values[t - t0] = kv_row(vnew, row * n_kv + g, D);
           } else {
             const int64_t slot = ring ? t % window : t;
-            keys[t - t0] = kc + (g * sq.cap + slot) * D;
-            values[t - t0] = vc + (g * sq.cap + slot) * D;
+            keys[t - t0] = kv_row(kc, g * sq.cap + slot, D);
+            values[t - t0] = kv_row(vc, g * sq.cap + slot, D);
           }
         }
         attend_chunk(q + (r * n_heads + g * rep) * D, rep, keys.data(), values.data(), n, D, scores.data(),
@@ -2322,8 +2388,8 @@ void attention_rows(const float* q, const T* knew, const T* vnew, const std::vec
 }
 
 // attention_rows over caches of element type T, then this call's keys / values into the caches (slot p, or
-// p % window for a ring that keeps the newest). The new keys / values are first stored as T (rounded, for
-// float16): the rows of this call attend over exactly the values later calls read back from the cache.
+// p % window for a ring that keeps the newest). The new keys / values are first stored as T (rounded for float16,
+// quantized for q8_0): the rows of this call attend over exactly the values later calls read back from the cache.
 template <typename T>
 void attend_and_store(const float* q, const std::vector<float>& knew, const std::vector<float>& vnew,
                       const std::vector<SeqRows>& seqs, const std::vector<int64_t>& row_seq,
@@ -2336,10 +2402,10 @@ void attend_and_store(const float* q, const std::vector<float>& knew, const std:
   if constexpr (std::is_same_v<T, float>) {
     kt = knew.data(), vt = vnew.data();
   } else {
-    k_typed.resize(R * kv_width), v_typed.resize(R * kv_width);
+    k_typed.resize(R * n_kv * kv_row_units<T>(D)), v_typed.resize(R * n_kv * kv_row_units<T>(D));
     at::parallel_for(0, R, 64, [&](int64_t r0, int64_t r1) {
-      kv_store(knew.data() + r0 * kv_width, k_typed.data() + r0 * kv_width, (r1 - r0) * kv_width);
-      kv_store(vnew.data() + r0 * kv_width, v_typed.data() + r0 * kv_width, (r1 - r0) * kv_width);
+      kv_store(knew.data() + r0 * kv_width, kv_row(k_typed.data(), r0 * n_kv, D), (r1 - r0) * kv_width);
+      kv_store(vnew.data() + r0 * kv_width, kv_row(v_typed.data(), r0 * n_kv, D), (r1 - r0) * kv_width);
     });
     kt = k_typed.data(), vt = v_typed.data();
   }
@@ -2350,8 +2416,8 @@ void attend_and_store(const float* q, const std::vector<float>& knew, const std:
     T* kc = static_cast<T*>(sq.k);
     T* vc = static_cast<T*>(sq.v);
     for (int64_t g = 0; g < n_kv; ++g) {
-      std::memcpy(kc + (g * sq.cap + slot) * D, kt + r * kv_width + g * D, sizeof(T) * D);
-      std::memcpy(vc + (g * sq.cap + slot) * D, vt + r * kv_width + g * D, sizeof(T) * D);
+      std::memcpy(kv_row(kc, g * sq.cap + slot, D), kv_row(kt, r * n_kv + g, D), kv_row_bytes<T>(D));
+      std::memcpy(kv_row(vc, g * sq.cap + slot, D), kv_row(vt, r * n_kv + g, D), kv_row_bytes<T>(D));
     }
   }
 }
@@ -2378,7 +2444,7 @@ void norm_heads(float* x, int64_t R, int64_t stride, int64_t offset, int64_t hea
 // with optional per-head q / k norms before RoPE, act = SiLU or tanh-GELU gated. Row r belongs to sequence
 // row_seq[r] (its caches: k_caches / v_caches[row_seq[r]]) at position row_pos[r]; a sequence's rows are
 // consecutive, with consecutive positions that continue its cache. cos / sin: [R, D] (rotate-half, sign in sin).
-// The caches (float32 or float16, all alike) take the new keys / values after attention (attend_and_store).
+// The caches (float32, float16 or q8_0, all alike) take the new keys / values after attention (attend_and_store).
 at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double eps, const c10::optional<at::Tensor>& q_norm,
                       const c10::optional<at::Tensor>& k_norm, at::TensorList qkv_ws, at::IntArrayRef qkv_types,
                       at::IntArrayRef qkv_rows, const at::Tensor& o_w, int64_t o_type, at::TensorList gate_up_ws,
@@ -2399,7 +2465,9 @@ at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double e
   TORCH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, op, ": heads must group evenly");
   TORCH_CHECK(k_caches.size() == v_caches.size() && !k_caches.empty(), op, ": one k and v cache per sequence");
   const int64_t n_seq = static_cast<int64_t>(k_caches.size()), q_width = n_heads * D, kv_width = n_kv_heads * D;
-  const bool half_cache = k_caches[0].scalar_type() == at::kHalf;
+  const at::ScalarType cache_type = k_caches[0].scalar_type();
+  TORCH_CHECK(cache_type != at::kByte || D % kQ8Values == 0, op, ": a q8_0 cache needs a head dim that is a multiple "
+              "of 32, got ", D);
   std::vector<SeqRows> seqs(n_seq);
   std::vector<int64_t> rseq(row_seq.begin(), row_seq.end()), rpos(row_pos.begin(), row_pos.end());
   for (int64_t r = 0; r < R; ++r) {
@@ -2416,11 +2484,12 @@ at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double e
   for (int64_t s = 0; s < n_seq; ++s) {
     const at::Tensor& kc = k_caches[s];
     const at::Tensor& vc = v_caches[s];
-    TORCH_CHECK(kv_cache_type_ok(kc, vc) && (kc.scalar_type() == at::kHalf) == half_cache, op, ": cache ", s,
-                " must be float32 or float16, as every other cache of the call");
+    TORCH_CHECK(kv_cache_type_ok(kc, vc) && kc.scalar_type() == cache_type, op, ": cache ", s,
+                " must be float32, float16 or q8_0 (uint8), as every other cache of the call");
     TORCH_CHECK(kc.is_contiguous() && vc.is_contiguous() && kc.dim() == 4 && kc.size(1) == n_kv_heads &&
-                    kc.size(3) == D && kc.sizes() == vc.sizes(),
-                op, ": cache ", s, " must be [1, n_kv_heads, capacity, head_dim], contiguous");
+                    kc.size(3) == kv_cache_row(kc, D) && kc.sizes() == vc.sizes(),
+                op, ": cache ", s, " must be [1, n_kv_heads, capacity, head_dim] (q8_0: head_dim / 32 * 34 bytes), "
+                "contiguous");
     SeqRows& sq = seqs[s];
     sq.k = kc.data_ptr(), sq.v = vc.data_ptr(), sq.cap = kc.size(2);
     TORCH_CHECK(ring ? window > 0 && sq.cap == window : sq.first_pos + sq.count <= sq.cap, op, ": cache ", s,
@@ -2456,13 +2525,10 @@ at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double e
     }
   });
   at::Tensor attended = at::empty({R, q_width}, out.options());
-  if (half_cache) {
-    attend_and_store<c10::Half>(q.data(), knew, vnew, seqs, rseq, rpos, window, ring, n_heads, n_kv_heads, D,
-                                attended.data_ptr<float>());
-  } else {
-    attend_and_store<float>(q.data(), knew, vnew, seqs, rseq, rpos, window, ring, n_heads, n_kv_heads, D,
-                            attended.data_ptr<float>());
-  }
+  with_kv_type(cache_type, [&](auto element) {
+    attend_and_store<decltype(element)>(q.data(), knew, vnew, seqs, rseq, rpos, window, ring, n_heads, n_kv_heads, D,
+                                        attended.data_ptr<float>());
+  });
   at::Tensor projected = gguf_linear(attended, o_w, o_type, hidden, q_width);
   if (sandwich) projected = rms_norm(projected, norms[1], eps);
   const float* pp = projected.data_ptr<float>();

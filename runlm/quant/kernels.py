@@ -247,7 +247,7 @@ def _fake_transformer_block(h, *args):
 
 
 def _fake_decode_attention(qkv, cos, sin, k_cache, v_cache, pos: int, n_heads: int, n_kv_heads: int, scale: float):
-    return qkv.new_empty((n_heads * k_cache.shape[-1],))
+    return qkv.new_empty((n_heads * cos.shape[-1],))  # a q8_0 cache row is not head_dim wide
 
 
 def available() -> bool:
