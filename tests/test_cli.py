@@ -34,12 +34,15 @@ def test_info(smollm2_gguf):
     assert f"kernels: {kernels.isa()}" in out.stdout if kernels.available() else "kernels: off" in out.stdout
 
 
-@pytest.mark.parametrize("dtype", ["auto", "f32"])
-def test_generate_streams_the_greedy_answer(smollm2_gguf, dtype):
+@pytest.mark.parametrize("dtype, kv_type", [("auto", "auto"), ("f32", "auto"), ("auto", "q8_0")])
+def test_generate_streams_the_greedy_answer(smollm2_gguf, dtype, kv_type):
+    if kv_type == "q8_0" and not kernels.available():
+        pytest.skip("a q8_0 KV cache needs runlm's C++ kernels")
     prompt = "What is the capital of France?"
-    out = runlm("generate", "-m", str(smollm2_gguf), "--dtype", dtype, "--max-tokens", "12", prompt)
+    out = runlm("generate", "-m", str(smollm2_gguf), "--dtype", dtype, "--kv-type", kv_type, "--max-tokens", "12",
+                prompt)
     assert out.returncode == 0, out.stderr
-    loaded = load(smollm2_gguf, dtype=dtype)
+    loaded = load(smollm2_gguf, dtype=dtype, kv_type=kv_type)
     ids = loaded.tokenizer.encode_prompt(loaded.chat_template.render([{"role": "user", "content": prompt}]))
     greedy = loaded.runner.generate(ids, 12)
     stop = next((i for i, t in enumerate(greedy) if t in loaded.tokenizer.stop_ids), len(greedy))
@@ -140,6 +143,9 @@ def test_streamed_reply_on_a_terminal_shows_escapes_as_text(monkeypatch, stdout,
     assert stdout.getvalue() == want
 
 
-def test_kv_type_takes_f32_or_f16():
-    bad = runlm("generate", "--kv-type", "q8_0", "hi")
-    assert bad.returncode == 2 and "argument --kv-type: invalid choice: 'q8_0'" in bad.stderr
+def test_kv_type_takes_f32_f16_or_q8_0(smollm2_gguf):
+    bad = runlm("generate", "--kv-type", "q4_0", "hi")
+    assert bad.returncode == 2 and "argument --kv-type: invalid choice: 'q4_0'" in bad.stderr
+    refused = runlm("generate", "-m", str(smollm2_gguf), "--dtype", "f32", "--kv-type", "q8_0", "hi")
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr  # one line, no traceback
+    assert "kv_type 'q8_0' cannot be used here" in refused.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from reference.tiny import build_llama
+from reference.tiny import build_gemma3, build_llama
 
 from runlm import load
 from runlm.errors import InvalidInputError, ModelLoadError, UnsupportedArchitectureError
@@ -169,8 +170,49 @@ def test_kv_type_sets_the_cache_element_type_and_the_bytes_a_session_holds(tiny_
 
 
 def test_bad_kv_type_is_a_typed_error(tiny_llama):
-    with pytest.raises(InvalidInputError, match="kv_type must be one of auto, f32, f16, got 'q8_0'"):
-        load(tiny_llama / "model-q8_0.gguf", kv_type="q8_0")
+    with pytest.raises(InvalidInputError, match="kv_type must be one of auto, f32, f16, q8_0, got 'q4_0'"):
+        load(tiny_llama / "model-q8_0.gguf", kv_type="q4_0")
+
+
+@pytest.mark.skipif(not kernels.available(), reason="a q8_0 KV cache needs runlm's C++ kernels")
+def test_q8_0_kv_cache_holds_34_bytes_for_every_32_values(smollm2_gguf):
+    held = {}
+    for kv_type in ("f16", "q8_0"):
+        runner = load(smollm2_gguf, kv_type=kv_type).runner
+        session = runner.new_session(positions=40)
+        held[kv_type] = sum(t.numel() * t.element_size() for layer in session.state for t in (layer.k, layer.v))
+        assert held[kv_type] == runner.kv_bytes(40), kv_type
+    assert held["q8_0"] * 64 == held["f16"] * 34  # a block: a 2-byte scale and 32 bytes for 32 values
+
+
+@pytest.mark.skipif(not kernels.available(), reason="with the kernels off, every q8_0 load is refused for that")
+def test_q8_0_kv_cache_is_refused_where_the_fused_kernels_do_not_run(tiny_llama, tmp_path):
+    """q8_0 blocks are read and written by the fused C++ blocks alone: anywhere else the load is refused, saying
+    why, rather than running torch's attention over bytes it cannot read."""
+    build_gemma3(tmp_path, head_dim=32)  # heads q8_0 could hold
+    refusals = [
+        (tmp_path / "model-q8_0.gguf", {"dtype": "f32"}, "dtype 'f32' runs torch's attention"),
+        (tmp_path / "model.gguf", {}, "not every block of this gguf model runs on the fused kernels"),
+        (tmp_path / "hf", {}, "not every block of this safetensors model runs on the fused kernels"),
+        (tiny_llama / "model-q8_0.gguf", {}, "the head dimension 16 is not a multiple of 32"),
+    ]
+    for path, options, reason in refusals:
+        with pytest.raises(InvalidInputError, match=f"kv_type 'q8_0' cannot be used here: {reason}"):
+            load(path, kv_type="q8_0", **options)
+    code = f"""
+from runlm import load
+from runlm.errors import InvalidInputError
+try:
+    load({str(tmp_path / "model-q8_0.gguf")!r}, kv_type="q8_0")
+except InvalidInputError as exc:
+    print(exc)
+"""
+    env = {k: v for k, v in os.environ.items() if k != kernels.ENV_VAR}
+    switched_off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                                  env=dict(env, **{kernels.ENV_VAR: "0"}))
+    assert switched_off.returncode == 0 and not switched_off.stderr, switched_off.stderr
+    assert switched_off.stdout.startswith("kv_type 'q8_0' cannot be used here: runlm GGUF kernels unavailable: "
+                                          f"RuntimeError: disabled by {kernels.ENV_VAR}=0"), switched_off.stdout
 
 
 PEAK_GROWTH_WHILE_LOADING = """

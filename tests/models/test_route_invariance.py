@@ -4,7 +4,8 @@ Prefill in one go, prefill in chunks, one decode step at a time, decode batched 
 prompt-cache restore followed by the suffix all give bit-identical logits (torch.equal, not a tolerance):
 every stage of the fused block is computed row by row (runlm.models.fused, kernels.cpp "Route-invariant
 blocks"). Checked on the tiny quantized models of each family and on both real GGUFs, past Gemma's window,
-with the default float16 KV cache (a new key is rounded before any route reads it) and with `kv_type="f32"`.
+with the default float16 KV cache (a new key is rounded before any route reads it), with `kv_type="f32"` and with
+`kv_type="q8_0"` (a new key is quantized before any route reads it).
 """
 
 from __future__ import annotations
@@ -64,3 +65,28 @@ def test_real_gemma3_past_its_sliding_window(gemma3_gguf):
     # 1000 rows in one call: the fused attention works through them in several row blocks (its scratch bound)
     ids = loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 150)[:1000]
     assert_identical(route_logits(loaded.runner, ids, split=970, chunk=130))
+
+
+@pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
+def test_q8_0_kv_cache_on_a_tiny_gemma3(tmp_path):
+    build_gemma3(tmp_path, head_dim=32)  # 32-wide heads: one q8_0 block per head row; a ring beside full caches
+    ids = torch.randint(3, 384, (2 * GEMMA_WINDOW + 3,), generator=torch.Generator().manual_seed(6)).tolist()
+    runner = load(tmp_path / "model-q4_0.gguf", kv_type="q8_0").runner
+    assert {(layer.k.dtype, layer.k.shape[-1]) for layer in runner.new_session().state} == {(torch.uint8, 34)}
+    assert_identical(route_logits(runner, ids, split=GEMMA_WINDOW + 1, chunk=7))
+
+
+@pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
+def test_q8_0_kv_cache_on_real_smollm2(smollm2_gguf):
+    loaded = load(smollm2_gguf, kv_type="q8_0")
+    runner = loaded.runner
+    ids = loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 12)[:100]
+    assert_identical(route_logits(runner, ids, split=40, chunk=17))
+    # The caches of one call are all of one kind: the kernel refuses a q8_0 session batched with a float16 one
+    # (sessions of two runners: a runner's own sessions share its kv_dtype).
+    other = load(smollm2_gguf).runner
+    quantized, half = runner.new_session(), other.new_session()
+    runner.prefill(quantized, ids[:3])
+    other.prefill(half, ids[:3])
+    with pytest.raises(RuntimeError, match="as every other cache of the call"):
+        runner.decode_batch([quantized, half], [ids[3], ids[3]])

@@ -19,6 +19,7 @@ from runlm import load
 from runlm.cli import main
 from runlm.errors import InvalidInputError, UnsupportedOperationError
 from runlm.models.vision import multimodal_ids, preprocess, vision_from_mmproj
+from runlm.quant import kernels
 from runlm.runner import ImageInput
 
 TOL = 1e-4
@@ -205,6 +206,14 @@ def test_text_only_model_refuses_images(tiny_vl):
     # Text generation is untouched by the vision path.
     ids = loaded.tokenizer.encode("The quick brown fox")
     assert load(directory / "model.gguf").runner.generate(ids, 6) == loaded.runner.generate(ids, 6)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="with the kernels off, a q8_0 load is refused for that")
+def test_q8_0_kv_cache_is_refused_with_a_vision_tower(tiny_vl):
+    """An image prompt's prefill runs on torch's attention, which cannot read q8_0 blocks."""
+    _, _, directory = tiny_vl
+    with pytest.raises(InvalidInputError, match="kv_type 'q8_0' cannot be used here: this model has a vision tower"):
+        load(directory / "model.gguf", kv_type="q8_0")  # its mmproj found next to it
 
 
 # -- CLI ---------------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ Tolerances (relative Frobenius error of the output [M, N]):
 * runlm::gguf_dequantize equals runlm.quant.dequantize bit for bit.
 * A float16 KV cache: values are stored as torch rounds them to float16, bit for bit, and attention over the cache
   is SDPA over its values widened to float32 (1e-5), in every build.
+* A q8_0 KV cache: rows are stored as the gguf package quantizes them to Q8_0, byte for byte, and attention over the
+  cache is bit for bit attention over a float32 cache of those blocks dequantized by the gguf package, in every build.
 
 Run with -s to see the measured errors and the micro-benchmark.
 """
@@ -33,6 +35,7 @@ from reference.quant_blocks import random_blocks, rel_err
 
 from runlm.errors import InvalidInputError, ModelLoadError
 from runlm.formats.gguf import GGUFFile
+from runlm.nn import FullKVCache
 from runlm.quant import dequantize, kernels
 
 EXACT_TOL = 2e-6
@@ -127,12 +130,46 @@ def check_half_cache() -> None:
         assert (out - want.reshape(-1)).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item()), pos
 
 
+def check_q8_0_cache() -> None:
+    """decode_attention over a q8_0 cache (this build's loads, or the portable ones): each new key / value row is
+    stored as the gguf package quantizes it to Q8_0, byte for byte, and the output is bit for bit what a float32
+    cache holding those blocks dequantized by the gguf package gives (the values attention reads are the blocks')."""
+    heads, kv_heads, head_dim, positions = 4, 2, 64, 13
+    no_rope = torch.ones(head_dim), torch.zeros(head_dim)
+    cpu, q8_0 = torch.device("cpu"), GGMLQuantizationType.Q8_0
+    quantized = FullKVCache(kv_heads, head_dim, torch.uint8, cpu, capacity=4)  # grows twice on the way
+    widened = FullKVCache(kv_heads, head_dim, torch.float32, cpu, capacity=positions)
+    gen = torch.Generator().manual_seed(12)
+    written = []
+    for pos in range(positions):
+        qkv = torch.randn(heads + 2 * kv_heads, head_dim, generator=gen) * 10 ** (pos % 4 - 2)
+        if pos == 5:
+            qkv[heads] = 0.0  # a key of zeros: a block scale of 0
+        out = quantized.decode_attention(qkv, *no_rope, pos, heads, kv_heads, 0.25)
+        stored = torch.stack([quantized.k[0, :, pos], quantized.v[0, :, pos]]).numpy()
+        new_rows = qkv[heads:].reshape(2, kv_heads, head_dim).numpy()  # keys (RoPE is the identity here), values
+        assert np.array_equal(stored, ref_quants.quantize(new_rows, q8_0)), pos
+        written.append(torch.from_numpy(stored))
+        values = torch.from_numpy(ref_quants.dequantize(stored, q8_0)).reshape(-1, head_dim)
+        want = widened.decode_attention(torch.cat([qkv[:heads], values]), *no_rope, pos, heads, kv_heads, 0.25)
+        assert torch.equal(out, want), pos
+    kept = torch.stack([quantized.k[0, :, :positions], quantized.v[0, :, :positions]])  # [2, kv_heads, pos, bytes]
+    assert torch.equal(kept, torch.stack(written, dim=2))  # every row kept through the cache's two growths
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Correctness
 
 
 def test_half_cache_rounds_as_torch_and_attends_over_widened_values():
     check_half_cache()
+
+
+def test_q8_0_cache_stores_gguf_blocks_and_attends_over_their_values():
+    check_q8_0_cache()
+    short = FullKVCache(2, 16, torch.uint8, torch.device("cpu"), capacity=2)  # 16-wide heads: half a block
+    with pytest.raises(RuntimeError, match="q8_0 cache needs a head dim that is a multiple of 32, got 16"):
+        short.decode_attention(torch.randn(8, 16), torch.ones(16), torch.zeros(16), 0, 4, 2, 0.25)
 
 
 def test_build_info():
@@ -398,6 +435,7 @@ for type_name in kernels.KERNEL_TYPES:
             assert torch.equal(out, module(x[:5])), type_name
         assert t.rel_err(out, module(x[:5])) < t.EXACT_TOL, type_name
 t.check_half_cache()
+t.check_q8_0_cache()
 print("variant ok")
 """
 

@@ -250,12 +250,13 @@ GEMMA_LAYERS = ["sliding_attention", "sliding_attention", "full_attention", "sli
 GEMMA_WINDOW = 6
 
 
-def build_gemma3(directory: Path, seed: int = 2):
-    """Gemma3ForCausalLM with a 6-token window, so short prompts cross it; linear rope scaling on global layers."""
+def build_gemma3(directory: Path, seed: int = 2, head_dim: int = 16):
+    """Gemma3ForCausalLM with a 6-token window, so short prompts cross it; linear rope scaling on global layers.
+    `head_dim` 32 gives heads as wide as a q8_0 block (the q8_0 KV cache needs head_dim % 32 == 0)."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     config = Gemma3TextConfig(
-        **TINY_DIMS,
+        **{**TINY_DIMS, "head_dim": head_dim},
         num_hidden_layers=len(GEMMA_LAYERS),
         rms_norm_eps=1e-6,
         query_pre_attn_scalar=16,
