@@ -66,10 +66,17 @@ class RunlmPeer:
         return total
 
 
+# llama.cpp's KV cache for each --kv-type (GGML type ids; "auto" is llama.cpp's default f16). A quantized V cache
+# needs its flash attention, so q8_0 turns that on.
+LLAMA_CPP_KV = {"auto": {}, "f16": {}, "f32": {"type_k": 0, "type_v": 0},
+                "q8_0": {"type_k": 8, "type_v": 8, "flash_attn": True}}
+
+
 class LlamaCppPeer:
-    def __init__(self, path: str, threads: int, n_ctx: int):
+    def __init__(self, path: str, threads: int, n_ctx: int, kv_type: str = "auto"):
         from llama_cpp import Llama  # optional peer
 
+        self.kv = LLAMA_CPP_KV[kv_type]
         self.llm = Llama(
             model_path=path,
             n_threads=threads,
@@ -78,6 +85,7 @@ class LlamaCppPeer:
             n_batch=512,
             logits_all=False,
             verbose=False,
+            **self.kv,
         )
         self.path, self.threads, self.n_ctx = path, threads, n_ctx
 
@@ -104,6 +112,7 @@ class LlamaCppPeer:
             n_batch=PPL_CHUNK,
             logits_all=True,
             verbose=False,
+            **self.kv,
         )
         llm.eval(ids)
         return nll_of(llm.scores[: len(ids) - 1], ids[1:])
@@ -154,7 +163,8 @@ def worker(spec: dict) -> dict:
     if peer_name in ("runlm", "runlm-f32"):
         peer = RunlmPeer(path, threads, packed=peer_name == "runlm", kv_type=spec.get("kv_type", "auto"))
     elif peer_name == "llama.cpp":
-        peer = LlamaCppPeer(path, threads, n_ctx=max(len(prompt) + gen, len(ppl_ids)) + 16)
+        peer = LlamaCppPeer(path, threads, n_ctx=max(len(prompt) + gen, len(ppl_ids)) + 16,
+                            kv_type=spec.get("kv_type", "auto"))
     else:
         peer = TransformersPeer(path, threads)
     load_s = time.perf_counter() - started

@@ -183,6 +183,9 @@ def test_q8_0_kv_cache_holds_34_bytes_for_every_32_values(smollm2_gguf):
         held[kv_type] = sum(t.numel() * t.element_size() for layer in session.state for t in (layer.k, layer.v))
         assert held[kv_type] == runner.kv_bytes(40), kv_type
     assert held["q8_0"] * 64 == held["f16"] * 34  # a block: a 2-byte scale and 32 bytes for 32 values
+    with pytest.raises(InvalidInputError, match="a q8_0 KV cache is read by runlm's CPU kernels only"):
+        runner.to_device(torch.device("meta"))
+    assert runner.device.type == "cpu"
 
 
 @pytest.mark.skipif(not kernels.available(), reason="with the kernels off, every q8_0 load is refused for that")

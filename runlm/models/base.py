@@ -254,6 +254,8 @@ class CachedRunner(LmRunner):
 
     def to_device(self, device: torch.device) -> None:
         """Move the weights to `device`; sessions made before the move are not valid after it."""
+        if self.kv_dtype == torch.uint8 and torch.device(device).type != "cpu":  # q8_0: see loading.KV_TYPES
+            raise InvalidInputError(f"a q8_0 KV cache is read by runlm's CPU kernels only: it cannot move to {device}")
         self.model.to(device)
         self.fused_blocks = fuse_blocks(self.model, self.model.dtype, self.device)
         self.__dict__.pop("_own_session", None)
