@@ -94,7 +94,6 @@ def create_app(
                         prompt_cache_mb=prompt_cache_mb, allow_remote_images=allow_remote_images,
                         allow_private_image_urls=allow_private_image_urls,
                         pooling=pooling, special_tokens_in_content=special_tokens_in_content)
-    _ = state.literal_specials
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -36,6 +36,12 @@ class ServerState:
     special_tokens_in_content: bool = False  # True: special-token strings in message text become control tokens
     created: int = field(default_factory=lambda: int(time.time()))
     workers: Workers = field(default_factory=Workers)  # planning, large bodies, JSON replies
+    # How chat prompts keep special-token strings in client text as text (None: they are not kept). Made with
+    # the state, so that no request pays for its tokenizer copy on the event loop's time.
+    literal_specials: LiteralSpecials | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.literal_specials = None if self.special_tokens_in_content else LiteralSpecials(self.tokenizer)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -54,12 +60,6 @@ class ServerState:
     def remote_images(self) -> RemoteImages:
         anywhere = self.allow_private_image_urls
         return RemoteImages(self.allow_remote_images, (lambda _ip: True) if anywhere else public_address)
-
-    @cached_property
-    def literal_specials(self) -> LiteralSpecials | None:
-        """How chat prompts keep special-token strings in client text as text (None: they are not kept). Built
-        when the app is (`create_app`), so that no request pays for it on the event loop's time."""
-        return None if self.special_tokens_in_content else LiteralSpecials(self.tokenizer)
 
     @cached_property
     def embedding_pooling(self) -> Pooling:
