@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 import tempfile
@@ -351,16 +352,20 @@ def streamed_token_times(base_url: str, body: dict) -> list[float]:
     return arrivals
 
 
-@contextmanager
-def served_process(model: Path, threads: int, *options: str, start_timeout_s: float = 600) -> Iterator[str]:
-    """`runlm serve` on `model` in a process of its own, as users run it: yields its base URL once it listens,
-    stops it afterwards."""
-    from runlm.cluster.bench import free_port
+def free_port() -> int:
+    """A loopback port nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
+
+@contextmanager
+def served_process(*serve_args: str, start_timeout_s: float = 600) -> Iterator[str]:
+    """`runlm serve SERVE_ARGS` on a free port in a process of its own, as users run it: yields its base URL
+    once it listens (raises with the server's log if it dies or stays silent first), stops it afterwards."""
     port = free_port()
     with tempfile.TemporaryFile("w+") as log:
-        server = subprocess.Popen([sys.executable, "-m", "runlm", "serve", "-m", str(model), "--threads",
-                                   str(threads), "--port", str(port), *options],
+        server = subprocess.Popen([sys.executable, "-m", "runlm", "serve", *serve_args, "--port", str(port)],
                                   stdout=subprocess.DEVNULL, stderr=log, text=True)
         try:
             deadline = time.monotonic() + start_timeout_s
@@ -388,8 +393,8 @@ def run_served_vs_direct(loaded, ids: list[int], gen_tokens: int, repeat: int = 
     direct = served = 0.0
     body = {"model": loaded.path.name, "prompt": prompt, "max_tokens": gen_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "cache_prompt": False}
-    with served_process(loaded.path, torch.get_num_threads(), "--dtype", dtype, "--kv-type", kv_type,
-                        "--prompt-cache-mb", "0") as url:
+    with served_process("-m", str(loaded.path), "--threads", str(torch.get_num_threads()), "--dtype", dtype,
+                        "--kv-type", kv_type, "--prompt-cache-mb", "0") as url:
         for _ in range(max(1, repeat)):
             marks: list[float] = []
             runner.generate(prompt, gen_tokens,

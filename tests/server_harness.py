@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +10,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import uvicorn
+
+from runlm.bench import free_port, served_process
+
+__all__ = ["LiveServer", "free_port", "openai_client", "serve_cli"]
 
 
 class LiveServer:
@@ -39,31 +41,12 @@ class LiveServer:
         self.thread.join(timeout=10)
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @contextmanager
 def serve_cli(*args: str) -> Iterator[str]:
-    """`python -m runlm serve ARGS` on a free port, in a subprocess as a user runs it: yields its base URL once
-    uvicorn says it listens (fails with the server's log if it dies first), and stops it afterwards."""
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "runlm", "serve", *args, "--port", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        log = []
-        for line in server.stderr:  # until uvicorn says it listens (or the server dies: end of its stderr)
-            log.append(line)
-            if "Uvicorn running on" in line:
-                break
-        assert server.poll() is None, "".join(log)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    """`python -m runlm serve ARGS` on a free port, in a subprocess as a user runs it (runlm.bench's
+    served_process): yields its base URL once uvicorn says it listens, and stops it afterwards."""
+    with served_process(*args) as base_url:
+        yield base_url
 
 
 def openai_client(base_url: str, api_key: str = "unused", timeout: float = 120) -> Any:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from runlm.bench import english_text, load_tokenizer, machine, percentile, streamed_token_times
+from runlm.bench import english_text, free_port, load_tokenizer, machine, percentile, streamed_token_times
 from runlm.cluster.deploy import ClusterOptions, ReplicaOptions, start, stop
 from runlm.errors import InvalidInputError
 from runlm.loading import resolve_model
@@ -71,10 +70,3 @@ def run_replica_bench(args: Any) -> int:
         with open(args.json, "w") as f:
             json.dump({"model": str(path), "threads": threads, "clients": clients, "results": results}, f, indent=2)
     return 0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
