@@ -8,16 +8,11 @@ import threading
 import pytest
 
 from runlm import cli
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from runlm.bench import free_port
 
 
 def test_chat_web_opens_the_page_once_the_server_listens(monkeypatch):
-    port = _free_port()
+    port = free_port()
     opened: list[str] = []
     browser_opened = threading.Event()
     refusals: list[OSError] = []
