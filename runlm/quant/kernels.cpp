@@ -33,6 +33,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -53,6 +54,14 @@
 #define RUNLM_VNNI 1
 #else
 #define RUNLM_VNNI 0
+#endif
+
+// 512-bit vectors (F, BW, VNNI): the K-quants' interleaved layout takes 16 rows instead of 4, so that one vpdpbusd
+// meets 4 codes of 16 weight rows with 4 activation codes broadcast from memory (see "16-row groups").
+#if RUNLM_VNNI && defined(__AVX512F__) && defined(__AVX512BW__)
+#define RUNLM_AVX512 1
+#else
+#define RUNLM_AVX512 0
 #endif
 
 namespace {
@@ -828,30 +837,35 @@ struct Field {
   int offset, size;  // in the plain block
 };
 
+// Rows per interleaved group: 4, or 16 for the K-quants' 512-bit kernels (X4Fields<T>::ROWS).
+struct FourRows {
+  static constexpr int ROWS = 4;
+};
+
 template <class T>
 struct X4Fields;
 template <>
-struct X4Fields<Q4_0> {
+struct X4Fields<Q4_0> : FourRows {
   static constexpr int N = 2, M = -1, QH = -1, QS = 8;
   static constexpr Field f[N] = {{0, 2}, {2, 16}};
 };
 template <>
-struct X4Fields<Q4_1> {
+struct X4Fields<Q4_1> : FourRows {
   static constexpr int N = 3, M = 8, QH = -1, QS = 16;
   static constexpr Field f[N] = {{0, 2}, {2, 2}, {4, 16}};
 };
 template <>
-struct X4Fields<Q5_0> {
+struct X4Fields<Q5_0> : FourRows {
   static constexpr int N = 3, M = -1, QH = 8, QS = 24;
   static constexpr Field f[N] = {{0, 2}, {2, 4}, {6, 16}};
 };
 template <>
-struct X4Fields<Q5_1> {
+struct X4Fields<Q5_1> : FourRows {
   static constexpr int N = 4, M = 8, QH = 16, QS = 32;
   static constexpr Field f[N] = {{0, 2}, {2, 2}, {4, 4}, {8, 16}};
 };
 template <>
-struct X4Fields<Q8_0> {
+struct X4Fields<Q8_0> : FourRows {
   static constexpr int N = 3, M = -1, QH = -1, QS = 8;
   static constexpr Field f[N] = {{0, 2}, {2, 16}, {18, 16}};
 };
@@ -866,27 +880,62 @@ struct X4Fields<Q8_0> {
 //   Q4_K (576 bytes): d[4] | dmin[4] | scale words 0, 1, 2 [4 each] | 16 nibble pieces of 8 (qs[8p..8p+8)) [4 each]
 //   Q5_K (704 bytes): d[4] | dmin[4] | scale words [4 each] | 4 fifth-bit pieces of 8 (qh) | 16 nibble pieces of 8
 //   Q6_K (840 bytes): 8 low-nibble pieces of 16 (ql) | 4 high-bit pieces of 16 (qh) | 2 scale pieces of 8 | d[4]
+#if !RUNLM_AVX512
 template <>
-struct X4Fields<QK45<false>> {
+struct X4Fields<QK45<false>> : FourRows {
   static constexpr int N = 21, QH = -1;
   static constexpr Field f[N] = {{0, 2},   {2, 2},   {4, 4},   {8, 4},   {12, 4},  {16, 8},  {24, 8},
                                  {32, 8},  {40, 8},  {48, 8},  {56, 8},  {64, 8},  {72, 8},  {80, 8},
                                  {88, 8},  {96, 8},  {104, 8}, {112, 8}, {120, 8}, {128, 8}, {136, 8}};
 };
+#endif
 template <>
-struct X4Fields<QK45<true>> {
+struct X4Fields<QK45<true>> : FourRows {
   static constexpr int N = 25, QH = -1;
   static constexpr Field f[N] = {{0, 2},   {2, 2},   {4, 4},   {8, 4},   {12, 4},  {16, 8},   {24, 8},
                                  {32, 8},  {40, 8},  {48, 8},  {56, 8},  {64, 8},  {72, 8},   {80, 8},
                                  {88, 8},  {96, 8},  {104, 8}, {112, 8}, {120, 8}, {128, 8},  {136, 8},
                                  {144, 8}, {152, 8}, {160, 8}, {168, 8}};
 };
+#if !RUNLM_AVX512
 template <>
-struct X4Fields<Q6_K> {
+struct X4Fields<Q6_K> : FourRows {
   static constexpr int N = 15, QH = -1;
   static constexpr Field f[N] = {{0, 16},   {16, 16},  {32, 16},  {48, 16},  {64, 16},  {80, 16}, {96, 16}, {112, 16},
                                  {128, 16}, {144, 16}, {160, 16}, {176, 16}, {192, 8}, {200, 8}, {208, 2}};
 };
+#else
+// 16-row groups (the 512-bit kernels): every field cut into pieces of 4 bytes (2 for the f16 scales), each stored for
+// the 16 rows side by side, so a 512-bit load holds one piece of all 16 rows: 32-bit lane i is row i's piece.
+//   Q4_K (2304 bytes): d[16] | dmin[16] | scale words 0, 1, 2 [16 each] | 32 nibble pieces (qs[4p..4p+4)) [16 each]
+//   Q6_K (3360 bytes): 32 low-nibble pieces (ql) | 16 high-bit pieces (qh) | 4 scale pieces | d[16]
+struct SixteenRows {
+  static constexpr int ROWS = 16, QH = -1;
+};
+
+// The fields of a plain block [0, bytes) cut into pieces of 4 bytes after `f16s` leading f16 values (pieces of 2),
+// or, with `tail_f16`, before one trailing f16 value.
+template <int N>
+constexpr std::array<Field, N> pieces_of_4(int bytes, int f16s, bool tail_f16) {
+  std::array<Field, N> f{};
+  int k = 0, at = 0;
+  for (; k < f16s; ++k, at += 2) f[k] = {at, 2};
+  for (; at < bytes - (tail_f16 ? 2 : 0); ++k, at += 4) f[k] = {at, 4};
+  if (tail_f16) f[k] = {at, 2};
+  return f;
+}
+
+template <>
+struct X4Fields<QK45<false>> : SixteenRows {
+  static constexpr int N = 2 + 3 + 32;
+  static constexpr std::array<Field, N> f = pieces_of_4<N>(144, 2, false);
+};
+template <>
+struct X4Fields<Q6_K> : SixteenRows {
+  static constexpr int N = 32 + 16 + 4 + 1;
+  static constexpr std::array<Field, N> f = pieces_of_4<N>(210, 0, true);
+};
+#endif
 
 // The x4 layout reorders the 32 fifth bits of Q5_0 / Q5_1 so that 32-bit variable shifts put each one at bit 4 of
 // its element's byte: element e < 16 (d = e / 4, j = e % 4) moves to bit 8j + d + 4, read by a right shift by d;
@@ -905,7 +954,7 @@ inline uint32_t qh_move(uint32_t v, bool to_plain) {
   return out;
 }
 
-// Copy row i (0..3) of x4 block `x4` back into a plain block, or the reverse.
+// Copy row i (0..ROWS - 1) of x4 block `x4` back into a plain block, or the reverse.
 template <class T, bool TO_PLAIN>
 inline void x4_move(uint8_t* x4, int i, uint8_t* plain) {
   int base = 0;
@@ -920,7 +969,7 @@ inline void x4_move(uint8_t* x4, int i, uint8_t* plain) {
     } else {
       std::memcpy(a, plain + f.offset, f.size);
     }
-    base += 4 * f.size;
+    base += X4Fields<T>::ROWS * f.size;
   }
 }
 
@@ -1166,6 +1215,7 @@ struct K4X4Block {
 
 #endif
 
+#if !RUNLM_AVX512
 // Q4_K x4: its nibbles come in pieces of 8 bytes, so one 256-bit load holds [r0 | r1 | r2 | r3] 8 bytes each and
 // one vpdpbusd meets all 4 rows with 8 activation codes broadcast to every 64 bits. The four loads of a 32-value
 // sub-block sum into lanes [r0 r0 r1 r1 | r2 r2 r3 r3], each a sum of 16 products (at most 16 * 15 * 127 = 30480,
@@ -1217,6 +1267,8 @@ struct X4Layout<Q4_K> {
 #endif
   }
 };
+
+#endif
 
 #if RUNLM_AVX2
 // Byte shuffles for one Q5_K x4 sub-block s from [row 0 scales, row 1 scales] (rows 2 / 3 in the other lane):
@@ -1289,6 +1341,7 @@ struct X4Layout<Q5_K> {
   }
 };
 
+#if !RUNLM_AVX512
 #if RUNLM_AVX2
 // Byte shuffles for Q6_K x4 sub-blocks 8h + 2k and 8h + 2k + 1 from int16 [row's 8 scales of half h | row + 1's]:
 // int16 [s(2k) x 4, s(2k+1) x 4] in each lane.
@@ -1369,6 +1422,187 @@ struct X4Layout<Q6_K> {
   }
 };
 
+#endif
+
+#if RUNLM_AVX512
+// 16-row groups: the 512-bit K-quant kernels. A 512-bit load of a piece holds 4 codes (4 bytes) of each of the 16
+// rows (lane i: row i), so one vpdpbusd with the activation's 4 codes broadcast from memory gives 16 rows' partial
+// dot products, one row per lane: no shuffles, and the lanes never need reducing. A sub-block's lane sums are exact
+// int32; each is multiplied by its row's sub-block scale (vpmulld) into the super-block's integer sum, which goes to
+// float in kquant_step's sequence like every other layout (bit-identical results, route invariance).
+
+inline __m512i load512(const void* p) { return _mm512_loadu_si512(p); }
+
+// 4 activation codes at p in every 32-bit lane (the compiler folds it into vpdpbusd's broadcast memory operand)
+inline __m512i bcast4(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// The 16 rows' f16 at p as float
+inline __m512 f16x16(const uint8_t* p) { return _mm512_cvtph_ps(load256(p)); }
+
+// 16 rows' super-block sums to float (lane i: weight row i), as kquant_step4 does for 4.
+inline __m512 kquant_step16(__m512 y, __m512 d, float da, __m512i isum) {
+  return _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(da)), _mm512_cvtepi32_ps(isum), y);
+}
+
+template <int R>
+inline void store_rows16(const __m512* y, float* out) {
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float o[16];
+    _mm512_store_ps(o, y[r]);
+    for (int i = 0; i < 16; ++i) out[i * R + r] = o[i];
+  }
+}
+
+// Byte shuffle (per 32-bit lane [b0 b1 b2 b3]) to int16 [b(2k) b(2k + 1)] zero-extended, for k = 0 and k = 1; the
+// high bytes of the result are zero (0x80 picks nothing).
+inline __m512i byte_pair_shuffle(int k) {
+  const int8_t z = -128, x = static_cast<int8_t>(2 * k), y = static_cast<int8_t>(2 * k + 1);
+  return _mm512_broadcast_i32x4(_mm_setr_epi8(x, z, y, z, x + 4, z, y + 4, z, x + 8, z, y + 8, z, x + 12, z, y + 12, z));
+}
+
+// Q4_K in 16-row groups. Sub-blocks 2j and 2j + 1 are the low and high nibbles of pieces 8j..8j + 7; a lane's sum over
+// a sub-block is at most 32 * 15 * 127 (exact in int32), times the 6-bit scale. The mins meet the activation's sums
+// of 32 through vpdpwssd on int16 pairs (min(2k), min(2k + 1)) x (sum(2k), sum(2k + 1)).
+template <>
+struct X4Layout<Q4_K> {
+  using Plain = Q4_K;
+  static constexpr int QK = QK_K, SIZE = Plain::SIZE, G = Plain::G, ROWS = 16;
+  static constexpr int D = 0, DMIN = 32, SC = 64, QS = 256;  // offsets in the 16 rows' super-block
+  using Act = AK;
+
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+    static_assert(RW == 16, "Q4_K groups are 16 rows here");
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi8(0x3F), low2 = _mm512_set1_epi8(0x03);
+    const __m512i byte0 = _mm512_set1_epi32(0xFF), pair01 = byte_pair_shuffle(0), pair23 = byte_pair_shuffle(1);
+    __m512 y[R];
+    for (int r = 0; r < R; ++r) y[r] = _mm512_setzero_ps();
+    const uint8_t* blk = w[0];
+    for (int64_t b = 0; b < nb; ++b, blk += 16 * SIZE) {
+      // k4_scale_min for 16 rows: scales 0-3 / 4-7 of row i in lane i's bytes, mins alike
+      const __m512i w0 = load512(blk + SC), w1 = load512(blk + SC + 64), w2 = load512(blk + SC + 128);
+      const __m512i sc[2] = {
+          _mm512_and_si512(w0, m6),
+          _mm512_or_si512(_mm512_and_si512(w2, m4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), low2), 4))};
+      const __m512i mn_lo = _mm512_and_si512(w1, m6);
+      const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), m4),
+                                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), low2), 4));
+      const __m512i mins[4] = {_mm512_shuffle_epi8(mn_lo, pair01), _mm512_shuffle_epi8(mn_lo, pair23),
+                               _mm512_shuffle_epi8(mn_hi, pair01), _mm512_shuffle_epi8(mn_hi, pair23)};
+      __m512i isum[R];
+      for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {  // sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
+        const __m512i s_lo = _mm512_and_si512(_mm512_srli_epi32(sc[j / 2], 16 * (j % 2)), byte0);
+        const __m512i s_hi = _mm512_and_si512(_mm512_srli_epi32(sc[j / 2], 16 * (j % 2) + 8), byte0);
+        __m512i lo[8], hi[8];
+        for (int c = 0; c < 8; ++c) {
+          const __m512i v = load512(blk + QS + 64 * (8 * j + c));
+          lo[c] = _mm512_and_si512(v, m4), hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const int8_t* aq = a[r][b].qs + 64 * j;
+          __m512i u_lo = _mm512_setzero_si512(), u_hi = _mm512_setzero_si512();
+          for (int c = 0; c < 8; ++c) {
+            u_lo = _mm512_dpbusd_epi32(u_lo, lo[c], bcast4(aq + 4 * c));
+            u_hi = _mm512_dpbusd_epi32(u_hi, hi[c], bcast4(aq + 32 + 4 * c));
+          }
+          isum[r] = _mm512_add_epi32(isum[r], _mm512_add_epi32(_mm512_mullo_epi32(u_lo, s_lo), _mm512_mullo_epi32(u_hi, s_hi)));
+        }
+      }
+      const __m512 d = f16x16(blk + D), dmin = f16x16(blk + DMIN);
+      for (int r = 0; r < R; ++r) {
+        const AK& ab = a[r][b];
+        alignas(16) int16_t s32[8];  // the activation's sums over each 32-value sub-block
+        _mm_store_si128(reinterpret_cast<__m128i*>(s32),
+                        _mm_packs_epi32(_mm256_castsi256_si128(_mm256_madd_epi16(load256(ab.bsums), ones16())),
+                                        _mm256_extracti128_si256(_mm256_madd_epi16(load256(ab.bsums), ones16()), 1)));
+        __m512i msum = _mm512_setzero_si512();
+        for (int k = 0; k < 4; ++k) msum = _mm512_dpwssd_epi32(msum, mins[k], bcast4(s32 + 2 * k));
+        y[r] = kquant_step16(y[r], d, ab.d, isum[r]);
+        y[r] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, _mm512_set1_ps(ab.d)), _mm512_cvtepi32_ps(msum), y[r]);
+      }
+    }
+    store_rows16<R>(y, out);
+  }
+};
+
+// Q6_K in 16-row groups. Half h of a super-block (128 values) comes from ql pieces 16h..16h + 15 and qh pieces
+// 8h..8h + 7: value 128h + 32m + 4c + t is the low (m = 0, 1) or high (m = 2, 3) nibble of byte t of ql piece
+// 16h + 8 (m % 2) + c, with bits 2m of byte t of qh piece 8h + c above it; so codes of the 16-value sub-block
+// 8h + 2m + c / 4. A lane's sum over a sub-block is at most 16 * 63 * 127, times the signed 8-bit scale. The codes'
+// offset of 32 comes off through the activation's sums of 16 (vpdpwssd on int16 pairs of -32 * scale).
+template <>
+struct X4Layout<Q6_K> {
+  using Plain = Q6_K;
+  static constexpr int QK = QK_K, SIZE = Plain::SIZE, G = Plain::G, ROWS = 16;
+  static constexpr int QL = 0, QH = 2048, SC = 3072, D = 3328;  // offsets in the 16 rows' super-block
+  using Act = AK;
+
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+    static_assert(RW == 16, "Q6_K groups are 16 rows here");
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i pair01 = byte_pair_shuffle(0), pair23 = byte_pair_shuffle(1), minus32 = _mm512_set1_epi16(-32);
+    __m512 y[R];
+    for (int r = 0; r < R; ++r) y[r] = _mm512_setzero_ps();
+    const uint8_t* blk = w[0];
+    for (int64_t b = 0; b < nb; ++b, blk += 16 * SIZE) {
+      __m512i isum[R];
+      for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+      __m512i sp[4];  // scale piece q: row i's scales 4q..4q + 3 (int8) in lane i
+      for (int q = 0; q < 4; ++q) {
+        sp[q] = load512(blk + SC + 64 * q);
+        // the offset: -32 * scale . activation sums of 16, scales as sign-extended int16 pairs
+        for (int k = 0; k < 2; ++k) {
+          const __m512i pair = _mm512_srai_epi16(_mm512_slli_epi16(_mm512_shuffle_epi8(sp[q], k ? pair23 : pair01), 8), 8);
+          const __m512i offset = _mm512_mullo_epi16(pair, minus32);
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) isum[r] = _mm512_dpwssd_epi32(isum[r], offset, bcast4(a[r][b].bsums + 4 * q + 2 * k));
+        }
+      }
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; ++half) {  // pieces c = 4 half .. 4 half + 3: sub-blocks 8h + 2m + half
+          __m512i q[4][4];  // [m][c - 4 half]
+          for (int cc = 0; cc < 4; ++cc) {
+            const int c = 4 * half + cc;
+            const __m512i lo = load512(blk + QL + 64 * (16 * h + c)), hi = load512(blk + QL + 64 * (16 * h + 8 + c));
+            const __m512i bits = load512(blk + QH + 64 * (8 * h + c));
+            q[0][cc] = _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_and_si512(_mm512_slli_epi16(bits, 4), m30));
+            q[1][cc] = _mm512_or_si512(_mm512_and_si512(hi, m4), _mm512_and_si512(_mm512_slli_epi16(bits, 2), m30));
+            q[2][cc] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lo, 4), m4), _mm512_and_si512(bits, m30));
+            q[3][cc] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(hi, 4), m4),
+                                       _mm512_and_si512(_mm512_srli_epi16(bits, 2), m30));
+          }
+          __m512i scale[4];  // sub-block 8h + 2m + half = scale piece 2h + m / 2, byte 2 (m % 2) + half
+          for (int m = 0; m < 4; ++m)
+            scale[m] = _mm512_srai_epi32(_mm512_slli_epi32(sp[2 * h + m / 2], 24 - 8 * (2 * (m % 2) + half)), 24);
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) {
+            const int8_t* aq = a[r][b].qs + 128 * h + 16 * half;
+            for (int m = 0; m < 4; ++m) {
+              __m512i u = _mm512_setzero_si512();
+              for (int cc = 0; cc < 4; ++cc) u = _mm512_dpbusd_epi32(u, q[m][cc], bcast4(aq + 32 * m + 4 * cc));
+              isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(u, scale[m]));
+            }
+          }
+        }
+      }
+      const __m512 d = f16x16(blk + D);
+      for (int r = 0; r < R; ++r) y[r] = kquant_step16(y[r], d, a[r][b].d, isum[r]);
+    }
+    store_rows16<R>(y, out);
+  }
+};
+#endif
+
 template <class T>
 struct IsX4 : std::false_type {};
 template <class T>
@@ -1432,10 +1666,10 @@ inline void activation_tiles(const Ctx<T>& c, int64_t n, int64_t m0, int64_t m1)
 template <class T>
 void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1) {
   const uint8_t* end = c.w + n1 * c.row_bytes;
-  if constexpr (IsX4<T>::value) {  // n0, n1: multiples of 4; one x4 group meets up to 4 activation rows at a time
-    for (int64_t n = n0; n < n1; n += 4) {
-      if (m0 == 0) prefetch_rows(c, n, 4, end);
-      activation_tiles<T, 4>(c, n, m0, m1);
+  if constexpr (IsX4<T>::value) {  // n0, n1: whole groups; one group meets up to 4 activation rows at a time
+    for (int64_t n = n0; n < n1; n += T::ROWS) {
+      if (m0 == 0) prefetch_rows(c, n, T::ROWS, end);
+      activation_tiles<T, T::ROWS>(c, n, m0, m1);
     }
   } else if (m1 - m0 <= 2) {
     // few activation rows: several weight rows at a time keep 4 accumulator chains busy
@@ -1461,6 +1695,16 @@ void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1)
   }
 }
 
+// Rows of kernel type T that stay together: an interleaved group, or 1.
+template <class T>
+constexpr int64_t group_of() {
+  if constexpr (IsX4<T>::value) {
+    return T::ROWS;
+  } else {
+    return 1;
+  }
+}
+
 template <class T>
 void gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y) {
   using A = typename T::Act;
@@ -1472,8 +1716,8 @@ void gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, flo
     for (int64_t m = m0; m < m1; ++m) quantize_row(x + m * K, act_p + m * nba, nba);
   });
   const Ctx<T> c{w, row_bytes, nbw, act_p, nba, N, y};
-  constexpr int64_t unit = IsX4<T>::value ? 4 : 1;  // rows that stay together (an x4 group)
-  const int64_t n_tile = std::max<int64_t>(4, kNTileBytes / row_bytes) / 4 * 4;
+  constexpr int64_t unit = group_of<T>();  // rows that stay together (an interleaved group)
+  const int64_t n_tile = std::max<int64_t>(std::max<int64_t>(4, unit), kNTileBytes / row_bytes) / unit * unit;
   // at least ~64K multiply-adds per thread
   const int64_t grain = std::max<int64_t>(4, (1 << 16) / (K * M)) / unit;
   at::parallel_for(0, N / unit, std::max<int64_t>(1, grain), [&](int64_t u0, int64_t u1) {
@@ -1620,12 +1864,13 @@ void dequant_rows(const uint8_t* w, int64_t nbw, int64_t n0, int64_t n1, float* 
 
 template <class T>
 void dequant_x4_rows(const uint8_t* w, int64_t nbw, int64_t n0, int64_t n1, float* out) {
+  constexpr int ROWS = X4Fields<T>::ROWS;
   uint8_t plain[T::SIZE];
   const int64_t row_bytes = nbw * T::SIZE;
   for (int64_t n = n0; n < n1; ++n) {
-    uint8_t* group = const_cast<uint8_t*>(w) + (n / 4) * 4 * row_bytes;
+    uint8_t* group = const_cast<uint8_t*>(w) + (n / ROWS) * ROWS * row_bytes;
     for (int64_t b = 0; b < nbw; ++b) {
-      x4_move<T, true>(group + b * 4 * T::SIZE, static_cast<int>(n % 4), plain);
+      x4_move<T, true>(group + b * ROWS * T::SIZE, static_cast<int>(n % ROWS), plain);
       dequant_rows<T>(plain, 1, 0, 1, out + ((n - n0) * nbw + b) * T::QK);
     }
   }
@@ -1672,6 +1917,21 @@ bool type_info(int64_t type, TypeInfo* info) {
   }
 }
 
+// Rows per group of GGML type `type`'s interleaved layout in this build (0: it has none).
+int64_t group_rows(int64_t type) {
+  switch (type) {
+    case T_Q4_0: return X4Fields<Q4_0>::ROWS;
+    case T_Q4_1: return X4Fields<Q4_1>::ROWS;
+    case T_Q5_0: return X4Fields<Q5_0>::ROWS;
+    case T_Q5_1: return X4Fields<Q5_1>::ROWS;
+    case T_Q8_0: return X4Fields<Q8_0>::ROWS;
+    case T_Q4_K: return X4Fields<Q4_K>::ROWS;
+    case T_Q5_K: return X4Fields<Q5_K>::ROWS;
+    case T_Q6_K: return X4Fields<Q6_K>::ROWS;
+    default: return 0;
+  }
+}
+
 int64_t check_weight(const char* op, const at::Tensor& w, int64_t type, int64_t out_features, int64_t in_features) {
   TypeInfo info{};
   TORCH_CHECK(type_info(type, &info), op, ": unsupported GGML type id ", type);
@@ -1680,7 +1940,8 @@ int64_t check_weight(const char* op, const at::Tensor& w, int64_t type, int64_t 
   TORCH_CHECK(in_features > 0 && in_features % info.qk == 0, op, ": in_features ", in_features,
               " is not a positive multiple of the block size ", info.qk);
   TORCH_CHECK(out_features >= 0, op, ": negative out_features");
-  TORCH_CHECK(type < X4 || out_features % 4 == 0, op, ": the x4 layout needs out_features a multiple of 4");
+  TORCH_CHECK(type < X4 || out_features % group_rows(type - X4) == 0, op, ": the interleaved layout needs "
+              "out_features a multiple of ", group_rows(type - X4));
   const int64_t row_bytes = in_features / info.qk * info.size;
   TORCH_CHECK(w.numel() == out_features * row_bytes, op, ": w has ", w.numel(), " bytes, expected ", out_features,
               " rows x ", row_bytes);
@@ -1746,12 +2007,14 @@ at::Tensor gguf_dequantize(const at::Tensor& w, int64_t type, int64_t out_featur
 
 template <class T>
 void relayout(const uint8_t* src, int64_t N, int64_t K, uint8_t* dst, bool to_plain) {
+  constexpr int ROWS = X4Fields<T>::ROWS;
   const int64_t nbw = K / T::QK, row_bytes = nbw * T::SIZE;
-  at::parallel_for(0, N / 4, 64, [&](int64_t g0, int64_t g1) {
+  at::parallel_for(0, N / ROWS, 64, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g)
       for (int64_t b = 0; b < nbw; ++b)
-        for (int i = 0; i < 4; ++i) {
-          const int64_t plain_at = (4 * g + i) * row_bytes + b * T::SIZE, x4_at = (4 * g * nbw + 4 * b) * T::SIZE;
+        for (int i = 0; i < ROWS; ++i) {
+          const int64_t plain_at = (ROWS * g + i) * row_bytes + b * T::SIZE;
+          const int64_t x4_at = (ROWS * g * nbw + ROWS * b) * T::SIZE;
           if (to_plain) {
             x4_move<T, true>(const_cast<uint8_t*>(src) + x4_at, i, dst + plain_at);
           } else {
@@ -1768,10 +2031,8 @@ void relayout_to(const char* op, const at::Tensor& w, at::Tensor& out, int64_t t
   check_weight(op, w, type, out_features, in_features);
   const bool to_plain = type >= X4;
   const int64_t base = to_plain ? type - X4 : type;
-  TORCH_CHECK(base == T_Q4_0 || base == T_Q4_1 || base == T_Q5_0 || base == T_Q5_1 || base == T_Q8_0 ||
-                  base == T_Q4_K || base == T_Q5_K || base == T_Q6_K,
-              op, ": no x4 layout for GGML type ", base);
-  TORCH_CHECK(out_features % 4 == 0, op, ": out_features must be a multiple of 4");
+  TORCH_CHECK(group_rows(base) > 0, op, ": no interleaved layout for GGML type ", base);
+  TORCH_CHECK(out_features % group_rows(base) == 0, op, ": out_features must be a multiple of ", group_rows(base));
   TORCH_CHECK(out.scalar_type() == at::kByte && out.is_contiguous() && out.numel() == w.numel(), op,
               ": out must be contiguous uint8 bytes, as many as the weight's");
   const at::Tensor wc = w.contiguous();
@@ -2564,6 +2825,7 @@ TORCH_LIBRARY(runlm, m) {
   m.def("gguf_relayout(Tensor w, int type, int out_features, int in_features) -> Tensor");
   m.def("gguf_relayout_into(Tensor w, Tensor(a!) out, int type, int out_features, int in_features) -> ()");
   m.def("gguf_simd() -> int", &gguf_simd);
+  m.def("gguf_group_rows(int type) -> int", &group_rows);
   m.def("gguf_isa() -> str", &gguf_isa);
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def(

@@ -70,9 +70,10 @@ KERNEL_TYPES: dict[str, int] = {
     "Q6_K": 14,
 }
 
-# Types with the 4-row interleaved layout (type id + X4 in kernels.cpp): same bytes, regrouped once at load so that a
-# GEMV reads one stream and decodes 4 rows' scales and 2 rows' codes per instruction (32-wide types 1.1-1.5x faster;
+# Types with the interleaved ("x4") layout (type id + X4 in kernels.cpp): same bytes, regrouped once at load so that
+# a GEMV reads one stream and decodes 4 rows' scales and 2 rows' codes per instruction (32-wide types 1.1-1.5x faster;
 # Q4_K / Q5_K ~2-2.5x at one activation row, ~1.5-2x at many; Q6_K ~1.1-1.2x; all bit-identical to the row layout).
+# Groups are 4 rows, except Q4_K and Q6_K in an AVX-512 build: 16 rows, for the 512-bit kernels (`group_rows`).
 X4_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 X4 = 256
 
@@ -335,12 +336,19 @@ class _OwnedRows:
         return out
 
 
+def group_rows(type_name: str) -> int:
+    """Rows per group of `type_name`'s interleaved layout in the built kernels (4 or 16; 0: none)."""
+    if type_name not in X4_TYPES:
+        return 0
+    return int(torch.ops.runlm.gguf_group_rows(KERNEL_TYPES[type_name]))
+
+
 def _has_x4(type_name: str, out_features: int) -> bool:
-    """Whether a weight can take the x4 layout: the AVX2 kernels, a type in X4_TYPES, whole 4-row groups.
+    """Whether a weight can take the interleaved layout: the AVX2 kernels, a type in X4_TYPES, whole groups.
 
     (The layout has a portable kernel too, which rebuilds the row layout block by block: scalar builds keep the
     file's layout and its own kernel.)"""
-    return type_name in X4_TYPES and out_features % 4 == 0 and simd()
+    return type_name in X4_TYPES and simd() and out_features % group_rows(type_name) == 0
 
 
 class GGUFLinear(nn.Module):
@@ -365,11 +373,13 @@ class GGUFLinear(nn.Module):
                 f"{name} [{out_features}, {in_features}] needs uint8 blocks of {out_features * row_bytes} bytes, "
                 f"got {blocks.dtype} with {blocks.numel()}"
             )
-        if x4 and (name not in X4_TYPES or out_features % 4):
-            raise InvalidInputError(f"no x4 layout for {name} with {out_features} rows")
+        group = group_rows(name) if x4 and available() else 0
+        if x4 and (not group or out_features % group):
+            raise InvalidInputError(f"no interleaved layout for {name} with {out_features} rows")
         self.register_buffer("blocks", blocks.reshape(out_features, row_bytes).contiguous())
         self.type_name = name
-        self.x4 = x4  # blocks in the 4-row interleaved layout (see X4_TYPES); else GGUF's own row layout
+        self.x4 = x4  # blocks in the interleaved layout (see X4_TYPES); else GGUF's own row layout
+        self.group = group if x4 else 1  # rows per interleaved group
         self.type_id = KERNEL_TYPES[name] + (X4 if x4 else 0)
         self.in_features = in_features
         self.out_features = out_features
@@ -418,7 +428,8 @@ class GGUFLinear(nn.Module):
             return cls(name, _byte_view(parts[0].data), cols, row_counts[0])  # the file's layout, from the map
         blocks = torch.empty(sum(row_counts), row_bytes, dtype=torch.uint8)
         into = blocks.numpy()
-        step = max(4, _LOAD_CHUNK_BYTES // row_bytes // 4 * 4)
+        group = group_rows(name) if x4 else 1
+        step = max(group, _LOAD_CHUNK_BYTES // row_bytes // group * group)
         first = 0
         for part, rows in zip(parts, row_counts):
             if not x4:
@@ -463,8 +474,9 @@ class GGUFLinear(nn.Module):
     def dequantized(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """The float32 weight rows [start:stop] (default all: [out_features, in_features])."""
         stop = self.out_features if stop is None else stop
-        if self.x4:  # whole 4-row groups, then the rows asked for
-            lo, hi = start // 4 * 4, min(self.out_features, -(-stop // 4) * 4)
+        if self.x4:  # whole groups, then the rows asked for
+            g = self.group
+            lo, hi = start // g * g, min(self.out_features, -(-stop // g) * g)
             groups = torch.ops.runlm.gguf_dequantize(self.blocks[lo:hi], self.type_id, hi - lo, self.in_features)
             return groups[start - lo : stop - lo]
         blocks = self.blocks[start:stop]
@@ -476,14 +488,17 @@ class GGUFLinear(nn.Module):
     def gathered(self, ids: torch.Tensor) -> torch.Tensor:
         """The float32 weight rows `ids` [n] -> [n, in_features]: a tied LM head serving the embedding lookup."""
         ids = ids.reshape(-1).cpu()
+        shape = (ids.numel(), self.in_features)
         if not self.x4:
-            shape = (ids.numel(), self.in_features)
             if self._kernel:
                 return torch.ops.runlm.gguf_dequantize(self.blocks[ids], self.type_id, *shape)
             return dequantize(self.type_name, self.blocks[ids], shape)
-        groups = self.blocks.view(self.out_features // 4, -1)[ids // 4]  # each row's 4-row group, decoded whole
-        rows = torch.ops.runlm.gguf_dequantize(groups, self.type_id, 4 * ids.numel(), self.in_features)
-        return rows.view(ids.numel(), 4, self.in_features)[torch.arange(ids.numel()), ids % 4]
+        # each row's group back to the row layout (bytes only), then the rows asked for decoded
+        g = self.group
+        groups = self.blocks.view(self.out_features // g, -1)[ids // g]
+        plain = torch.ops.runlm.gguf_relayout(groups, self.type_id, g * ids.numel(), self.in_features)
+        rows = plain.view(ids.numel(), g, -1)[torch.arange(ids.numel()), ids % g]
+        return torch.ops.runlm.gguf_dequantize(rows, KERNEL_TYPES[self.type_name], *shape)
 
     def _dense(self, x2: torch.Tensor) -> torch.Tensor:
         rows = max(4, _DENSE_CHUNK_ELEMENTS // self.in_features // 4 * 4)

@@ -181,11 +181,11 @@ def test_build_info():
 
 @pytest.mark.parametrize("type_name", TYPES)
 def test_random_weights(type_name: str):
-    shape = (72, 512)  # 72 rows: groups of 4 weight rows plus a remainder
+    shape = (80, 512)  # 80 rows: whole groups of the interleaved layout (4 or 16 rows)
     data = weight_data(type_name, *shape, seed=1)
     module = kernel_module(type_name, data, shape)
-    assert (module.in_features, module.out_features) == (512, 72)
-    assert module.x4 == (type_name in kernels.X4_TYPES and kernels.simd())  # 72 rows: whole x4 groups
+    assert (module.in_features, module.out_features) == (512, 80)
+    assert module.x4 == (type_name in kernels.X4_TYPES and kernels.simd())
     weight = dequantize(type_name, data, shape)
     gen = torch.Generator().manual_seed(0)
     errors = []
@@ -223,7 +223,7 @@ def test_real_tensors(fixture: str, request: pytest.FixtureRequest):
 
 @pytest.mark.parametrize("type_name", kernels.X4_TYPES)
 def test_x4_layout_matches_plain_rows(type_name: str):
-    shape = (40, 512)  # two K-quant super-blocks per row
+    shape = (48, 512)  # two K-quant super-blocks per row; whole groups of 4 or 16 rows
     data = weight_data(type_name, *shape, seed=7)
     plain = kernels.gguf_linear_module(type_name, data, shape, interleave=False)
     plain.dense_min_rows = 1 << 30
@@ -253,7 +253,7 @@ def test_x4_layout_matches_plain_rows(type_name: str):
     mixed = kernels.GGUFLinear.cat([x4, plain])
     assert both.x4 and not mixed.x4 and torch.equal(both.plain_blocks(), mixed.blocks)
     odd = kernels.gguf_linear_module(type_name, data[:6], (6, shape[1]))
-    assert not odd.x4  # 6 rows: not whole 4-row groups
+    assert not odd.x4  # 6 rows: not whole groups
     with pytest.raises(InvalidInputError):
         kernels.GGUFLinear(type_name, odd.blocks, shape[1], 6, x4=True)
 
@@ -264,7 +264,7 @@ def test_x4_load_regroups_parts_chunk_by_chunk_into_the_module(type_name: str, m
     regrouping the whole stacked weight at once, whatever the chunk size."""
     if not kernels.simd():
         pytest.skip("no x4 layout without the SIMD kernels")
-    shape = (40, 512)
+    shape = (48, 512)
     data = weight_data(type_name, *shape, seed=11)
     whole = kernels.gguf_linear_module(type_name, data, shape, interleave=False)
     want = torch.ops.runlm.gguf_relayout(whole.blocks, whole.type_id, *shape)
@@ -272,8 +272,8 @@ def test_x4_load_regroups_parts_chunk_by_chunk_into_the_module(type_name: str, m
     for chunk_rows in (4, 8, 40):
         monkeypatch.setattr(kernels, "_LOAD_CHUNK_BYTES", chunk_rows * row_bytes)
         monkeypatch.setattr(kernels._load_scratch, "buffer", None, raising=False)
-        parts = [kernels._OwnedRows(type_name, data[:24], (24, 512)),
-                 kernels._OwnedRows(type_name, data[24:], (16, 512))]
+        parts = [kernels._OwnedRows(type_name, data[:32], (32, 512)),
+                 kernels._OwnedRows(type_name, data[32:], (16, 512))]
         module = kernels.GGUFLinear.from_parts(type_name, parts, interleave=True)
         assert module.x4 and torch.equal(module.blocks, want), f"{chunk_rows}-row chunks"
     with pytest.raises(RuntimeError, match="as many as the weight's"):
