@@ -954,6 +954,17 @@ inline uint32_t qh_move(uint32_t v, bool to_plain) {
   return out;
 }
 
+// A field's piece: fixed-size copies (inlined moves, not library calls) for the sizes the layouts use.
+inline void copy_piece(uint8_t* to, const uint8_t* from, int size) {
+  switch (size) {
+    case 2: std::memcpy(to, from, 2); break;
+    case 4: std::memcpy(to, from, 4); break;
+    case 8: std::memcpy(to, from, 8); break;
+    case 16: std::memcpy(to, from, 16); break;
+    default: std::memcpy(to, from, static_cast<size_t>(size)); break;
+  }
+}
+
 // Copy row i (0..ROWS - 1) of x4 block `x4` back into a plain block, or the reverse.
 template <class T, bool TO_PLAIN>
 inline void x4_move(uint8_t* x4, int i, uint8_t* plain) {
@@ -965,9 +976,9 @@ inline void x4_move(uint8_t* x4, int i, uint8_t* plain) {
       const uint32_t v = qh_move(u32(TO_PLAIN ? a : plain + f.offset), TO_PLAIN);
       std::memcpy(TO_PLAIN ? plain + f.offset : a, &v, 4);
     } else if (TO_PLAIN) {
-      std::memcpy(plain + f.offset, a, f.size);
+      copy_piece(plain + f.offset, a, f.size);
     } else {
-      std::memcpy(a, plain + f.offset, f.size);
+      copy_piece(a, plain + f.offset, f.size);
     }
     base += X4Fields<T>::ROWS * f.size;
   }
