@@ -90,3 +90,19 @@ def test_q8_0_kv_cache_on_real_smollm2(smollm2_gguf):
     other.prefill(half, ids[:3])
     with pytest.raises(RuntimeError, match="as every other cache of the call"):
         runner.decode_batch([quantized, half], [ids[3], ids[3]])
+
+
+@pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
+def test_a_long_prefill_runs_in_chunks_with_the_same_logits(smollm2_loaded, monkeypatch):
+    from runlm.models import base
+
+    runner = smollm2_loaded.runner
+    text = "Pack my box with five dozen liquor jugs. " * 60
+    ids = smollm2_loaded.tokenizer.encode(text)[: 2 * base.PREFILL_CHUNK + 9]
+    whole = runner.extend(runner.new_session(), ids, all_positions=True)[-1]  # one pass over every position
+    calls: list[int] = []  # rows of each model call
+    model_call = type(runner.model).__call__
+    monkeypatch.setattr(type(runner.model), "__call__", lambda m, ids_, *a, **k: calls.append(len(ids_)) or
+                        model_call(m, ids_, *a, **k))
+    assert torch.equal(runner.prefill(runner.new_session(), ids), whole)
+    assert calls == [base.PREFILL_CHUNK, base.PREFILL_CHUNK, 9]
