@@ -1454,6 +1454,14 @@ inline __m512i bcast4(const void* p) {
 // The 16 rows' f16 at p as float
 inline __m512 f16x16(const uint8_t* p) { return _mm512_cvtph_ps(load256(p)); }
 
+// Prefetch the 16-row super-block kPrefetchBlocks after blk (of `size` bytes): a decode GEMV streams its weight
+// from DRAM, and a whole group's bytes prefetched at once would not stay in L1.
+constexpr int kPrefetchBlocks = 2;
+inline void prefetch_block16(const uint8_t* blk, int size) {
+  const uint8_t* p = blk + kPrefetchBlocks * size;
+  for (int o = 0; o < size; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
+}
+
 // 16 rows' super-block sums to float (lane i: weight row i), as kquant_step4 does for 4.
 inline __m512 kquant_step16(__m512 y, __m512 d, float da, __m512i isum) {
   return _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(da)), _mm512_cvtepi32_ps(isum), y);
@@ -1494,6 +1502,7 @@ struct X4Layout<Q4_K> {
     for (int r = 0; r < R; ++r) y[r] = _mm512_setzero_ps();
     const uint8_t* blk = w[0];
     for (int64_t b = 0; b < nb; ++b, blk += 16 * SIZE) {
+      prefetch_block16(blk, 16 * SIZE);
       // k4_scale_min for 16 rows: scales 0-3 / 4-7 of row i in lane i's bytes, mins alike
       const __m512i w0 = load512(blk + SC), w1 = load512(blk + SC + 64), w2 = load512(blk + SC + 128);
       const __m512i sc[2] = {
@@ -1564,6 +1573,7 @@ struct X4Layout<Q6_K> {
     for (int r = 0; r < R; ++r) y[r] = _mm512_setzero_ps();
     const uint8_t* blk = w[0];
     for (int64_t b = 0; b < nb; ++b, blk += 16 * SIZE) {
+      prefetch_block16(blk, 16 * SIZE);
       __m512i isum[R];
       for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
       __m512i sp[4];  // scale piece q: row i's scales 4q..4q + 3 (int8) in lane i
@@ -1679,7 +1689,8 @@ void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1)
   const uint8_t* end = c.w + n1 * c.row_bytes;
   if constexpr (IsX4<T>::value) {  // n0, n1: whole groups; one group meets up to 4 activation rows at a time
     for (int64_t n = n0; n < n1; n += T::ROWS) {
-      if (m0 == 0) prefetch_rows(c, n, T::ROWS, end);
+      // (16-row groups, up to 74 KB, are prefetched by their kernels a few super-blocks ahead instead)
+      if (m0 == 0 && T::ROWS == 4) prefetch_rows(c, n, T::ROWS, end);
       activation_tiles<T, T::ROWS>(c, n, m0, m1);
     }
   } else if (m1 - m0 <= 2) {
