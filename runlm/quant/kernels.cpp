@@ -1539,9 +1539,7 @@ struct X4Layout<Q4_K> {
       for (int r = 0; r < R; ++r) {
         const AK& ab = a[r][b];
         alignas(16) int16_t s32[8];  // the activation's sums over each 32-value sub-block
-        _mm_store_si128(reinterpret_cast<__m128i*>(s32),
-                        _mm_packs_epi32(_mm256_castsi256_si128(_mm256_madd_epi16(load256(ab.bsums), ones16())),
-                                        _mm256_extracti128_si256(_mm256_madd_epi16(load256(ab.bsums), ones16()), 1)));
+        _mm_store_si128(reinterpret_cast<__m128i*>(s32), _mm256_castsi256_si128(sums32(ab)));
         __m512i msum = _mm512_setzero_si512();
         for (int k = 0; k < 4; ++k) msum = _mm512_dpwssd_epi32(msum, mins[k], bcast4(s32 + 2 * k));
         y[r] = kquant_step16(y[r], d, ab.d, isum[r]);
