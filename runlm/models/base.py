@@ -296,11 +296,9 @@ class CachedRunner(LmRunner):
         start = len(session.tokens)
         self.check_fits(start + len(ids))
         ids_tensor = torch.tensor([int(t) for t in ids], dtype=torch.long, device=self.device)
-        if not all_positions:  # a long prompt in chunks: its activations' memory stays that of one chunk
-            for at in range(0, len(ids) - PREFILL_CHUNK, PREFILL_CHUNK):
-                self.model(ids_tensor[at : at + PREFILL_CHUNK], session.state, start + at)
-            done = max(0, (len(ids) - 1) // PREFILL_CHUNK * PREFILL_CHUNK)
-            ids_tensor, start = ids_tensor[done:], start + done
+        while not all_positions and len(ids_tensor) > PREFILL_CHUNK:  # a long prompt one chunk's memory at a time
+            self.model(ids_tensor[:PREFILL_CHUNK], session.state, start)
+            ids_tensor, start = ids_tensor[PREFILL_CHUNK:], start + PREFILL_CHUNK
         logits = self.model(ids_tensor, session.state, start, last_only=not all_positions).cpu()
         session.tokens.extend(int(t) for t in ids)
         return logits if all_positions else logits[-1]
