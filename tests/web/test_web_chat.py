@@ -65,6 +65,43 @@ def chat_bodies(page) -> list[dict]:
     return bodies
 
 
+def pace_event_streams(page) -> None:
+    """Hand the page each server-sent event of a stream two animation frames after the one before.
+
+    The page paints a streamed answer once per animation frame, and a 12-token answer from this model can arrive
+    within one frame; paced by frames (not by a time), every event gets a paint of its own, so "the answer grew
+    piece by piece" is checked on every machine, fast or slow."""
+    page.evaluate("""() => {
+        const realFetch = window.fetch;
+        const twoFrames = () => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)));
+        window.fetch = async (...args) => {
+            const res = await realFetch(...args);
+            if (!(res.headers.get('content-type') || '').includes('text/event-stream')) return res;
+            const reader = res.body.getReader(), decoder = new TextDecoder(), encoder = new TextEncoder();
+            let buffer = '';
+            const events = [];
+            const body = new ReadableStream({ async pull(controller) {
+                while (!events.length) {
+                    const chunk = await reader.read();
+                    if (chunk.done) {
+                        if (buffer) controller.enqueue(encoder.encode(buffer));
+                        buffer = '';
+                        controller.close();
+                        return;
+                    }
+                    buffer += decoder.decode(chunk.value, { stream: true });
+                    const parts = buffer.split('\\n\\n');
+                    buffer = parts.pop();
+                    for (const part of parts) events.push(part + '\\n\\n');
+                }
+                await twoFrames();
+                controller.enqueue(encoder.encode(events.shift()));
+            }, cancel(reason) { return reader.cancel(reason); } });
+            return new Response(body, { status: res.status, statusText: res.statusText, headers: res.headers });
+        };
+    }""")
+
+
 # -- the real model ----------------------------------------------------------------------------------------------
 
 
@@ -77,6 +114,7 @@ def test_streamed_exchange_with_figures_cache_hit_and_reload(real_server, open_p
     bodies = chat_bodies(page)
     set_settings(page, system="Answer in one short sentence.", temperature="0", top_p="0.9", max_tokens="12",
                  seed="7")
+    pace_event_streams(page)
     page.evaluate("""() => {
         window.__lengths = [];
         new MutationObserver(() => {
