@@ -89,8 +89,19 @@ constexpr int QK_K = 256;
 struct A32 {
   float d;  // scale: x ~= d * qs
   float s;  // d * sum(qs)
+  int32_t off[2];  // 128 * sum(qs) over values {0-7, 16-23} and {8-15, 24-31}: see the 16-row Q8_0 kernel
   int8_t qs[32];
 };
+
+// A32::off from its codes: the two halves of a block that the interleaved Q8_0 kernels sum in separate chains.
+inline void set_half_offsets(A32& a) {
+  int s0 = 0, s1 = 0;
+  for (int j = 0; j < 8; ++j) {
+    s0 += a.qs[j] + a.qs[16 + j];
+    s1 += a.qs[8 + j] + a.qs[24 + j];
+  }
+  a.off[0] = 128 * s0, a.off[1] = 128 * s1;
+}
 
 struct AK {
   float d;
@@ -152,6 +163,7 @@ inline void quantize_a32_scalar(const float* x, A32* y, int64_t nb) {
     }
     y[b].d = d;
     y[b].s = d * static_cast<float>(sum);
+    set_half_offsets(y[b]);
   }
 }
 
@@ -226,6 +238,7 @@ inline void quantize_a32(const float* x, A32* y, int64_t nb) {
     quant32(x, _mm256_set1_ps(id), y[b].qs, &lo, &hi);
     y[b].d = amax / 127.f;
     y[b].s = y[b].d * static_cast<float>(lo + hi);
+    set_half_offsets(y[b]);
   }
 }
 
@@ -864,11 +877,13 @@ struct X4Fields<Q5_1> : FourRows {
   static constexpr int N = 4, M = 8, QH = 16, QS = 32;
   static constexpr Field f[N] = {{0, 2}, {2, 2}, {4, 4}, {8, 16}};
 };
+#if !RUNLM_AVX512
 template <>
 struct X4Fields<Q8_0> : FourRows {
   static constexpr int N = 3, M = -1, QH = -1, QS = 8;
   static constexpr Field f[N] = {{0, 2}, {2, 16}, {18, 16}};
 };
+#endif
 
 // The K-quants in x4 (same bytes, one 256-value super-block of 4 rows after another): every field is cut into
 // pieces and each piece is stored for the 4 rows side by side, like the 32-wide types. With pieces of 16 bytes a
@@ -934,6 +949,12 @@ template <>
 struct X4Fields<Q6_K> : SixteenRows {
   static constexpr int N = 32 + 16 + 4 + 1;
   static constexpr std::array<Field, N> f = pieces_of_4<N>(210, 0, true);
+};
+//   Q8_0 (544 bytes): d[16] | 8 code pieces (qs[4p..4p+4)) [16 each]
+template <>
+struct X4Fields<Q8_0> : SixteenRows {
+  static constexpr int N = 1 + 8;
+  static constexpr std::array<Field, N> f = pieces_of_4<N>(34, 1, false);
 };
 #endif
 
@@ -1457,8 +1478,8 @@ inline __m512 f16x16(const uint8_t* p) { return _mm512_cvtph_ps(load256(p)); }
 // Prefetch the 16-row super-block kPrefetchBlocks after blk (of `size` bytes): a decode GEMV streams its weight
 // from DRAM, and a whole group's bytes prefetched at once would not stay in L1.
 constexpr int kPrefetchBlocks = 2;
-inline void prefetch_block16(const uint8_t* blk, int size) {
-  const uint8_t* p = blk + kPrefetchBlocks * size;
+inline void prefetch_block16(const uint8_t* blk, int size, int ahead = kPrefetchBlocks) {
+  const uint8_t* p = blk + ahead * size;
   for (int o = 0; o < size; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
 }
 
@@ -1547,6 +1568,46 @@ struct X4Layout<Q4_K> {
       }
     }
     store_rows16<R>(y, out);
+  }
+};
+
+// Q8_0 in 16-row groups. The codes are signed, and vpdpbusd takes its first operand unsigned: flipping a code's sign
+// bit gives code + 128, so each lane's sum carries 128 * (the activation codes' sum), which comes off as A32::off.
+// Values {0-7, 16-23} and {8-15, 24-31} of a block go to float in two chains per row, summed at the end, as the
+// 4-row layout and the row layout do (bit-identical results).
+template <>
+struct X4Layout<Q8_0> {
+  using Plain = Q8_0;
+  static constexpr int QK = 32, SIZE = Plain::SIZE, G = Plain::G, ROWS = 16;
+  static constexpr int D = 0, QS = 32;  // offsets in the 16 rows' block
+  static constexpr int kAhead = 8;      // blocks prefetched ahead (4.3 KB: a block is 544 bytes)
+  using Act = A32;
+
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+    static_assert(RW == 16, "Q8_0 groups are 16 rows here");
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    __m512 y0[R], y1[R];
+    for (int r = 0; r < R; ++r) y0[r] = y1[r] = _mm512_setzero_ps();
+    const uint8_t* blk = w[0];
+    for (int64_t b = 0; b < nb; ++b, blk += 16 * SIZE) {
+      prefetch_block16(blk, 16 * SIZE, kAhead);
+      __m512i q[8];  // piece p: codes 4p..4p + 3 of the 16 rows, plus 128
+      for (int c = 0; c < 8; ++c) q[c] = _mm512_xor_si512(load512(blk + QS + 64 * c), flip);
+      const __m512 d = f16x16(blk + D);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const A32& ab = a[r][b];
+        __m512i u0 = _mm512_set1_epi32(-ab.off[0]), u1 = _mm512_set1_epi32(-ab.off[1]);
+        for (int c : {0, 1, 4, 5}) u0 = _mm512_dpbusd_epi32(u0, q[c], bcast4(ab.qs + 4 * c));
+        for (int c : {2, 3, 6, 7}) u1 = _mm512_dpbusd_epi32(u1, q[c], bcast4(ab.qs + 4 * c));
+        const __m512 s = _mm512_mul_ps(d, _mm512_set1_ps(ab.d));
+        y0[r] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(u0), y0[r]);
+        y1[r] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(u1), y1[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) y0[r] = _mm512_add_ps(y0[r], y1[r]);
+    store_rows16<R>(y0, out);
   }
 };
 
