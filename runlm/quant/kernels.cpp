@@ -56,7 +56,7 @@
 #define RUNLM_VNNI 0
 #endif
 
-// 512-bit vectors (F, BW, VNNI): the K-quants' interleaved layout takes 16 rows instead of 4, so that one vpdpbusd
+// 512-bit vectors (F, BW, VNNI): the interleaved layout takes 16 rows instead of 4 (all types but Q5_K), so one vpdpbusd
 // meets 4 codes of 16 weight rows with 4 activation codes broadcast from memory (see "16-row groups").
 #if RUNLM_VNNI && defined(__AVX512F__) && defined(__AVX512BW__)
 #define RUNLM_AVX512 1
@@ -857,6 +857,7 @@ struct FourRows {
 
 template <class T>
 struct X4Fields;
+#if !RUNLM_AVX512
 template <>
 struct X4Fields<Q4_0> : FourRows {
   static constexpr int N = 2, M = -1, QH = -1, QS = 8;
@@ -877,6 +878,7 @@ struct X4Fields<Q5_1> : FourRows {
   static constexpr int N = 4, M = 8, QH = 16, QS = 32;
   static constexpr Field f[N] = {{0, 2}, {2, 2}, {4, 4}, {8, 16}};
 };
+#endif
 #if !RUNLM_AVX512
 template <>
 struct X4Fields<Q8_0> : FourRows {
@@ -950,7 +952,33 @@ struct X4Fields<Q6_K> : SixteenRows {
   static constexpr int N = 32 + 16 + 4 + 1;
   static constexpr std::array<Field, N> f = pieces_of_4<N>(210, 0, true);
 };
+// The 32-wide types: their f16 values [16 each], then pieces of 4 bytes; Q5_0 / Q5_1's fifth bits are one piece,
+// reordered as in the 4-row layout (qh_x4_bit).
+//   Q4_0 (288 bytes): d[16] | 4 nibble pieces (qs[4p..4p+4)) [16 each]
+//   Q4_1 (320 bytes): d[16] | m[16] | 4 nibble pieces [16 each]
+//   Q5_0 (352 bytes): d[16] | qh [16] | 4 nibble pieces [16 each]
+//   Q5_1 (384 bytes): d[16] | m[16] | qh [16] | 4 nibble pieces [16 each]
 //   Q8_0 (544 bytes): d[16] | 8 code pieces (qs[4p..4p+4)) [16 each]
+template <>
+struct X4Fields<Q4_0> : SixteenRows {
+  static constexpr int N = 1 + 4;
+  static constexpr std::array<Field, N> f = pieces_of_4<N>(18, 1, false);
+};
+template <>
+struct X4Fields<Q4_1> : SixteenRows {
+  static constexpr int N = 2 + 4;
+  static constexpr std::array<Field, N> f = pieces_of_4<N>(20, 2, false);
+};
+template <>
+struct X4Fields<Q5_0> : SixteenRows {
+  static constexpr int N = 1 + 1 + 4, QH = 32;  // QH: the fifth bits' offset in the 16 rows' block
+  static constexpr std::array<Field, N> f = pieces_of_4<N>(22, 1, false);
+};
+template <>
+struct X4Fields<Q5_1> : SixteenRows {
+  static constexpr int N = 2 + 1 + 4, QH = 64;
+  static constexpr std::array<Field, N> f = pieces_of_4<N>(24, 2, false);
+};
 template <>
 struct X4Fields<Q8_0> : SixteenRows {
   static constexpr int N = 1 + 8;
@@ -1478,6 +1506,8 @@ inline __m512 f16x16(const uint8_t* p) { return _mm512_cvtph_ps(load256(p)); }
 // Prefetch the 16-row super-block kPrefetchBlocks after blk (of `size` bytes): a decode GEMV streams its weight
 // from DRAM, and a whole group's bytes prefetched at once would not stay in L1.
 constexpr int kPrefetchBlocks = 2;
+// For the 32-wide types' smaller blocks: as many blocks ahead as make about 4 KB.
+constexpr int blocks_ahead(int block_bytes) { return 4096 / block_bytes + 1; }
 inline void prefetch_block16(const uint8_t* blk, int size, int ahead = kPrefetchBlocks) {
   const uint8_t* p = blk + ahead * size;
   for (int o = 0; o < size; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
@@ -1571,6 +1601,72 @@ struct X4Layout<Q4_K> {
   }
 };
 
+// Q4_0, Q4_1, Q5_0 and Q5_1 in 16-row groups. Piece c of a block holds values 4c..4c + 3 (low nibbles) and
+// 16 + 4c..16 + 4c + 3 (high nibbles) of each row, the fifth bits come from the row's reordered qh (lane i: row i's 32
+// bits, so the 4-row layout's shifts apply lane by lane). The codes are unsigned, so they meet the activation in
+// vpdpbusd as they are; the offset (-8, -16) or the min comes in through the activation's sum (A32::s), and values
+// {0-7, 16-23} and {8-15, 24-31} go to float in two chains per row, as in the 4-row layout: the same results.
+template <class T, int M, int QH, int QS>
+struct Nibbles16 {
+  using Plain = T;
+  static constexpr int QK = 32, SIZE = T::SIZE, G = T::G, ROWS = 16;
+  static constexpr float kCorrMult = M >= 0 ? 1.f : (QH >= 0 ? -16.f : -8.f);
+  using Act = A32;
+
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+    static_assert(RW == 16, "these groups are 16 rows here");
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m16 = _mm512_set1_epi8(0x10);
+    __m512 y0[R], y1[R], corr[R];
+    for (int r = 0; r < R; ++r) y0[r] = y1[r] = corr[r] = _mm512_setzero_ps();
+    const uint8_t* blk = w[0];
+    for (int64_t b = 0; b < nb; ++b, blk += 16 * SIZE) {
+      prefetch_block16(blk, 16 * SIZE, blocks_ahead(16 * SIZE));
+      __m512i lo[4], hi[4];
+      for (int c = 0; c < 4; ++c) {
+        const __m512i v = load512(blk + QS + 64 * c);
+        lo[c] = _mm512_and_si512(v, m4), hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+      }
+      if constexpr (QH >= 0) {
+        const __m512i qh = load512(blk + QH);
+        for (int c = 0; c < 4; ++c) {
+          lo[c] = _mm512_or_si512(lo[c], _mm512_and_si512(_mm512_srli_epi32(qh, c), m16));
+          hi[c] = _mm512_or_si512(hi[c], _mm512_and_si512(_mm512_slli_epi32(qh, 4 - c), m16));
+        }
+      }
+      const __m512 d = f16x16(blk);
+      const __m512 c16 = M >= 0 ? f16x16(blk + M) : d;
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const A32& ab = a[r][b];
+        __m512i u0 = _mm512_setzero_si512(), u1 = _mm512_setzero_si512();
+        for (int c : {0, 1}) {
+          u0 = _mm512_dpbusd_epi32(u0, lo[c], bcast4(ab.qs + 4 * c));
+          u0 = _mm512_dpbusd_epi32(u0, hi[c], bcast4(ab.qs + 16 + 4 * c));
+        }
+        for (int c : {2, 3}) {
+          u1 = _mm512_dpbusd_epi32(u1, lo[c], bcast4(ab.qs + 4 * c));
+          u1 = _mm512_dpbusd_epi32(u1, hi[c], bcast4(ab.qs + 16 + 4 * c));
+        }
+        const __m512 s = _mm512_mul_ps(d, _mm512_set1_ps(ab.d));
+        y0[r] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(u0), y0[r]);
+        y1[r] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(u1), y1[r]);
+        corr[r] = _mm512_fmadd_ps(c16, _mm512_set1_ps(ab.s), corr[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) y0[r] = _mm512_fmadd_ps(_mm512_set1_ps(kCorrMult), corr[r], _mm512_add_ps(y0[r], y1[r]));
+    store_rows16<R>(y0, out);
+  }
+};
+template <>
+struct X4Layout<Q4_0> : Nibbles16<Q4_0, -1, -1, 32> {};
+template <>
+struct X4Layout<Q4_1> : Nibbles16<Q4_1, 32, -1, 64> {};
+template <>
+struct X4Layout<Q5_0> : Nibbles16<Q5_0, -1, 32, 96> {};
+template <>
+struct X4Layout<Q5_1> : Nibbles16<Q5_1, 32, 64, 128> {};
+
 // Q8_0 in 16-row groups. The codes are signed, and vpdpbusd takes its first operand unsigned: flipping a code's sign
 // bit gives code + 128, so each lane's sum carries 128 * (the activation codes' sum), which comes off as A32::off.
 // Values {0-7, 16-23} and {8-15, 24-31} of a block go to float in two chains per row, summed at the end, as the
@@ -1580,7 +1676,6 @@ struct X4Layout<Q8_0> {
   using Plain = Q8_0;
   static constexpr int QK = 32, SIZE = Plain::SIZE, G = Plain::G, ROWS = 16;
   static constexpr int D = 0, QS = 32;  // offsets in the 16 rows' block
-  static constexpr int kAhead = 8;      // blocks prefetched ahead (4.3 KB: a block is 544 bytes)
   using Act = A32;
 
   template <int RW, int R>
@@ -1591,7 +1686,7 @@ struct X4Layout<Q8_0> {
     for (int r = 0; r < R; ++r) y0[r] = y1[r] = _mm512_setzero_ps();
     const uint8_t* blk = w[0];
     for (int64_t b = 0; b < nb; ++b, blk += 16 * SIZE) {
-      prefetch_block16(blk, 16 * SIZE, kAhead);
+      prefetch_block16(blk, 16 * SIZE, blocks_ahead(16 * SIZE));
       __m512i q[8];  // piece p: codes 4p..4p + 3 of the 16 rows, plus 128
       for (int c = 0; c < 8; ++c) q[c] = _mm512_xor_si512(load512(blk + QS + 64 * c), flip);
       const __m512 d = f16x16(blk + D);

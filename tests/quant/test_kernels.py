@@ -434,10 +434,11 @@ for type_name in kernels.KERNEL_TYPES:
         if type_name in expected:  # K-quants: the row layout's integer sums and float steps
             assert torch.equal(out, module(x[:5])), type_name
         assert t.rel_err(out, module(x[:5])) < t.EXACT_TOL, type_name
-if "Q8_0 x4" in expected:  # this build's 4-row groups sum the same integers in the same float chains as 16-row ones
-    shape, x = t.Q8_0_GROUPS_CASE, t.variant_case("Q8_0")[1]
-    module = t.kernel_module("Q8_0", t.weight_data("Q8_0", *shape, seed=7), shape)
-    assert module.x4 and torch.equal(module(x), expected["Q8_0 x4"])
+for type_name in t.WIDE32_TYPES:  # this build's 4-row groups: the same integers, in the same float chains as 16 rows
+    if type_name + " x4" in expected:
+        shape, x = t.GROUPS_CASE, t.variant_case(type_name)[1]
+        module = t.kernel_module(type_name, t.weight_data(type_name, *shape, seed=7), shape)
+        assert module.x4 and torch.equal(module(x), expected[type_name + " x4"]), type_name
 t.check_half_cache()
 t.check_q8_0_cache()
 print("variant ok")
@@ -452,7 +453,8 @@ def _run(code: str, env_value: str, args: Sequence[str] = (), **extra_env: str) 
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
 
 
-Q8_0_GROUPS_CASE = (32, 512)  # whole groups of 16 rows and of 4
+GROUPS_CASE = (32, 512)  # whole groups of 16 rows and of 4
+WIDE32_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # the interleaved 32-wide types
 
 
 def variant_case(type_name: str) -> tuple[tuple[int, int], torch.Tensor]:
@@ -473,11 +475,10 @@ def test_other_builds_match(variant: str, tmp_path):
     for type_name in (name for name in TYPES if name.endswith("_K")):
         shape, x = variant_case(type_name)
         expected[type_name] = kernel_module(type_name, weight_data(type_name, *shape, seed=7), shape)(x)
-    if variant == "avx2":  # Q8_0's interleaved layout: 16-row groups on AVX-512 builds, 4-row groups on AVX2, alike
-        shape = Q8_0_GROUPS_CASE
-        module = kernel_module("Q8_0", weight_data("Q8_0", *shape, seed=7), shape)
+    for type_name in WIDE32_TYPES if variant == "avx2" else ():  # 16-row groups on AVX-512 builds, 4 on AVX2: alike
+        module = kernel_module(type_name, weight_data(type_name, *GROUPS_CASE, seed=7), GROUPS_CASE)
         assert module.x4
-        expected["Q8_0 x4"] = module(variant_case("Q8_0")[1])
+        expected[type_name + " x4"] = module(variant_case(type_name)[1])
     torch.save(expected, tmp_path / "expected.pt")
     result = _run(_VARIANT_SCRIPT, variant, args=[variant, str(tmp_path / "expected.pt")])
     assert result.returncode == 0 and "variant ok" in result.stdout, result.stderr[-3000:]
