@@ -906,6 +906,7 @@ struct X4Fields<QK45<false>> : FourRows {
                                  {88, 8},  {96, 8},  {104, 8}, {112, 8}, {120, 8}, {128, 8}, {136, 8}};
 };
 #endif
+#if !RUNLM_AVX512
 template <>
 struct X4Fields<QK45<true>> : FourRows {
   static constexpr int N = 25, QH = -1;
@@ -914,6 +915,7 @@ struct X4Fields<QK45<true>> : FourRows {
                                  {88, 8},  {96, 8},  {104, 8}, {112, 8}, {120, 8}, {128, 8},  {136, 8},
                                  {144, 8}, {152, 8}, {160, 8}, {168, 8}};
 };
+#endif
 #if !RUNLM_AVX512
 template <>
 struct X4Fields<Q6_K> : FourRows {
@@ -946,6 +948,12 @@ template <>
 struct X4Fields<QK45<false>> : SixteenRows {
   static constexpr int N = 2 + 3 + 32;
   static constexpr std::array<Field, N> f = pieces_of_4<N>(144, 2, false);
+};
+//   Q5_K (2816 bytes): as Q4_K, with 8 fifth-bit pieces (qh[4p..4p+4)) [16 each] before the nibbles
+template <>
+struct X4Fields<QK45<true>> : SixteenRows {
+  static constexpr int N = 2 + 3 + 8 + 32;
+  static constexpr std::array<Field, N> f = pieces_of_4<N>(176, 2, false);
 };
 template <>
 struct X4Fields<Q6_K> : SixteenRows {
@@ -1330,6 +1338,7 @@ struct X4Layout<Q4_K> {
 
 #endif
 
+#if !RUNLM_AVX512  // the 4-row Q5_K kernel (16 rows with 512-bit vectors: KQuant16)
 #if RUNLM_AVX2
 // Byte shuffles for one Q5_K x4 sub-block s from [row 0 scales, row 1 scales] (rows 2 / 3 in the other lane):
 // int16 [s0(s) s0(s) s1(s) s1(s)] twice, zero-extended.
@@ -1400,6 +1409,7 @@ struct X4Layout<Q5_K> {
 #endif
   }
 };
+#endif  // !RUNLM_AVX512
 
 #if !RUNLM_AVX512
 #if RUNLM_AVX2
@@ -1534,20 +1544,23 @@ inline __m512i byte_pair_shuffle(int k) {
   return _mm512_broadcast_i32x4(_mm_setr_epi8(x, z, y, z, x + 4, z, y + 4, z, x + 8, z, y + 8, z, x + 12, z, y + 12, z));
 }
 
-// Q4_K in 16-row groups. Sub-blocks 2j and 2j + 1 are the low and high nibbles of pieces 8j..8j + 7; a lane's sum over
-// a sub-block is at most 32 * 15 * 127 (exact in int32), times the 6-bit scale. The mins meet the activation's sums
-// of 32 through vpdpwssd on int16 pairs (min(2k), min(2k + 1)) x (sum(2k), sum(2k + 1)).
-template <>
-struct X4Layout<Q4_K> {
-  using Plain = Q4_K;
+// Q4_K and Q5_K in 16-row groups. Sub-blocks 2j and 2j + 1 are the low and high nibbles of pieces 8j..8j + 7 (Q5_K:
+// with bits 2j and 2j + 1 of the bytes of qh pieces 0..7 above them); a lane's sum over a sub-block is at most
+// 32 * 31 * 127 (exact in int32), times the 6-bit scale. The mins meet the activation's sums of 32 through vpdpwssd on
+// int16 pairs (min(2k), min(2k + 1)) x (sum(2k), sum(2k + 1)).
+template <bool kFifth>
+struct KQuant16 {
+  using Plain = QK45<kFifth>;
   static constexpr int QK = QK_K, SIZE = Plain::SIZE, G = Plain::G, ROWS = 16;
-  static constexpr int D = 0, DMIN = 32, SC = 64, QS = 256;  // offsets in the 16 rows' super-block
+  // offsets in the 16 rows' super-block
+  static constexpr int D = 0, DMIN = 32, SC = 64, QH = 256, QS = kFifth ? 768 : 256;
   using Act = AK;
 
   template <int RW, int R>
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
-    static_assert(RW == 16, "Q4_K groups are 16 rows here");
+    static_assert(RW == 16, "Q4_K / Q5_K groups are 16 rows here");
     const __m512i m4 = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi8(0x3F), low2 = _mm512_set1_epi8(0x03);
+    const __m512i m16 = _mm512_set1_epi8(0x10);
     const __m512i byte0 = _mm512_set1_epi32(0xFF), pair01 = byte_pair_shuffle(0), pair23 = byte_pair_shuffle(1);
     __m512 y[R];
     for (int r = 0; r < R; ++r) y[r] = _mm512_setzero_ps();
@@ -1574,6 +1587,13 @@ struct X4Layout<Q4_K> {
         for (int c = 0; c < 8; ++c) {
           const __m512i v = load512(blk + QS + 64 * (8 * j + c));
           lo[c] = _mm512_and_si512(v, m4), hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+          if constexpr (kFifth) {  // bit 2j (low nibbles) and 2j + 1 (high) of each qh byte to bit 4 of the code
+            const __m512i bits = load512(blk + QH + 64 * c);
+            lo[c] = _mm512_or_si512(lo[c], _mm512_and_si512(j < 2 ? _mm512_slli_epi32(bits, 4 - 2 * j)
+                                                                  : _mm512_srli_epi32(bits, 2 * j - 4), m16));
+            hi[c] = _mm512_or_si512(hi[c], _mm512_and_si512(j < 2 ? _mm512_slli_epi32(bits, 3 - 2 * j)
+                                                                  : _mm512_srli_epi32(bits, 2 * j - 3), m16));
+          }
         }
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
@@ -1600,6 +1620,11 @@ struct X4Layout<Q4_K> {
     store_rows16<R>(y, out);
   }
 };
+
+template <>
+struct X4Layout<Q4_K> : KQuant16<false> {};
+template <>
+struct X4Layout<Q5_K> : KQuant16<true> {};
 
 // Q4_0, Q4_1, Q5_0 and Q5_1 in 16-row groups. Piece c of a block holds values 4c..4c + 3 (low nibbles) and
 // 16 + 4c..16 + 4c + 3 (high nibbles) of each row, the fifth bits come from the row's reordered qh (lane i: row i's 32
