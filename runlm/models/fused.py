@@ -19,8 +19,6 @@ from runlm.quant import kernels
 from runlm.quant.int4 import ConcatLinear, DenseLinear
 from runlm.quant.kernels import GGUFLinear
 
-ROUTE_INVARIANT = 1 << 62  # GGUFLinear.dense_min_rows that never leaves the kernel
-
 
 def _kernel_parts(module: nn.Module) -> list[GGUFLinear] | None:
     """The GGUF kernel linears a (possibly concatenated) projection is made of, or None."""
@@ -114,7 +112,7 @@ def fuse_blocks(model: nn.Module, dtype: torch.dtype, device: torch.device) -> i
     if native:
         for module in model.modules():
             if isinstance(module, GGUFLinear):
-                module.dense_min_rows = ROUTE_INVARIANT
+                module.dense_min_rows = kernels.NEVER_DENSE  # route-invariant: the kernel for any row count
     fused = 0
     for block in model.layers:
         block.fused = FusedBlock(block) if native and FusedBlock.applies(block) else None

@@ -24,7 +24,7 @@ x float32 [..., in_features] (made contiguous if it is not), w the raw GGUF byte
 `unavailable_reason()` says why, one warning line on stderr (logger `runlm.kernels`, once per process) names what
 was missing (a C++ compiler, ninja) or the build's first error, and callers fall back to `runlm.quant.int4`.
 
-With many activation rows (prefill) GGUFLinear switches to dequantize + float32 GEMM, see DENSE_MIN_ROWS.
+With many activation rows (prefill) GGUFLinear switches to dequantize + float32 GEMM, see DENSE_MIN_ROWS (not for 16-row groups).
 
 Environment: RUNLM_GGUF_KERNELS=0 disables the kernels; RUNLM_GGUF_KERNELS=scalar builds the portable scalar
 path, RUNLM_GGUF_KERNELS=avx2 the AVX2 path without AVX-512 (what an AVX2-only CPU runs), instead of the native
@@ -93,6 +93,8 @@ DENSE_MIN_ROWS: dict[str, int] = {
     "Q3_K": 128,
     "Q6_K": 192,
 }
+# dense_min_rows of a weight that always runs on the kernels (16-row groups: `GGUFLinear`)
+NEVER_DENSE = 1 << 62
 # float32 weight elements dequantized at a time on the dense path (64 MiB), so a 262144-row head stays bounded.
 _DENSE_CHUNK_ELEMENTS = 1 << 24
 # Bytes of a weight read and regrouped at a time at load, through one scratch buffer per loading thread that is
@@ -383,8 +385,9 @@ class GGUFLinear(nn.Module):
         self.type_id = KERNEL_TYPES[name] + (X4 if x4 else 0)
         self.in_features = in_features
         self.out_features = out_features
-        # activation rows from which forward takes the dequantize + float32 GEMM path (see DENSE_MIN_ROWS)
-        self.dense_min_rows = DENSE_MIN_ROWS[name]
+        # activation rows from which forward takes the dequantize + float32 GEMM path (see DENSE_MIN_ROWS); never for
+        # 16-row groups, whose 512-bit VNNI kernels stay ahead of it at every row count
+        self.dense_min_rows = DENSE_MIN_ROWS[name] if self.group < 16 else NEVER_DENSE
         self._kernel = available()
 
     @classmethod

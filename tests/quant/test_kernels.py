@@ -302,6 +302,17 @@ def test_dense_path_for_many_rows():
     assert rel_err(module(small), F.linear(small, weight)) < TOL_K  # 8-bit kernels
 
 
+def test_sixteen_row_groups_stay_on_the_kernels_for_many_rows():
+    """16-row groups (AVX-512 builds) never take the dense path: a long prompt's rows come out as each row alone."""
+    shape = (64, 256)
+    module = kernels.gguf_linear_module("Q4_K", weight_data("Q4_K", *shape, seed=3), shape)
+    if module.group != 16:
+        pytest.skip("this build has no 16-row groups (no AVX-512 VNNI)")
+    assert module.dense_min_rows == kernels.NEVER_DENSE
+    x = torch.randn(2 * kernels.DENSE_MIN_ROWS["Q4_K"], 256)
+    assert torch.equal(module(x), torch.cat([module(row[None]) for row in x]))
+
+
 def test_dense_path_chunks_large_weights(monkeypatch: pytest.MonkeyPatch):
     shape = (100, 64)
     data = weight_data("Q8_0", *shape, seed=4)
