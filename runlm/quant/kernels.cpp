@@ -79,8 +79,8 @@ enum : int64_t {
   T_Q5_K = 13,
   T_Q6_K = 14,
 };
-// A type id plus X4 names the same blocks in the 4-row interleaved layout (see X4 below): the 32-wide types and
-// Q4_K, Q5_K, Q6_K.
+// A type id plus X4 names the same blocks in the interleaved layout (see X4 below; groups of 4 rows, 16 on AVX-512
+// builds): the 32-wide types and Q4_K, Q5_K, Q6_K.
 constexpr int64_t X4 = 256;
 
 constexpr int QK_K = 256;
@@ -839,7 +839,8 @@ struct Q6_K {
 };
 
 // ------------------------------------------------------------------------------------------------------------
-// The 4-row interleaved layout ("x4") of the 32-wide types, made once at load by gguf_repack. Rows 4g..4g+3 form a
+// The 4-row interleaved layout ("x4") of the 32-wide types (AVX2 builds; AVX-512 builds group 16 rows, see
+// "16-row groups"), made once at load by gguf_repack. Rows 4g..4g+3 form a
 // group that takes the same bytes as the four rows did; block b of the group holds each field of the format (the f16
 // scale, the f16 min, the 5th bits, the nibbles or bytes) for the 4 rows side by side: [d0 d1 d2 d3][m0 m1 m2 m3]...
 // A decode GEMV then reads one stream, converts 4 scales with one instruction, and unpacks 2 rows per 256-bit
