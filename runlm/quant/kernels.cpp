@@ -56,7 +56,7 @@
 #define RUNLM_VNNI 0
 #endif
 
-// 512-bit vectors (F, BW, VNNI): the interleaved layout takes 16 rows instead of 4 (all types but Q5_K), so one vpdpbusd
+// 512-bit vectors (F, BW, VNNI): the interleaved layout takes 16 rows instead of 4 (every type), so that one vpdpbusd
 // meets 4 codes of 16 weight rows with 4 activation codes broadcast from memory (see "16-row groups").
 #if RUNLM_VNNI && defined(__AVX512F__) && defined(__AVX512BW__)
 #define RUNLM_AVX512 1
@@ -89,11 +89,11 @@ constexpr int QK_K = 256;
 struct A32 {
   float d;  // scale: x ~= d * qs
   float s;  // d * sum(qs)
-  int32_t off[2];  // 128 * sum(qs) over values {0-7, 16-23} and {8-15, 24-31}: see the 16-row Q8_0 kernel
+  int32_t off[2];  // 128 * sum(qs) over values {0-7, 16-23} and {8-15, 24-31}, for the 16-row Q8_0 kernel (AVX-512)
   int8_t qs[32];
 };
 
-// A32::off from its codes: the two halves of a block that the interleaved Q8_0 kernels sum in separate chains.
+// A32::off from its codes: the two halves of a block that the 16-row Q8_0 kernel sums in separate chains.
 inline void set_half_offsets(A32& a) {
   int s0 = 0, s1 = 0;
   for (int j = 0; j < 8; ++j) {
@@ -163,7 +163,6 @@ inline void quantize_a32_scalar(const float* x, A32* y, int64_t nb) {
     }
     y[b].d = d;
     y[b].s = d * static_cast<float>(sum);
-    set_half_offsets(y[b]);
   }
 }
 
@@ -238,7 +237,9 @@ inline void quantize_a32(const float* x, A32* y, int64_t nb) {
     quant32(x, _mm256_set1_ps(id), y[b].qs, &lo, &hi);
     y[b].d = amax / 127.f;
     y[b].s = y[b].d * static_cast<float>(lo + hi);
+#if RUNLM_AVX512
     set_half_offsets(y[b]);
+#endif
   }
 }
 
@@ -879,8 +880,6 @@ struct X4Fields<Q5_1> : FourRows {
   static constexpr int N = 4, M = 8, QH = 16, QS = 32;
   static constexpr Field f[N] = {{0, 2}, {2, 2}, {4, 4}, {8, 16}};
 };
-#endif
-#if !RUNLM_AVX512
 template <>
 struct X4Fields<Q8_0> : FourRows {
   static constexpr int N = 3, M = -1, QH = -1, QS = 8;

@@ -24,7 +24,8 @@ x float32 [..., in_features] (made contiguous if it is not), w the raw GGUF byte
 `unavailable_reason()` says why, one warning line on stderr (logger `runlm.kernels`, once per process) names what
 was missing (a C++ compiler, ninja) or the build's first error, and callers fall back to `runlm.quant.int4`.
 
-With many activation rows (prefill) GGUFLinear switches to dequantize + float32 GEMM, see DENSE_MIN_ROWS (not for 16-row groups).
+With many activation rows (prefill) GGUFLinear switches to dequantize + float32 GEMM, see DENSE_MIN_ROWS (weights in
+16-row groups never do).
 
 Environment: RUNLM_GGUF_KERNELS=0 disables the kernels; RUNLM_GGUF_KERNELS=scalar builds the portable scalar
 path, RUNLM_GGUF_KERNELS=avx2 the AVX2 path without AVX-512 (what an AVX2-only CPU runs), instead of the native
@@ -73,7 +74,7 @@ KERNEL_TYPES: dict[str, int] = {
 # Types with the interleaved ("x4") layout (type id + X4 in kernels.cpp): same bytes, regrouped once at load so that
 # a GEMV reads one stream and decodes 4 rows' scales and 2 rows' codes per instruction (32-wide types 1.1-1.5x faster;
 # Q4_K / Q5_K ~2-2.5x at one activation row, ~1.5-2x at many; Q6_K ~1.1-1.2x; all bit-identical to the row layout).
-# Groups are 4 rows, except in an AVX-512 build: 16 rows for all but Q5_K, for the 512-bit kernels (`group_rows`).
+# Groups are 4 rows, except in an AVX-512 build: 16 rows, for the 512-bit kernels (`group_rows`).
 X4_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 X4 = 256
 

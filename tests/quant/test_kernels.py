@@ -465,7 +465,7 @@ def _run(code: str, env_value: str, args: Sequence[str] = (), **extra_env: str) 
 
 
 GROUPS_CASE = (32, 512)  # whole groups of 16 rows and of 4
-WIDE32_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # the interleaved 32-wide types
+WIDE32_TYPES = tuple(name for name in kernels.X4_TYPES if not name.endswith("_K"))  # interleaved, 32-wide
 
 
 def variant_case(type_name: str) -> tuple[tuple[int, int], torch.Tensor]:
