@@ -262,15 +262,16 @@ class StepPacer:
     def __init__(self, most_rows: int):
         self.most_rows = most_rows
         self.decode_s: dict[int, float] = {}  # a plain decode step's time, by the number of streams in it
+        self.plain_steps: dict[int, int] = {}  # plain steps seen, by the number of streams
         self.row_s: float | None = None  # the cost of one prompt row in a mixed step, beyond its plain step
         self.last_rows = MIN_MIXED_CHUNK
         self.mixed_in_a_row = 0
 
     def plain_due(self, streams: int) -> bool:
         """Whether the next step should carry no prompt rows: the plain step of this many streams is not
-        known yet, or was last measured PLAIN_EVERY steps ago (a machine that got busier since would
-        otherwise be read as costly prompt rows)."""
-        return streams not in self.decode_s or self.mixed_in_a_row >= self.PLAIN_EVERY
+        known yet (two are taken: the first may be cold), or was last measured PLAIN_EVERY steps ago (a
+        machine that got busier since would otherwise be read as costly prompt rows)."""
+        return self.plain_steps.get(streams, 0) < 2 or self.mixed_in_a_row >= self.PLAIN_EVERY
 
     def prompt_rows(self, streams: int) -> int:
         """At most twice the last mixed step's rows: one step's noise never makes a giant step."""
@@ -285,14 +286,22 @@ class StepPacer:
             return
         plain = self.decode_s.get(streams)
         if not prompt_rows:
+            # Down at once, up slowly: a slow step (the first one, cold; a moment the machine was busy) taken for
+            # the plain time would make the prompt rows look free, and the next mixed steps would stall the streams.
             self.mixed_in_a_row = 0
-            self.decode_s[streams] = elapsed_s if plain is None else plain + self.SMOOTHING * (elapsed_s - plain)
+            self.plain_steps[streams] = self.plain_steps.get(streams, 0) + 1
+            slower = plain is not None and elapsed_s > plain
+            self.decode_s[streams] = plain + self.SMOOTHING * (elapsed_s - plain) if slower else elapsed_s
             return
         self.mixed_in_a_row += 1
         self.last_rows = prompt_rows
-        if plain is not None:
-            row_s = max(elapsed_s - plain, 1e-6) / prompt_rows
-            self.row_s = row_s if self.row_s is None else self.row_s + self.SMOOTHING * (row_s - self.row_s)
+        if plain is None:
+            return
+        if elapsed_s <= plain:  # a step with prompt rows does a plain step's work and more: the plain time is less
+            self.decode_s[streams] = elapsed_s
+            return
+        row_s = (elapsed_s - plain) / prompt_rows
+        self.row_s = row_s if self.row_s is None else self.row_s + self.SMOOTHING * (row_s - self.row_s)
 
 
 class Scheduler:

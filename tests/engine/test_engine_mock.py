@@ -294,8 +294,10 @@ def test_planning_holds_a_queue_place_and_a_full_queue_refuses_before_planning(o
 def test_step_pacer_keeps_mixed_steps_within_the_ratio_of_a_plain_step():
     pacer = StepPacer(most_rows=512)
     assert pacer.prompt_rows(4) == MIN_MIXED_CHUNK and pacer.plain_due(4)  # nothing learnt yet
-    pacer.observe(4, 0, 0.010)  # a plain step of 4 streams: 10 ms
-    assert not pacer.plain_due(4)
+    pacer.observe(4, 0, 0.050)  # the first plain step of 4 streams, cold: 50 ms
+    assert pacer.plain_due(4)  # one more is taken
+    pacer.observe(4, 0, 0.010)  # 10 ms: the plain time drops to it at once
+    assert not pacer.plain_due(4) and pacer.decode_s[4] == 0.010
     pacer.observe(4, 4, 0.030)  # 4 prompt rows beside them: 20 ms more, 5 ms a row
     assert pacer.prompt_rows(4) == 1  # (1.6 - 1) * 10 ms / 5 ms
     for _ in range(30):  # the prompt's rows get cheap (say a short prompt now): the rows grow, doubling at most
@@ -308,8 +310,12 @@ def test_step_pacer_keeps_mixed_steps_within_the_ratio_of_a_plain_step():
         pacer.observe(4, rows, 0.010 + rows * 0.0001)
     assert 59 <= pacer.prompt_rows(4) <= 60  # (1.6 - 1) * 10 ms / 0.1 ms, as the averages settle
     assert 1 + pacer.prompt_rows(4) * pacer.row_s / pacer.decode_s[4] <= MIXED_STEP_RATIO
-    pacer.observe(4, 60, 0.009)  # a noisy step, faster than the plain one: still no giant step next
+    row_s = pacer.row_s
+    pacer.observe(4, 60, 0.009)  # a step with prompt rows faster than the plain one: the plain time is less
+    assert pacer.decode_s[4] == 0.009 and pacer.row_s == row_s  # and the rows did not get cheaper
     assert pacer.prompt_rows(4) <= 120
+    pacer.observe(4, 0, 0.019)  # a slow plain step (the machine was busy a moment) moves the plain time by 30 %
+    assert pacer.decode_s[4] == pytest.approx(0.012)
     assert pacer.prompt_rows(7) == 7 and pacer.plain_due(7)  # no plain step of 7 streams seen yet
     pacer.observe(4, 0, 0.010)
     for _ in range(StepPacer.PLAIN_EVERY):  # mixed steps only: the plain step's time is due again

@@ -6,6 +6,7 @@ import pytest
 
 from runlm.bench import english_text
 from runlm.engine import Engine, GenerationRequest, Scheduler
+from runlm.engine.scheduler import StepPacer
 from runlm.sampling import SamplingParams
 
 
@@ -77,6 +78,24 @@ def test_same_seed_same_text_whatever_the_cache_state(smollm2):
     assert other.text != texts[0]  # the seed matters
 
 
+class FixedRowsPacer(StepPacer):
+    """Four prompt rows in every step, whatever the steps' times (so the test does not depend on them), and a
+    record of each step: (streams in it, prompt rows it carried)."""
+
+    def __init__(self):
+        super().__init__(most_rows=512)
+        self.steps: list[tuple[int, int]] = []
+
+    def plain_due(self, streams: int) -> bool:
+        return False
+
+    def prompt_rows(self, streams: int) -> int:
+        return 4
+
+    def observe(self, streams: int, prompt_rows: int, elapsed_s: float) -> None:
+        self.steps.append((streams, prompt_rows))
+
+
 def test_a_long_prompt_is_admitted_in_chunks_beside_running_streams(smollm2):
     """While a long prompt comes in, the running stream keeps getting tokens (the prompt runs in chunks mixed
     into the decode steps), and the long request's answer is the one it gets alone."""
@@ -86,6 +105,7 @@ def test_a_long_prompt_is_admitted_in_chunks_beside_running_streams(smollm2):
     greedy = SamplingParams(temperature=0.0)
     scheduler = Scheduler(Engine(runner, tok, context_length=smollm2.context_length, prompt_cache_mb=0),
                           max_queue=4, max_batch=4)
+    scheduler.pacer = pacer = FixedRowsPacer()
     try:
         running = scheduler.submit(GenerationRequest(prompt_ids=short, max_tokens=500, sampling=greedy,
                                                      ignore_eos=True))
@@ -93,12 +113,12 @@ def test_a_long_prompt_is_admitted_in_chunks_beside_running_streams(smollm2):
         next(stream)  # the short request is decoding
         long_handle = scheduler.submit(GenerationRequest(prompt_ids=long_prompt, max_tokens=4, sampling=greedy,
                                                          ignore_eos=True))
-        before = running.gen.usage.completion_tokens
         records = iter(long_handle)
         first = next(records)
-        during = running.gen.usage.completion_tokens - before
-        # 4-token chunks beside one stream: the 600-token prompt takes at least 75 steps, each one a token for it
-        assert during >= 75, during
+        with_prompt_rows = [step for step in pacer.steps if step[1]]
+        # the short prompt alone (up to 512 rows), then the long one in 4-row chunks (150: the last one 4 too),
+        # each in a step that also decoded the running stream
+        assert with_prompt_rows == [(0, 512)] + [(1, 4)] * 150
         answer = [first.token_id] + [r.token_id for r in records if r.token_id is not None]
         assert answer == runner.generate(long_prompt, 4)
         running.cancel()
