@@ -426,10 +426,11 @@ def run_engine_bench(args) -> int:
                   f"{got['itl_p50'] * 1e3:.1f} | {got['itl_p99'] * 1e3:.1f} |")
         busy = max(1, min(4, max(counts)))
         for _ in range(max(1, args.repeat)):  # every run shown: a latency tail is not a best-of figure
-            normal, during, admit = run_long_prompt_admission(loaded, ids, busy, 2000)
+            normal, during, admit = run_long_prompt_admission(loaded, ids, busy, args.admit_tokens)
             p50 = [percentile(x, 0.5) * 1e3 for x in (normal, during)]
             p99 = [percentile(x, 0.99) * 1e3 for x in (normal, during)]
-            print(f"a 2000-token prompt admitted beside {busy} streams (its first token after {admit:.2f} s): their "
+            print(f"a {args.admit_tokens}-token prompt admitted beside {busy} streams (its first token after "
+                  f"{admit:.2f} s): their "
                   f"ITL p50 {p50[0]:.1f} -> {p50[1]:.1f} ms ({p50[1] / max(p50[0], 1e-9):.2f}x), "
                   f"p99 {p99[0]:.1f} -> {p99[1]:.1f} ms ({p99[1] / max(p99[0], 1e-9):.2f}x), against the same "
                   "tokens of the same streams without it")

@@ -149,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--ppl-tokens", type=int, default=1024)
     bench.add_argument("--json", default=None, help="also write the results to this JSON file")
     bench.add_argument("--streams", default=None, help="e.g. 1,4,8: aggregate decode tok/s with continuous batching")
+    bench.add_argument("--admit-tokens", type=int, default=2000,
+                       help="with --streams: the long prompt admitted beside running streams")
     bench.add_argument("--replicas", default=None,
                        help="e.g. 1,2: aggregate tok/s and TTFT through `serve --replicas N` (Ray Serve), the threads "
                             "split between the replicas; --streams N sets the concurrent clients (default 8)")

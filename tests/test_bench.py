@@ -43,11 +43,11 @@ def test_bench_streams_reports_batching_admission_serving_and_routes(smollm2_ggu
     from runlm.cli import main
 
     assert main(["bench", "-m", str(smollm2_gguf), "--streams", "1,2", "--gen-tokens", "6", "--repeat", "1",
-                 "--threads", "2"]) == 0
+                 "--admit-tokens", "300", "--threads", "2"]) == 0
     out = capsys.readouterr().out
     rows = [line.split("|")[1:-1] for line in out.splitlines() if re.match(r"\| [12] \|", line)]
     assert [int(row[0]) for row in rows] == [1, 2] and all(float(row[1]) > 0 for row in rows)
-    assert re.search(r"a 2000-token prompt admitted beside 2 streams \(its first token after [\d.]+ s\): their "
+    assert re.search(r"a 300-token prompt admitted beside 2 streams \(its first token after [\d.]+ s\): their "
                      r"ITL p50 [\d.]+ -> [\d.]+ ms", out)
     assert re.search(r"one stream served over HTTP: [\d.]+ tok/s vs the runner's own loop [\d.]+ tok/s", out)
     assert "max |delta logit| 0\n" in out  # the packed path is route-invariant: bit-identical logits

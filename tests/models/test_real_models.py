@@ -10,6 +10,7 @@ from importlib import resources
 
 import pytest
 import torch
+from reference.hf_gguf import hf_causal_lm
 
 from runlm import load
 
@@ -22,9 +23,7 @@ def english_text() -> str:
 
 
 def hf_reference(path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    return hf_causal_lm(path)
 
 
 @pytest.fixture(scope="module")

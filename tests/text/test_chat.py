@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from reference.hf_gguf import hf_tokenizer
 
 from runlm.errors import TokenizerError
 from runlm.formats.gguf import GGUFFile
@@ -28,8 +29,8 @@ def smollm_metadata(smollm2_gguf) -> dict:
 
 @pytest.fixture(scope="module")
 def smollm_reference(smollm2_gguf):
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
+    pytest.importorskip("transformers")
+    return hf_tokenizer(smollm2_gguf)
 
 
 @pytest.mark.parametrize("messages", CONVERSATIONS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from reference.hf_gguf import hf_tokenizer
 
 from runlm.errors import TokenizerError
 from runlm.formats.gguf import GGUFFile
@@ -42,11 +43,8 @@ def tokenizers(gguf_metadata) -> dict[str, Tokenizer]:
 
 @pytest.fixture(scope="module")
 def references(smollm2_gguf, gemma3_gguf) -> dict:
-    transformers = pytest.importorskip("transformers")
-    return {
-        name: transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        for name, path in (("smollm2", smollm2_gguf), ("gemma3", gemma3_gguf))
-    }
+    pytest.importorskip("transformers")
+    return {name: hf_tokenizer(path) for name, path in (("smollm2", smollm2_gguf), ("gemma3", gemma3_gguf))}
 
 
 MODELS = ["smollm2", "gemma3"]
