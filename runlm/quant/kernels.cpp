@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -62,6 +63,17 @@
 #define RUNLM_AVX512 1
 #else
 #define RUNLM_AVX512 0
+#endif
+
+// AMX (tile registers and int8 tile dot products, Sapphire Rapids and later): the many-row calls (prefill) of the
+// 16-row Q4_K / Q5_K kernels run their integer dot products as 16 x 16 tiles (see "AMX tiles"), when the kernel
+// lets the process use the tile state and RUNLM_AMX is not 0.
+#if RUNLM_AVX512 && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define RUNLM_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define RUNLM_AMX 0
 #endif
 
 namespace {
@@ -1803,6 +1815,158 @@ struct X4Layout<Q6_K> {
 };
 #endif
 
+constexpr int64_t kMTile = 64;              // activation rows per tile (their quantized blocks stay in L2)
+
+#if RUNLM_AMX
+// AMX tiles: the integer sums of a 16-row group's super-blocks for 16 activation rows at a time. The 6-bit scale of
+// each sub-block splits as 8 * hi + lo (hi, lo < 8), and the codes are multiplied by them before they reach the
+// tiles: code * lo and code * hi are at most 31 * 7 = 217, so they are unsigned bytes, and then the scaled sum over
+// the whole super-block is one tile product per factor instead of one per sub-block:
+//   isum = sum_s scale_s sum_{k in s} q_k a_k = sum_k (q_k lo_s(k)) a_k + 8 sum_k (q_k hi_s(k)) a_k,
+// exactly the integers KQuant16 sums (an identity of integers, none of them rounded). tdpbsud takes 16 activation
+// rows' codes (16 x 64 signed bytes) against 64 values of the 16 weight rows (16 x 64 unsigned bytes: 4 codes of
+// each row side by side, as the 16-row layout already lies), into 16 x 16 int32: row r, lane i is (activation row r,
+// weight row i). From the sums on it is KQuant16's arithmetic (mins by vpdpwssd, kquant_step16 in the same
+// sequence), so the results are bit for bit the dot kernel's (route invariance).
+
+inline bool amx_usable() {
+  static const bool usable = [] {
+    const char* env = std::getenv("RUNLM_AMX");
+    if (env && std::string(env) == "0") return false;
+    // Linux hands out the tile state only to a process that asks for it (ARCH_REQ_XCOMP_PERM, XTILEDATA)
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  }();
+  return usable;
+}
+
+struct TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// Every tile 16 rows x 64 bytes. 0, 1: activation codes; 2-5: scaled weight codes (lo, hi; two chunks in flight);
+// 6, 7: the int32 sums (lo, hi).
+inline void amx_configure() {
+  TileConfig cfg{};
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  _tile_loadconfig(&cfg);
+}
+
+template <bool kFifth>
+struct KQuantTiles {
+  using K = KQuant16<kFifth>;
+  static constexpr int64_t kChunkBytes = 1024;               // 64 values of the 16 rows: one tile
+  static constexpr int64_t kBlockBytes = 2 * 4 * kChunkBytes;  // a super-block: (lo, hi) x 4 chunks
+
+  // Super-block `blk`'s codes (of the 16 rows) times the low and the high part of their sub-block's scale:
+  // [lo, hi][chunk j: 16 tile rows of 64 bytes], chunk j holding values 64j .. 64j + 63 (the low nibbles of pieces
+  // 8j .. 8j + 7, then their high nibbles, Q5_K's fifth bits as KQuant16 adds them).
+  static void unpack(const uint8_t* blk, uint8_t* out) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m16 = _mm512_set1_epi8(0x10), m6 = _mm512_set1_epi8(0x3F);
+    const __m512i low2 = _mm512_set1_epi8(0x03), byte0 = _mm512_set1_epi32(0xFF), seven = _mm512_set1_epi32(7);
+    const __m512i w0 = load512(blk + K::SC), w2 = load512(blk + K::SC + 128);
+    const __m512i sc[2] = {
+        _mm512_and_si512(w0, m6),
+        _mm512_or_si512(_mm512_and_si512(w2, m4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), low2), 4))};
+    for (int j = 0; j < 4; ++j) {
+      __m512i lo_f[2], hi_f[2];  // sub-blocks 2j, 2j + 1: the scale's low and high 3 bits, in both 16-bit halves
+      for (int h = 0; h < 2; ++h) {
+        const int sb = 2 * j + h;
+        const __m512i scale = _mm512_and_si512(_mm512_srli_epi32(sc[sb / 4], 8 * (sb % 4)), byte0);
+        const __m512i lo = _mm512_and_si512(scale, seven), hi = _mm512_srli_epi32(scale, 3);
+        lo_f[h] = _mm512_or_si512(lo, _mm512_slli_epi32(lo, 16));
+        hi_f[h] = _mm512_or_si512(hi, _mm512_slli_epi32(hi, 16));
+      }
+      for (int c = 0; c < 8; ++c) {
+        const __m512i v = load512(blk + K::QS + 64 * (8 * j + c));
+        __m512i q[2] = {_mm512_and_si512(v, m4), _mm512_and_si512(_mm512_srli_epi16(v, 4), m4)};
+        if constexpr (kFifth) {
+          const __m512i bits = load512(blk + K::QH + 64 * c);
+          q[0] = _mm512_or_si512(q[0], _mm512_and_si512(j < 2 ? _mm512_slli_epi32(bits, 4 - 2 * j)
+                                                              : _mm512_srli_epi32(bits, 2 * j - 4), m16));
+          q[1] = _mm512_or_si512(q[1], _mm512_and_si512(j < 2 ? _mm512_slli_epi32(bits, 3 - 2 * j)
+                                                              : _mm512_srli_epi32(bits, 2 * j - 3), m16));
+        }
+        for (int h = 0; h < 2; ++h) {  // a byte times a factor < 8 stays within its byte of the 16-bit product
+          uint8_t* row = out + j * kChunkBytes + 64 * (8 * h + c);
+          _mm512_storeu_si512(row, _mm512_mullo_epi16(q[h], lo_f[h]));
+          _mm512_storeu_si512(row + 4 * kChunkBytes, _mm512_mullo_epi16(q[h], hi_f[h]));
+        }
+      }
+    }
+  }
+
+  // y[r * ldy + i] for activation rows r < rows (a multiple of 16, at most kMTile; blocks act[r * nba + b]) and
+  // the 16 rows of the group at `group`. Super-block by super-block: its scaled codes are made once (and stay in
+  // L1) for all the activation rows.
+  static void group_rows(const uint8_t* group, int64_t nb, const AK* act, int64_t nba, int64_t rows, float* y,
+                         int64_t ldy) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi8(0x3F), low2 = _mm512_set1_epi8(0x03);
+    const __m512i pair01 = byte_pair_shuffle(0), pair23 = byte_pair_shuffle(1);
+    const int64_t stride = nba * static_cast<int64_t>(sizeof(AK));
+    alignas(64) uint8_t codes[kBlockBytes];
+    alignas(64) int32_t sums[2][16][16];  // lo, hi: [activation row][weight row]
+    alignas(64) float acc[kMTile][16];
+    for (int64_t r = 0; r < rows; ++r) _mm512_store_ps(acc[r], _mm512_setzero_ps());
+    const uint8_t* blk = group;
+    for (int64_t b = 0; b < nb; ++b, blk += 16 * K::SIZE) {
+      unpack(blk, codes);
+      const __m512i w1 = load512(blk + K::SC + 64), w2 = load512(blk + K::SC + 128);
+      const __m512i mn_lo = _mm512_and_si512(w1, m6);
+      const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), m4),
+                                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), low2), 4));
+      const __m512i mins[4] = {_mm512_shuffle_epi8(mn_lo, pair01), _mm512_shuffle_epi8(mn_lo, pair23),
+                               _mm512_shuffle_epi8(mn_hi, pair01), _mm512_shuffle_epi8(mn_hi, pair23)};
+      const __m512 d = f16x16(blk + K::D), dmin = f16x16(blk + K::DMIN);
+      for (int64_t m = 0; m < rows; m += 16) {
+        const AK* tile_act = act + m * nba + b;
+        _tile_zero(6);
+        _tile_zero(7);
+        for (int j = 0; j < 4; j += 2) {  // two chunks in flight: tiles (0, 2, 3) and (1, 4, 5)
+          _tile_loadd(0, tile_act->qs + 64 * j, stride);
+          _tile_loadd(2, codes + j * kChunkBytes, 64);
+          _tile_loadd(3, codes + (4 + j) * kChunkBytes, 64);
+          _tile_loadd(1, tile_act->qs + 64 * (j + 1), stride);
+          _tile_loadd(4, codes + (j + 1) * kChunkBytes, 64);
+          _tile_loadd(5, codes + (5 + j) * kChunkBytes, 64);
+          _tile_dpbsud(6, 0, 2);
+          _tile_dpbsud(7, 0, 3);
+          _tile_dpbsud(6, 1, 4);
+          _tile_dpbsud(7, 1, 5);
+        }
+        _tile_stored(6, sums[0], 64);
+        _tile_stored(7, sums[1], 64);
+        for (int r = 0; r < 16; ++r) {
+          const AK& ab = tile_act[r * nba];
+          const __m512i isum = _mm512_add_epi32(load512(sums[0][r]), _mm512_slli_epi32(load512(sums[1][r]), 3));
+          alignas(16) int16_t s32[8];
+          _mm_store_si128(reinterpret_cast<__m128i*>(s32), _mm256_castsi256_si128(sums32(ab)));
+          __m512i msum = _mm512_setzero_si512();
+          for (int k = 0; k < 4; ++k) msum = _mm512_dpwssd_epi32(msum, mins[k], bcast4(s32 + 2 * k));
+          __m512 y_r = kquant_step16(_mm512_load_ps(acc[m + r]), d, ab.d, isum);
+          y_r = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, _mm512_set1_ps(ab.d)), _mm512_cvtepi32_ps(msum), y_r);
+          _mm512_store_ps(acc[m + r], y_r);
+        }
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) _mm512_storeu_ps(y + r * ldy, _mm512_load_ps(acc[r]));
+  }
+};
+
+template <class T>
+struct HasTiles : std::false_type {};
+template <>
+struct HasTiles<X4Layout<Q4_K>> : std::true_type {
+  using Tiles = KQuantTiles<false>;
+};
+template <>
+struct HasTiles<X4Layout<Q5_K>> : std::true_type {
+  using Tiles = KQuantTiles<true>;
+};
+#endif
+
 template <class T>
 struct IsX4 : std::false_type {};
 template <class T>
@@ -1812,7 +1976,6 @@ struct IsX4<X4Layout<T>> : std::true_type {};
 // Driver
 
 constexpr int64_t kPrefetchBytes = 1024;
-constexpr int64_t kMTile = 64;              // activation rows per tile (their quantized blocks stay in L2)
 constexpr int64_t kNTileBytes = 32 * 1024;  // weight bytes per tile of output rows
 
 template <class T>
@@ -1866,6 +2029,21 @@ inline void activation_tiles(const Ctx<T>& c, int64_t n, int64_t m0, int64_t m1)
 template <class T>
 void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1) {
   const uint8_t* end = c.w + n1 * c.row_bytes;
+#if RUNLM_AMX
+  if constexpr (HasTiles<T>::value) {  // 16 activation rows at a time through the tiles, the rest as below
+    const int64_t tiled = (m1 - m0) / 16 * 16;
+    if (tiled && amx_usable()) {
+      amx_configure();
+      for (int64_t n = n0; n < n1; n += 16) {
+        HasTiles<T>::Tiles::group_rows(c.w + n * c.row_bytes, c.nbw, c.act + m0 * c.nba, c.nba, tiled,
+                                       c.y + m0 * c.N + n, c.N);
+        if (m0 + tiled < m1) activation_tiles<T, 16>(c, n, m0 + tiled, m1);
+      }
+      _tile_release();
+      return;
+    }
+  }
+#endif
   if constexpr (IsX4<T>::value) {  // n0, n1: whole groups; one group meets up to 4 activation rows at a time
     for (int64_t n = n0; n < n1; n += T::ROWS) {
       // (16-row groups, up to 74 KB, are prefetched by their kernels a few super-blocks ahead instead)
@@ -2266,7 +2444,12 @@ void gguf_relayout_into(const at::Tensor& w, at::Tensor& out, int64_t type, int6
 int64_t gguf_simd() { return RUNLM_AVX2 ? 1 : 0; }
 
 // The instruction set this build's kernels use (the extension is compiled for the CPU it runs on).
-std::string gguf_isa() { return RUNLM_VNNI ? "avx512-vnni" : RUNLM_AVX2 ? "avx2" : "scalar"; }
+std::string gguf_isa() {
+#if RUNLM_AMX
+  if (amx_usable()) return "avx512-vnni+amx";
+#endif
+  return RUNLM_VNNI ? "avx512-vnni" : RUNLM_AVX2 ? "avx2" : "scalar";
+}
 
 constexpr int64_t kAttnChunk = 64;      // decode attention: positions per work item, at least
 constexpr int64_t kAttnMaxChunks = 16;  // ... and at most this many items per kv head

@@ -175,7 +175,8 @@ def test_q8_0_cache_stores_gguf_blocks_and_attends_over_their_values():
 def test_build_info():
     info = kernels.build_info()
     assert info["ok"] is True and info["reason"] is None
-    assert kernels.isa() == info["isa"] and info["isa"] in (("avx512-vnni", "avx2") if info["simd"] else ("scalar",))
+    simd_isas = ("avx512-vnni+amx", "avx512-vnni", "avx2")
+    assert kernels.isa() == info["isa"] and info["isa"] in (simd_isas if info["simd"] else ("scalar",))
     print(f"\nkernels: isa={info['isa']} first load {info['build_s']:.1f}s name={info['name']}")
 
 
@@ -310,6 +311,22 @@ def test_sixteen_row_groups_stay_on_the_kernels_for_many_rows():
         pytest.skip("this build has no 16-row groups (no AVX-512 VNNI)")
     assert module.dense_min_rows == kernels.NEVER_DENSE
     x = torch.randn(2 * kernels.DENSE_MIN_ROWS["Q4_K"], 256)
+    assert torch.equal(module(x), torch.cat([module(row[None]) for row in x]))
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K"])
+def test_amx_tiles_give_the_dot_kernels_results(type_name: str):
+    """Where the CPU has AMX, a call of 16 rows or more runs Q4_K / Q5_K on the tiles (scales split into two factors
+    folded into the codes): the results are those of each row alone through the vector kernel, bit for bit, for
+    whole and partial 16-row tiles and several super-blocks."""
+    shape = (48, 2048)
+    module = kernels.gguf_linear_module(type_name, weight_data(type_name, *shape, seed=11), shape)
+    if module.group != 16:
+        pytest.skip("this build has no 16-row groups (no AVX-512 VNNI)")
+    cpu_flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    if "amx_int8" in cpu_flags and os.environ.get("RUNLM_AMX") != "0":
+        assert kernels.isa() == "avx512-vnni+amx"
+    x = torch.randn(83, shape[1], generator=torch.Generator().manual_seed(5)) * 3  # 64 + 16 tiled, 3 rows left
     assert torch.equal(module(x), torch.cat([module(row[None]) for row in x]))
 
 
