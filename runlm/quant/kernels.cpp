@@ -1912,6 +1912,7 @@ struct KQuantTiles {
     for (int64_t r = 0; r < rows; ++r) _mm512_store_ps(acc[r], _mm512_setzero_ps());
     const uint8_t* blk = group;
     for (int64_t b = 0; b < nb; ++b, blk += 16 * K::SIZE) {
+      prefetch_block16(blk, 16 * K::SIZE);
       unpack(blk, codes);
       const __m512i w1 = load512(blk + K::SC + 64), w2 = load512(blk + K::SC + 128);
       const __m512i mn_lo = _mm512_and_si512(w1, m6);
@@ -1955,6 +1956,131 @@ struct KQuantTiles {
   }
 };
 
+// Q6_K on the tiles. Its scales are signed bytes: scale = u0 + 4 u1 + 16 u2 + 64 (u3 - 2) with u = scale + 128 =
+// u0 + 4 u1 + 16 u2 + 64 u3 (2-bit digits). Each factor is folded into the codes: code x u0..u2 <= 63 x 3 = 189
+// (unsigned bytes), code x (u3 - 2) in -126..63 (signed bytes), so
+//   sum_s scale_s sum_{k in s} q_k a_k = sum_p 4^p sum_k (q_k f_p,s(k)) a_k
+// is four tile products a super-block instead of sixteen sub-block sums each scaled by a vpmulld; the codes' offset
+// of 32 comes off through the activation's sums of 16 as in the vector kernel (X4Layout<Q6_K>), whose float steps
+// follow.
+struct Q6KTiles {
+  using K = X4Layout<Q6_K>;
+  static constexpr int64_t kChunkBytes = 1024;             // 64 values of the 16 rows: one tile
+  static constexpr int64_t kParts = 4;                     // codes x u0, u1, u2 (unsigned), x (u3 - 2) (signed)
+  static constexpr int64_t kBlockBytes = kParts * 4 * kChunkBytes;
+
+  // Super-block `blk`'s codes as [part][chunk j: 16 tile rows of 64 bytes], chunk j holding values 64j .. 64j + 63:
+  // tile row k of chunk j is X4Layout<Q6_K>'s code vector q[m][c] of half h = j / 2, m = 2 (j % 2) + k / 8, c = k % 8.
+  static void unpack(const uint8_t* blk, uint8_t* out) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), flip = _mm512_set1_epi32(0x80);
+    const __m512i byte0 = _mm512_set1_epi32(0xFF), two_bits = _mm512_set1_epi32(3);
+    __m512i u[16];  // sub-block s: scale + 128 of each row, in its lane
+    for (int q = 0; q < 4; ++q) {
+      const __m512i sp = load512(blk + K::SC + 64 * q);
+      for (int t = 0; t < 4; ++t) u[4 * q + t] = _mm512_xor_si512(_mm512_and_si512(_mm512_srli_epi32(sp, 8 * t), byte0), flip);
+    }
+    for (int h = 0; h < 2; ++h) {
+      for (int c4 = 0; c4 < 2; ++c4) {  // pieces c = 4 c4 .. 4 c4 + 3: sub-blocks 8h + 2m + c4
+        __m512i factor[4][4];  // [m][p]: factor p of the sub-block's u, in both 16-bit halves of each lane
+        for (int m = 0; m < 4; ++m) {
+          for (int p = 0; p < 4; ++p) {
+            const __m512i f = _mm512_and_si512(_mm512_srli_epi32(u[8 * h + 2 * m + c4], 2 * p), two_bits);
+            factor[m][p] = _mm512_or_si512(f, _mm512_slli_epi32(f, 16));
+          }
+        }
+        for (int c = 4 * c4; c < 4 * c4 + 4; ++c) {
+          const __m512i lo = load512(blk + K::QL + 64 * (16 * h + c)), hi = load512(blk + K::QL + 64 * (16 * h + 8 + c));
+          const __m512i bits = load512(blk + K::QH + 64 * (8 * h + c));
+          const __m512i codes[4] = {
+              _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_and_si512(_mm512_slli_epi16(bits, 4), m30)),
+              _mm512_or_si512(_mm512_and_si512(hi, m4), _mm512_and_si512(_mm512_slli_epi16(bits, 2), m30)),
+              _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lo, 4), m4), _mm512_and_si512(bits, m30)),
+              _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(hi, 4), m4),
+                              _mm512_and_si512(_mm512_srli_epi16(bits, 2), m30))};
+          for (int m = 0; m < 4; ++m) {
+            uint8_t* dst = out + (2 * h + m / 2) * kChunkBytes + 64 * (8 * (m % 2) + c);
+            // a byte times a factor < 4 stays within its byte of the 16-bit product; the last one less twice
+            // the code, byte by byte, is code x (u3 - 2)
+            for (int p = 0; p < 3; ++p)
+              _mm512_storeu_si512(dst + p * 4 * kChunkBytes, _mm512_mullo_epi16(codes[m], factor[m][p]));
+            const __m512i top = _mm512_mullo_epi16(codes[m], factor[m][3]);
+            _mm512_storeu_si512(dst + 3 * 4 * kChunkBytes, _mm512_sub_epi8(top, _mm512_add_epi8(codes[m], codes[m])));
+          }
+        }
+      }
+    }
+  }
+
+  static void group_rows(const uint8_t* group, int64_t nb, const AK* act, int64_t nba, int64_t rows, float* y,
+                         int64_t ldy) {
+    const __m512i pair01 = byte_pair_shuffle(0), pair23 = byte_pair_shuffle(1), minus32 = _mm512_set1_epi16(-32);
+    const int64_t stride = nba * static_cast<int64_t>(sizeof(AK));
+    alignas(64) uint8_t codes[kBlockBytes];
+    alignas(64) int32_t sums[kParts][16][16];  // per part: [activation row][weight row]
+    alignas(64) float acc[kMTile][16];
+    for (int64_t r = 0; r < rows; ++r) _mm512_store_ps(acc[r], _mm512_setzero_ps());
+    const uint8_t* blk = group;
+    for (int64_t b = 0; b < nb; ++b, blk += 16 * K::SIZE) {
+      prefetch_block16(blk, 16 * K::SIZE);
+      unpack(blk, codes);
+      __m512i offset[8];  // -32 x (scale 2k, scale 2k + 1) as int16 pairs, k = 0 .. 7 (X4Layout<Q6_K>'s offsets)
+      for (int q = 0; q < 4; ++q) {
+        const __m512i sp = load512(blk + K::SC + 64 * q);
+        for (int k = 0; k < 2; ++k) {
+          const __m512i pair = _mm512_srai_epi16(_mm512_slli_epi16(_mm512_shuffle_epi8(sp, k ? pair23 : pair01), 8), 8);
+          offset[2 * q + k] = _mm512_mullo_epi16(pair, minus32);
+        }
+      }
+      const __m512 d = f16x16(blk + K::D);
+      for (int64_t m = 0; m < rows; m += 16) {
+        const AK* tile_act = act + m * nba + b;
+        _tile_zero(4);
+        _tile_zero(5);
+        _tile_zero(6);
+        _tile_zero(7);
+        for (int j = 0; j < 4; ++j) {  // tiles 0, 1: activation chunks; 2, 3: codes; 4-7: the sums of parts 0-3
+          const bool a = j % 2;
+          if (a) {
+            _tile_loadd(1, tile_act->qs + 64 * j, stride);
+          } else {
+            _tile_loadd(0, tile_act->qs + 64 * j, stride);
+          }
+          _tile_loadd(2, codes + (0 * 4 + j) * kChunkBytes, 64);
+          _tile_loadd(3, codes + (1 * 4 + j) * kChunkBytes, 64);
+          if (a) {
+            _tile_dpbsud(4, 1, 2);
+            _tile_dpbsud(5, 1, 3);
+          } else {
+            _tile_dpbsud(4, 0, 2);
+            _tile_dpbsud(5, 0, 3);
+          }
+          _tile_loadd(2, codes + (2 * 4 + j) * kChunkBytes, 64);
+          _tile_loadd(3, codes + (3 * 4 + j) * kChunkBytes, 64);
+          if (a) {
+            _tile_dpbsud(6, 1, 2);
+            _tile_dpbssd(7, 1, 3);
+          } else {
+            _tile_dpbsud(6, 0, 2);
+            _tile_dpbssd(7, 0, 3);
+          }
+        }
+        _tile_stored(4, sums[0], 64);
+        _tile_stored(5, sums[1], 64);
+        _tile_stored(6, sums[2], 64);
+        _tile_stored(7, sums[3], 64);
+        for (int r = 0; r < 16; ++r) {
+          const AK& ab = tile_act[r * nba];
+          __m512i isum = load512(sums[0][r]);
+          for (int p = 1; p < 4; ++p) isum = _mm512_add_epi32(isum, _mm512_slli_epi32(load512(sums[p][r]), 2 * p));
+          for (int k = 0; k < 8; ++k) isum = _mm512_dpwssd_epi32(isum, offset[k], bcast4(ab.bsums + 2 * k));
+          _mm512_store_ps(acc[m + r], kquant_step16(_mm512_load_ps(acc[m + r]), d, ab.d, isum));
+        }
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) _mm512_storeu_ps(y + r * ldy, _mm512_load_ps(acc[r]));
+  }
+};
+
 template <class T>
 struct HasTiles : std::false_type {};
 template <>
@@ -1964,6 +2090,10 @@ struct HasTiles<X4Layout<Q4_K>> : std::true_type {
 template <>
 struct HasTiles<X4Layout<Q5_K>> : std::true_type {
   using Tiles = KQuantTiles<true>;
+};
+template <>
+struct HasTiles<X4Layout<Q6_K>> : std::true_type {
+  using Tiles = Q6KTiles;
 };
 #endif
 

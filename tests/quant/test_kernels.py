@@ -314,10 +314,10 @@ def test_sixteen_row_groups_stay_on_the_kernels_for_many_rows():
     assert torch.equal(module(x), torch.cat([module(row[None]) for row in x]))
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
 def test_amx_tiles_give_the_dot_kernels_results(type_name: str):
-    """Where the CPU has AMX, a call of 16 rows or more runs Q4_K / Q5_K on the tiles (scales split into two factors
-    folded into the codes): the results are those of each row alone through the vector kernel, bit for bit, for
+    """Where the CPU has AMX, a call of 16 rows or more runs Q4_K / Q5_K / Q6_K on the tiles (scales split into
+    factors folded into the codes): the results are those of each row alone through the vector kernel, bit for bit, for
     whole and partial 16-row tiles and several super-blocks."""
     shape = (48, 2048)
     module = kernels.gguf_linear_module(type_name, weight_data(type_name, *shape, seed=11), shape)
