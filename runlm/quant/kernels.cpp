@@ -2038,32 +2038,23 @@ struct Q6KTiles {
         _tile_zero(5);
         _tile_zero(6);
         _tile_zero(7);
-        for (int j = 0; j < 4; ++j) {  // tiles 0, 1: activation chunks; 2, 3: codes; 4-7: the sums of parts 0-3
-          const bool a = j % 2;
-          if (a) {
-            _tile_loadd(1, tile_act->qs + 64 * j, stride);
-          } else {
-            _tile_loadd(0, tile_act->qs + 64 * j, stride);
-          }
-          _tile_loadd(2, codes + (0 * 4 + j) * kChunkBytes, 64);
-          _tile_loadd(3, codes + (1 * 4 + j) * kChunkBytes, 64);
-          if (a) {
-            _tile_dpbsud(4, 1, 2);
-            _tile_dpbsud(5, 1, 3);
-          } else {
-            _tile_dpbsud(4, 0, 2);
-            _tile_dpbsud(5, 0, 3);
-          }
-          _tile_loadd(2, codes + (2 * 4 + j) * kChunkBytes, 64);
-          _tile_loadd(3, codes + (3 * 4 + j) * kChunkBytes, 64);
-          if (a) {
-            _tile_dpbsud(6, 1, 2);
-            _tile_dpbssd(7, 1, 3);
-          } else {
-            _tile_dpbsud(6, 0, 2);
-            _tile_dpbssd(7, 0, 3);
-          }
-        }
+// Chunk j (values 64j .. 64j + 63) of the 16 activation rows in tile A against the four parts' codes (tiles 2, 3),
+// added to the parts' sums (tiles 4-7; the last part signed). A macro: the tile intrinsics take literal tile numbers.
+#define RUNLM_Q6K_CHUNK(A, j)                                          \
+  _tile_loadd(A, tile_act->qs + 64 * (j), stride);                     \
+  _tile_loadd(2, codes + (0 * 4 + (j)) * kChunkBytes, 64);             \
+  _tile_loadd(3, codes + (1 * 4 + (j)) * kChunkBytes, 64);             \
+  _tile_dpbsud(4, A, 2);                                               \
+  _tile_dpbsud(5, A, 3);                                               \
+  _tile_loadd(2, codes + (2 * 4 + (j)) * kChunkBytes, 64);             \
+  _tile_loadd(3, codes + (3 * 4 + (j)) * kChunkBytes, 64);             \
+  _tile_dpbsud(6, A, 2);                                               \
+  _tile_dpbssd(7, A, 3);
+        RUNLM_Q6K_CHUNK(0, 0)  // chunks alternate between activation tiles 0 and 1
+        RUNLM_Q6K_CHUNK(1, 1)
+        RUNLM_Q6K_CHUNK(0, 2)
+        RUNLM_Q6K_CHUNK(1, 3)
+#undef RUNLM_Q6K_CHUNK
         _tile_stored(4, sums[0], 64);
         _tile_stored(5, sums[1], 64);
         _tile_stored(6, sums[2], 64);
