@@ -66,8 +66,8 @@
 #endif
 
 // AMX (tile registers and int8 tile dot products, Sapphire Rapids and later): the many-row calls (prefill) of the
-// 16-row Q4_K / Q5_K kernels run their integer dot products as 16 x 16 tiles (see "AMX tiles"), when the kernel
-// lets the process use the tile state and RUNLM_AMX is not 0.
+// 16-row Q4_K / Q5_K / Q6_K kernels run their integer dot products as 16 x 16 tiles (see "AMX tiles"), when the
+// kernel lets the process use the tile state and RUNLM_AMX is not 0.
 #if RUNLM_AVX512 && defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #define RUNLM_AMX 1
 #include <sys/syscall.h>
@@ -1568,27 +1568,58 @@ struct KQuant16 {
   static constexpr int D = 0, DMIN = 32, SC = 64, QH = 256, QS = kFifth ? 768 : 256;
   using Act = AK;
 
+  // k4_scale_min for 16 rows: scales 0-3 / 4-7 of row i in lane i's bytes (sc), and the mins as int16 pairs
+  // (min(2k), min(2k + 1)) per lane, k = 0 .. 3 (mins)
+  [[gnu::always_inline]] static void scales(const uint8_t* blk, __m512i* sc, __m512i* mins) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi8(0x3F), low2 = _mm512_set1_epi8(0x03);
+    const __m512i w0 = load512(blk + SC), w1 = load512(blk + SC + 64), w2 = load512(blk + SC + 128);
+    sc[0] = _mm512_and_si512(w0, m6);
+    sc[1] = _mm512_or_si512(_mm512_and_si512(w2, m4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), low2), 4));
+    const __m512i mn_lo = _mm512_and_si512(w1, m6);
+    const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), m4),
+                                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), low2), 4));
+    const __m512i pair01 = byte_pair_shuffle(0), pair23 = byte_pair_shuffle(1);
+    mins[0] = _mm512_shuffle_epi8(mn_lo, pair01), mins[1] = _mm512_shuffle_epi8(mn_lo, pair23);
+    mins[2] = _mm512_shuffle_epi8(mn_hi, pair01), mins[3] = _mm512_shuffle_epi8(mn_hi, pair23);
+  }
+
+  // The codes of piece 8j + c: sub-block 2j's (low nibbles) in lo, 2j + 1's (high nibbles) in hi; Q5_K: bits 2j and
+  // 2j + 1 of each qh byte moved to bit 4 of the code.
+  [[gnu::always_inline]] static void codes(const uint8_t* blk, int j, int c, __m512i& lo, __m512i& hi) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m16 = _mm512_set1_epi8(0x10);
+    const __m512i v = load512(blk + QS + 64 * (8 * j + c));
+    lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    if constexpr (kFifth) {
+      const __m512i bits = load512(blk + QH + 64 * c);
+      lo = _mm512_or_si512(lo, _mm512_and_si512(j < 2 ? _mm512_slli_epi32(bits, 4 - 2 * j)
+                                                      : _mm512_srli_epi32(bits, 2 * j - 4), m16));
+      hi = _mm512_or_si512(hi, _mm512_and_si512(j < 2 ? _mm512_slli_epi32(bits, 3 - 2 * j)
+                                                      : _mm512_srli_epi32(bits, 2 * j - 3), m16));
+    }
+  }
+
+  // One activation row's super-block to float: its integer sum, then the mins against the activation's sums of 32,
+  // in kquant_step's sequence.
+  [[gnu::always_inline]] static __m512 step(__m512 y, __m512 d, __m512 dmin, const __m512i* mins, const AK& ab, __m512i isum) {
+    alignas(16) int16_t s32[8];  // the activation's sums over each 32-value sub-block
+    _mm_store_si128(reinterpret_cast<__m128i*>(s32), _mm256_castsi256_si128(sums32(ab)));
+    __m512i msum = _mm512_setzero_si512();
+    for (int k = 0; k < 4; ++k) msum = _mm512_dpwssd_epi32(msum, mins[k], bcast4(s32 + 2 * k));
+    y = kquant_step16(y, d, ab.d, isum);
+    return _mm512_fnmadd_ps(_mm512_mul_ps(dmin, _mm512_set1_ps(ab.d)), _mm512_cvtepi32_ps(msum), y);
+  }
+
   template <int RW, int R>
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
     static_assert(RW == 16, "Q4_K / Q5_K groups are 16 rows here");
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi8(0x3F), low2 = _mm512_set1_epi8(0x03);
-    const __m512i m16 = _mm512_set1_epi8(0x10);
-    const __m512i byte0 = _mm512_set1_epi32(0xFF), pair01 = byte_pair_shuffle(0), pair23 = byte_pair_shuffle(1);
+    const __m512i byte0 = _mm512_set1_epi32(0xFF);
     __m512 y[R];
     for (int r = 0; r < R; ++r) y[r] = _mm512_setzero_ps();
     const uint8_t* blk = w[0];
     for (int64_t b = 0; b < nb; ++b, blk += 16 * SIZE) {
       prefetch_block16(blk, 16 * SIZE);
-      // k4_scale_min for 16 rows: scales 0-3 / 4-7 of row i in lane i's bytes, mins alike
-      const __m512i w0 = load512(blk + SC), w1 = load512(blk + SC + 64), w2 = load512(blk + SC + 128);
-      const __m512i sc[2] = {
-          _mm512_and_si512(w0, m6),
-          _mm512_or_si512(_mm512_and_si512(w2, m4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), low2), 4))};
-      const __m512i mn_lo = _mm512_and_si512(w1, m6);
-      const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), m4),
-                                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), low2), 4));
-      const __m512i mins[4] = {_mm512_shuffle_epi8(mn_lo, pair01), _mm512_shuffle_epi8(mn_lo, pair23),
-                               _mm512_shuffle_epi8(mn_hi, pair01), _mm512_shuffle_epi8(mn_hi, pair23)};
+      __m512i sc[2], mins[4];
+      scales(blk, sc, mins);
       __m512i isum[R];
       for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
 #pragma GCC unroll 4
@@ -1596,17 +1627,7 @@ struct KQuant16 {
         const __m512i s_lo = _mm512_and_si512(_mm512_srli_epi32(sc[j / 2], 16 * (j % 2)), byte0);
         const __m512i s_hi = _mm512_and_si512(_mm512_srli_epi32(sc[j / 2], 16 * (j % 2) + 8), byte0);
         __m512i lo[8], hi[8];
-        for (int c = 0; c < 8; ++c) {
-          const __m512i v = load512(blk + QS + 64 * (8 * j + c));
-          lo[c] = _mm512_and_si512(v, m4), hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-          if constexpr (kFifth) {  // bit 2j (low nibbles) and 2j + 1 (high) of each qh byte to bit 4 of the code
-            const __m512i bits = load512(blk + QH + 64 * c);
-            lo[c] = _mm512_or_si512(lo[c], _mm512_and_si512(j < 2 ? _mm512_slli_epi32(bits, 4 - 2 * j)
-                                                                  : _mm512_srli_epi32(bits, 2 * j - 4), m16));
-            hi[c] = _mm512_or_si512(hi[c], _mm512_and_si512(j < 2 ? _mm512_slli_epi32(bits, 3 - 2 * j)
-                                                                  : _mm512_srli_epi32(bits, 2 * j - 3), m16));
-          }
-        }
+        for (int c = 0; c < 8; ++c) codes(blk, j, c, lo[c], hi[c]);
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
           const int8_t* aq = a[r][b].qs + 64 * j;
@@ -1619,15 +1640,7 @@ struct KQuant16 {
         }
       }
       const __m512 d = f16x16(blk + D), dmin = f16x16(blk + DMIN);
-      for (int r = 0; r < R; ++r) {
-        const AK& ab = a[r][b];
-        alignas(16) int16_t s32[8];  // the activation's sums over each 32-value sub-block
-        _mm_store_si128(reinterpret_cast<__m128i*>(s32), _mm256_castsi256_si128(sums32(ab)));
-        __m512i msum = _mm512_setzero_si512();
-        for (int k = 0; k < 4; ++k) msum = _mm512_dpwssd_epi32(msum, mins[k], bcast4(s32 + 2 * k));
-        y[r] = kquant_step16(y[r], d, ab.d, isum[r]);
-        y[r] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, _mm512_set1_ps(ab.d)), _mm512_cvtepi32_ps(msum), y[r]);
-      }
+      for (int r = 0; r < R; ++r) y[r] = step(y[r], d, dmin, mins, a[r][b], isum[r]);
     }
     store_rows16<R>(y, out);
   }
@@ -1755,11 +1768,30 @@ struct X4Layout<Q6_K> {
   static constexpr int QL = 0, QH = 2048, SC = 3072, D = 3328;  // offsets in the 16 rows' super-block
   using Act = AK;
 
+  // The codes' offset for sub-blocks 4q + 2k and 4q + 2k + 1 (sp: scale piece q): -32 x their scales, as int16 pairs
+  // per lane, to meet the activation's sums of 16 in vpdpwssd.
+  template <int k>
+  [[gnu::always_inline]] static __m512i offset_pair(__m512i sp) {
+    const __m512i shuffle = byte_pair_shuffle(k);
+    const __m512i pair = _mm512_srai_epi16(_mm512_slli_epi16(_mm512_shuffle_epi8(sp, shuffle), 8), 8);
+    return _mm512_mullo_epi16(pair, _mm512_set1_epi16(-32));
+  }
+
+  // The codes of pieces c of half h: q[m][col] holds value 128h + 32m + 4c + t of each row in lane byte t.
+  [[gnu::always_inline]] static void codes(const uint8_t* blk, int h, int c, __m512i (&q)[4][4], int col) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i lo = load512(blk + QL + 64 * (16 * h + c)), hi = load512(blk + QL + 64 * (16 * h + 8 + c));
+    const __m512i bits = load512(blk + QH + 64 * (8 * h + c));
+    q[0][col] = _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_and_si512(_mm512_slli_epi16(bits, 4), m30));
+    q[1][col] = _mm512_or_si512(_mm512_and_si512(hi, m4), _mm512_and_si512(_mm512_slli_epi16(bits, 2), m30));
+    q[2][col] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lo, 4), m4), _mm512_and_si512(bits, m30));
+    q[3][col] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(hi, 4), m4),
+                                _mm512_and_si512(_mm512_srli_epi16(bits, 2), m30));
+  }
+
   template <int RW, int R>
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
     static_assert(RW == 16, "Q6_K groups are 16 rows here");
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    const __m512i pair01 = byte_pair_shuffle(0), pair23 = byte_pair_shuffle(1), minus32 = _mm512_set1_epi16(-32);
     __m512 y[R];
     for (int r = 0; r < R; ++r) y[r] = _mm512_setzero_ps();
     const uint8_t* blk = w[0];
@@ -1772,8 +1804,7 @@ struct X4Layout<Q6_K> {
         sp[q] = load512(blk + SC + 64 * q);
         // the offset: -32 * scale . activation sums of 16, scales as sign-extended int16 pairs
         for (int k = 0; k < 2; ++k) {
-          const __m512i pair = _mm512_srai_epi16(_mm512_slli_epi16(_mm512_shuffle_epi8(sp[q], k ? pair23 : pair01), 8), 8);
-          const __m512i offset = _mm512_mullo_epi16(pair, minus32);
+          const __m512i offset = k ? offset_pair<1>(sp[q]) : offset_pair<0>(sp[q]);
 #pragma GCC unroll 4
           for (int r = 0; r < R; ++r) isum[r] = _mm512_dpwssd_epi32(isum[r], offset, bcast4(a[r][b].bsums + 4 * q + 2 * k));
         }
@@ -1783,16 +1814,7 @@ struct X4Layout<Q6_K> {
 #pragma GCC unroll 2
         for (int half = 0; half < 2; ++half) {  // pieces c = 4 half .. 4 half + 3: sub-blocks 8h + 2m + half
           __m512i q[4][4];  // [m][c - 4 half]
-          for (int cc = 0; cc < 4; ++cc) {
-            const int c = 4 * half + cc;
-            const __m512i lo = load512(blk + QL + 64 * (16 * h + c)), hi = load512(blk + QL + 64 * (16 * h + 8 + c));
-            const __m512i bits = load512(blk + QH + 64 * (8 * h + c));
-            q[0][cc] = _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_and_si512(_mm512_slli_epi16(bits, 4), m30));
-            q[1][cc] = _mm512_or_si512(_mm512_and_si512(hi, m4), _mm512_and_si512(_mm512_slli_epi16(bits, 2), m30));
-            q[2][cc] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lo, 4), m4), _mm512_and_si512(bits, m30));
-            q[3][cc] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(hi, 4), m4),
-                                       _mm512_and_si512(_mm512_srli_epi16(bits, 2), m30));
-          }
+          for (int cc = 0; cc < 4; ++cc) codes(blk, h, 4 * half + cc, q, cc);
           __m512i scale[4];  // sub-block 8h + 2m + half = scale piece 2h + m / 2, byte 2 (m % 2) + half
           for (int m = 0; m < 4; ++m)
             scale[m] = _mm512_srai_epi32(_mm512_slli_epi32(sp[2 * h + m / 2], 24 - 8 * (2 * (m % 2) + half)), 24);
@@ -1845,8 +1867,7 @@ struct TileConfig {
   uint8_t rows[16];
 };
 
-// Every tile 16 rows x 64 bytes. 0, 1: activation codes; 2-5: scaled weight codes (lo, hi; two chunks in flight);
-// 6, 7: the int32 sums (lo, hi).
+// Every tile 16 rows x 64 bytes (what each one holds: KQuantTiles and Q6KTiles).
 inline void amx_configure() {
   TileConfig cfg{};
   cfg.palette = 1;
@@ -1863,13 +1884,8 @@ struct KQuantTiles {
   // Super-block `blk`'s codes (of the 16 rows) times the low and the high part of their sub-block's scale:
   // [lo, hi][chunk j: 16 tile rows of 64 bytes], chunk j holding values 64j .. 64j + 63 (the low nibbles of pieces
   // 8j .. 8j + 7, then their high nibbles, Q5_K's fifth bits as KQuant16 adds them).
-  static void unpack(const uint8_t* blk, uint8_t* out) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m16 = _mm512_set1_epi8(0x10), m6 = _mm512_set1_epi8(0x3F);
-    const __m512i low2 = _mm512_set1_epi8(0x03), byte0 = _mm512_set1_epi32(0xFF), seven = _mm512_set1_epi32(7);
-    const __m512i w0 = load512(blk + K::SC), w2 = load512(blk + K::SC + 128);
-    const __m512i sc[2] = {
-        _mm512_and_si512(w0, m6),
-        _mm512_or_si512(_mm512_and_si512(w2, m4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), low2), 4))};
+  static void unpack(const uint8_t* blk, const __m512i* sc, uint8_t* out) {
+    const __m512i byte0 = _mm512_set1_epi32(0xFF), seven = _mm512_set1_epi32(7);
     for (int j = 0; j < 4; ++j) {
       __m512i lo_f[2], hi_f[2];  // sub-blocks 2j, 2j + 1: the scale's low and high 3 bits, in both 16-bit halves
       for (int h = 0; h < 2; ++h) {
@@ -1880,15 +1896,8 @@ struct KQuantTiles {
         hi_f[h] = _mm512_or_si512(hi, _mm512_slli_epi32(hi, 16));
       }
       for (int c = 0; c < 8; ++c) {
-        const __m512i v = load512(blk + K::QS + 64 * (8 * j + c));
-        __m512i q[2] = {_mm512_and_si512(v, m4), _mm512_and_si512(_mm512_srli_epi16(v, 4), m4)};
-        if constexpr (kFifth) {
-          const __m512i bits = load512(blk + K::QH + 64 * c);
-          q[0] = _mm512_or_si512(q[0], _mm512_and_si512(j < 2 ? _mm512_slli_epi32(bits, 4 - 2 * j)
-                                                              : _mm512_srli_epi32(bits, 2 * j - 4), m16));
-          q[1] = _mm512_or_si512(q[1], _mm512_and_si512(j < 2 ? _mm512_slli_epi32(bits, 3 - 2 * j)
-                                                              : _mm512_srli_epi32(bits, 2 * j - 3), m16));
-        }
+        __m512i q[2];
+        K::codes(blk, j, c, q[0], q[1]);
         for (int h = 0; h < 2; ++h) {  // a byte times a factor < 8 stays within its byte of the 16-bit product
           uint8_t* row = out + j * kChunkBytes + 64 * (8 * h + c);
           _mm512_storeu_si512(row, _mm512_mullo_epi16(q[h], lo_f[h]));
@@ -1901,10 +1910,9 @@ struct KQuantTiles {
   // y[r * ldy + i] for activation rows r < rows (a multiple of 16, at most kMTile; blocks act[r * nba + b]) and
   // the 16 rows of the group at `group`. Super-block by super-block: its scaled codes are made once (and stay in
   // L1) for all the activation rows.
+  // Tiles 0, 1: activation codes; 2-5: scaled weight codes (lo, hi; two chunks in flight); 6, 7: the sums (lo, hi).
   static void group_rows(const uint8_t* group, int64_t nb, const AK* act, int64_t nba, int64_t rows, float* y,
                          int64_t ldy) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi8(0x3F), low2 = _mm512_set1_epi8(0x03);
-    const __m512i pair01 = byte_pair_shuffle(0), pair23 = byte_pair_shuffle(1);
     const int64_t stride = nba * static_cast<int64_t>(sizeof(AK));
     alignas(64) uint8_t codes[kBlockBytes];
     alignas(64) int32_t sums[2][16][16];  // lo, hi: [activation row][weight row]
@@ -1913,13 +1921,9 @@ struct KQuantTiles {
     const uint8_t* blk = group;
     for (int64_t b = 0; b < nb; ++b, blk += 16 * K::SIZE) {
       prefetch_block16(blk, 16 * K::SIZE);
-      unpack(blk, codes);
-      const __m512i w1 = load512(blk + K::SC + 64), w2 = load512(blk + K::SC + 128);
-      const __m512i mn_lo = _mm512_and_si512(w1, m6);
-      const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), m4),
-                                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), low2), 4));
-      const __m512i mins[4] = {_mm512_shuffle_epi8(mn_lo, pair01), _mm512_shuffle_epi8(mn_lo, pair23),
-                               _mm512_shuffle_epi8(mn_hi, pair01), _mm512_shuffle_epi8(mn_hi, pair23)};
+      __m512i sc[2], mins[4];
+      K::scales(blk, sc, mins);
+      unpack(blk, sc, codes);
       const __m512 d = f16x16(blk + K::D), dmin = f16x16(blk + K::DMIN);
       for (int64_t m = 0; m < rows; m += 16) {
         const AK* tile_act = act + m * nba + b;
@@ -1940,15 +1944,8 @@ struct KQuantTiles {
         _tile_stored(6, sums[0], 64);
         _tile_stored(7, sums[1], 64);
         for (int r = 0; r < 16; ++r) {
-          const AK& ab = tile_act[r * nba];
           const __m512i isum = _mm512_add_epi32(load512(sums[0][r]), _mm512_slli_epi32(load512(sums[1][r]), 3));
-          alignas(16) int16_t s32[8];
-          _mm_store_si128(reinterpret_cast<__m128i*>(s32), _mm256_castsi256_si128(sums32(ab)));
-          __m512i msum = _mm512_setzero_si512();
-          for (int k = 0; k < 4; ++k) msum = _mm512_dpwssd_epi32(msum, mins[k], bcast4(s32 + 2 * k));
-          __m512 y_r = kquant_step16(_mm512_load_ps(acc[m + r]), d, ab.d, isum);
-          y_r = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, _mm512_set1_ps(ab.d)), _mm512_cvtepi32_ps(msum), y_r);
-          _mm512_store_ps(acc[m + r], y_r);
+          _mm512_store_ps(acc[m + r], K::step(_mm512_load_ps(acc[m + r]), d, dmin, mins, tile_act[r * nba], isum));
         }
       }
     }
@@ -1972,8 +1969,7 @@ struct Q6KTiles {
   // Super-block `blk`'s codes as [part][chunk j: 16 tile rows of 64 bytes], chunk j holding values 64j .. 64j + 63:
   // tile row k of chunk j is X4Layout<Q6_K>'s code vector q[m][c] of half h = j / 2, m = 2 (j % 2) + k / 8, c = k % 8.
   static void unpack(const uint8_t* blk, uint8_t* out) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), flip = _mm512_set1_epi32(0x80);
-    const __m512i byte0 = _mm512_set1_epi32(0xFF), two_bits = _mm512_set1_epi32(3);
+    const __m512i flip = _mm512_set1_epi32(0x80), byte0 = _mm512_set1_epi32(0xFF), two_bits = _mm512_set1_epi32(3);
     __m512i u[16];  // sub-block s: scale + 128 of each row, in its lane
     for (int q = 0; q < 4; ++q) {
       const __m512i sp = load512(blk + K::SC + 64 * q);
@@ -1989,22 +1985,16 @@ struct Q6KTiles {
           }
         }
         for (int c = 4 * c4; c < 4 * c4 + 4; ++c) {
-          const __m512i lo = load512(blk + K::QL + 64 * (16 * h + c)), hi = load512(blk + K::QL + 64 * (16 * h + 8 + c));
-          const __m512i bits = load512(blk + K::QH + 64 * (8 * h + c));
-          const __m512i codes[4] = {
-              _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_and_si512(_mm512_slli_epi16(bits, 4), m30)),
-              _mm512_or_si512(_mm512_and_si512(hi, m4), _mm512_and_si512(_mm512_slli_epi16(bits, 2), m30)),
-              _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lo, 4), m4), _mm512_and_si512(bits, m30)),
-              _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(hi, 4), m4),
-                              _mm512_and_si512(_mm512_srli_epi16(bits, 2), m30))};
+          __m512i codes[4][4];  // column 0 used
+          K::codes(blk, h, c, codes, 0);
           for (int m = 0; m < 4; ++m) {
             uint8_t* dst = out + (2 * h + m / 2) * kChunkBytes + 64 * (8 * (m % 2) + c);
             // a byte times a factor < 4 stays within its byte of the 16-bit product; the last one less twice
             // the code, byte by byte, is code x (u3 - 2)
             for (int p = 0; p < 3; ++p)
-              _mm512_storeu_si512(dst + p * 4 * kChunkBytes, _mm512_mullo_epi16(codes[m], factor[m][p]));
-            const __m512i top = _mm512_mullo_epi16(codes[m], factor[m][3]);
-            _mm512_storeu_si512(dst + 3 * 4 * kChunkBytes, _mm512_sub_epi8(top, _mm512_add_epi8(codes[m], codes[m])));
+              _mm512_storeu_si512(dst + p * 4 * kChunkBytes, _mm512_mullo_epi16(codes[m][0], factor[m][p]));
+            const __m512i top = _mm512_mullo_epi16(codes[m][0], factor[m][3]);
+            _mm512_storeu_si512(dst + 3 * 4 * kChunkBytes, _mm512_sub_epi8(top, _mm512_add_epi8(codes[m][0], codes[m][0])));
           }
         }
       }
@@ -2013,7 +2003,6 @@ struct Q6KTiles {
 
   static void group_rows(const uint8_t* group, int64_t nb, const AK* act, int64_t nba, int64_t rows, float* y,
                          int64_t ldy) {
-    const __m512i pair01 = byte_pair_shuffle(0), pair23 = byte_pair_shuffle(1), minus32 = _mm512_set1_epi16(-32);
     const int64_t stride = nba * static_cast<int64_t>(sizeof(AK));
     alignas(64) uint8_t codes[kBlockBytes];
     alignas(64) int32_t sums[kParts][16][16];  // per part: [activation row][weight row]
@@ -2026,10 +2015,7 @@ struct Q6KTiles {
       __m512i offset[8];  // -32 x (scale 2k, scale 2k + 1) as int16 pairs, k = 0 .. 7 (X4Layout<Q6_K>'s offsets)
       for (int q = 0; q < 4; ++q) {
         const __m512i sp = load512(blk + K::SC + 64 * q);
-        for (int k = 0; k < 2; ++k) {
-          const __m512i pair = _mm512_srai_epi16(_mm512_slli_epi16(_mm512_shuffle_epi8(sp, k ? pair23 : pair01), 8), 8);
-          offset[2 * q + k] = _mm512_mullo_epi16(pair, minus32);
-        }
+        offset[2 * q] = K::offset_pair<0>(sp), offset[2 * q + 1] = K::offset_pair<1>(sp);
       }
       const __m512 d = f16x16(blk + K::D);
       for (int64_t m = 0; m < rows; m += 16) {
