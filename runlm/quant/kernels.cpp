@@ -14,7 +14,7 @@
 // conversion and the FMA run once per block for all 4).
 //
 // Ops (registered under TORCH_LIBRARY(runlm)): gguf_linear (above), gguf_dequantize (weight rows to float32),
-// gguf_relayout (and gguf_relayout_into a given buffer), gguf_simd (1 if AVX2 path), gguf_isa (the instruction set
+// gguf_dequantize_rows (chosen rows only), gguf_relayout (and gguf_relayout_into a given buffer), gguf_simd (1 if AVX2 path), gguf_isa (the instruction set
 // built for), rms_norm (a one-pass float32 RMSNorm), decode_attention (RoPE + cache write + attention for one new
 // token of one sequence, the float32 reference path), transformer_block (a whole block for rows of one or more
 // sequences, route-invariant: see
@@ -2374,6 +2374,21 @@ void dequant(const uint8_t* w, int64_t N, int64_t K, float* out) {
   });
 }
 
+// Rows ids[0..n) of W to float32 out[i * K + k]: a tied LM head serves the embedding lookup from its own blocks.
+template <class T>
+void dequant_picked(const uint8_t* w, int64_t K, const int64_t* ids, int64_t n, float* out) {
+  const int64_t nbw = K / T::QK;
+  at::parallel_for(0, n, std::max<int64_t>(1, (1 << 15) / K), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      if constexpr (IsX4<T>::value) {
+        dequant_x4_rows<typename T::Plain>(w, nbw, ids[i], ids[i] + 1, out + i * K);
+      } else {
+        dequant_rows<T>(w, nbw, ids[i], ids[i] + 1, out + i * K);
+      }
+    }
+  });
+}
+
 struct TypeInfo {
   int qk;
   int size;
@@ -2488,6 +2503,26 @@ at::Tensor gguf_dequantize(const at::Tensor& w, int64_t type, int64_t out_featur
   const uint8_t* wp = wc.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   RUNLM_DISPATCH(type, dequant, wp, out_features, in_features, op)
+  return out;
+}
+
+// The rows `ids` (int64, any shape) of W as float32 [ids.numel(), K]; the same values gguf_dequantize gives them.
+at::Tensor gguf_dequantize_rows(const at::Tensor& w, int64_t type, int64_t out_features, int64_t in_features,
+                                const at::Tensor& ids) {
+  check_weight("runlm::gguf_dequantize_rows", w, type, out_features, in_features);
+  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.device().is_cpu(), "runlm::gguf_dequantize_rows: ids must be "
+              "int64 on the CPU, got ", ids.scalar_type());
+  const at::Tensor wc = w.contiguous(), ic = ids.reshape(-1).contiguous();
+  const int64_t n = ic.numel();
+  const int64_t* idp = ic.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(idp[i] >= 0 && idp[i] < out_features, "runlm::gguf_dequantize_rows: row ", idp[i],
+                " is out of range for ", out_features, " rows");
+  at::Tensor out = at::empty({n, in_features}, wc.options().dtype(at::kFloat));
+  if (n == 0) return out;
+  const uint8_t* wp = wc.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  RUNLM_DISPATCH(type, dequant_picked, wp, in_features, idp, n, op)
   return out;
 }
 
@@ -3313,6 +3348,7 @@ at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double e
 TORCH_LIBRARY(runlm, m) {
   m.def("gguf_linear(Tensor x, Tensor w, int type, int out_features, int in_features) -> Tensor");
   m.def("gguf_dequantize(Tensor w, int type, int out_features, int in_features) -> Tensor");
+  m.def("gguf_dequantize_rows(Tensor w, int type, int out_features, int in_features, Tensor ids) -> Tensor");
   m.def("gguf_relayout(Tensor w, int type, int out_features, int in_features) -> Tensor");
   m.def("gguf_relayout_into(Tensor w, Tensor(a!) out, int type, int out_features, int in_features) -> ()");
   m.def("gguf_simd() -> int", &gguf_simd);
@@ -3334,6 +3370,7 @@ TORCH_LIBRARY(runlm, m) {
 TORCH_LIBRARY_IMPL(runlm, CPU, m) {
   m.impl("gguf_linear", &gguf_linear);
   m.impl("gguf_dequantize", &gguf_dequantize);
+  m.impl("gguf_dequantize_rows", &gguf_dequantize_rows);
   m.impl("gguf_relayout", &gguf_relayout);
   m.impl("gguf_relayout_into", &gguf_relayout_into);
   m.impl("rms_norm", &rms_norm);

@@ -196,6 +196,7 @@ def _load() -> None:
     fakes = (
         ("runlm::gguf_linear", _fake_gguf_linear),
         ("runlm::gguf_dequantize", _fake_gguf_dequantize),
+        ("runlm::gguf_dequantize_rows", _fake_gguf_dequantize_rows),
         ("runlm::rms_norm", _fake_rms_norm),
         ("runlm::decode_attention", _fake_decode_attention),
         ("runlm::transformer_block", _fake_transformer_block),
@@ -240,6 +241,10 @@ def _fake_gguf_linear(x: torch.Tensor, w: torch.Tensor, type: int, out_features:
 
 def _fake_gguf_dequantize(w: torch.Tensor, type: int, out_features: int, in_features: int):
     return w.new_empty((out_features, in_features), dtype=torch.float32)
+
+
+def _fake_gguf_dequantize_rows(w: torch.Tensor, type: int, out_features: int, in_features: int, ids: torch.Tensor):
+    return w.new_empty((ids.numel(), in_features), dtype=torch.float32)
 
 
 def _fake_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float):
@@ -492,18 +497,11 @@ class GGUFLinear(nn.Module):
 
     def gathered(self, ids: torch.Tensor) -> torch.Tensor:
         """The float32 weight rows `ids` [n] -> [n, in_features]: a tied LM head serving the embedding lookup."""
-        ids = ids.reshape(-1).cpu()
-        shape = (ids.numel(), self.in_features)
-        if not self.x4:
-            if self._kernel:
-                return torch.ops.runlm.gguf_dequantize(self.blocks[ids], self.type_id, *shape)
-            return dequantize(self.type_name, self.blocks[ids], shape)
-        # each row's group back to the row layout (bytes only), then the rows asked for decoded
-        g = self.group
-        groups = self.blocks.view(self.out_features // g, -1)[ids // g]
-        plain = torch.ops.runlm.gguf_relayout(groups, self.type_id, g * ids.numel(), self.in_features)
-        rows = plain.view(ids.numel(), g, -1)[torch.arange(ids.numel()), ids % g]
-        return torch.ops.runlm.gguf_dequantize(rows, KERNEL_TYPES[self.type_name], *shape)
+        ids = ids.reshape(-1).cpu().long()
+        if self._kernel:  # one call, straight from either layout (a decode step looks up one row)
+            return torch.ops.runlm.gguf_dequantize_rows(self.blocks, self.type_id, self.out_features,
+                                                        self.in_features, ids)
+        return dequantize(self.type_name, self.blocks[ids], (ids.numel(), self.in_features))
 
     def _dense(self, x2: torch.Tensor) -> torch.Tensor:
         rows = max(4, _DENSE_CHUNK_ELEMENTS // self.in_features // 4 * 4)

@@ -237,6 +237,8 @@ def test_x4_layout_matches_plain_rows(type_name: str):
     assert not torch.equal(x4.blocks, plain.blocks) and torch.equal(x4.plain_blocks(), plain.blocks)
     ref = dequantize(type_name, data, shape)
     assert torch.equal(x4.dequantized(), ref) and torch.equal(x4.dequantized(5, 9), ref[5:9])
+    picked = torch.tensor([[47, 0], [17, 17]])  # a tied head's embedding lookup: rows straight from the groups
+    assert torch.equal(x4.gathered(picked), ref[picked.reshape(-1)])
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(9, shape[1], generator=gen)
     single = torch.cat([x4(x[i : i + 1]) for i in range(9)])  # each row alone: the decode GEMV
@@ -290,6 +292,10 @@ def test_dequantize_op_matches_reference(type_name: str):
     assert torch.equal(module.dequantized(), ref)
     assert torch.equal(module.dequantized(5, 9), ref[5:9])
     assert torch.equal(kernels.gguf_dequantize(module.blocks[[3, 0, 3]], type_name, (3, 512)), ref[[3, 0, 3]])
+    assert torch.equal(module.gathered(torch.tensor([3, 0, 23, 3])), ref[[3, 0, 23, 3]])
+    assert module.gathered(torch.tensor([], dtype=torch.long)).shape == (0, 512)
+    with pytest.raises(RuntimeError, match="out of range"):
+        module.gathered(torch.tensor([24]))
 
 
 def test_dense_path_for_many_rows():
