@@ -384,25 +384,28 @@ def served_process(*serve_args: str, start_timeout_s: float = 600) -> Iterator[s
 
 
 def run_served_vs_direct(loaded, ids: list[int], gen_tokens: int, repeat: int = 1, dtype: str = "auto",
-                         kv_type: str = "auto") -> tuple[float, float]:
+                         kv_type: str = "auto") -> tuple[float, float, list[float]]:
     """Decode tok/s of one stream read by an HTTP client from `runlm serve` in its own process, and of the
-    runner's own greedy loop here, on the same prompt: the best of `repeat` runs of each, taken in turns.
+    runner's own greedy loop here, on the same prompt, taken in turns `repeat` times: the best of each, and the
+    ratio served / direct of each adjacent pair (a shared machine's speed drifts; a pair shares the drift).
     (A server in this process would share its GIL with the client, which no user's setup does.)"""
     runner = loaded.runner
     prompt = ids[:32]
-    direct = served = 0.0
+    direct, served, ratios = 0.0, 0.0, []
     body = {"model": loaded.path.name, "prompt": prompt, "max_tokens": gen_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "cache_prompt": False}
     with served_process("-m", str(loaded.path), "--threads", str(torch.get_num_threads()), "--dtype", dtype,
                         "--kv-type", kv_type, "--prompt-cache-mb", "0") as url:
+        streamed_token_times(url, dict(body, max_tokens=4))  # the server's first request warms its kernels
         for _ in range(max(1, repeat)):
             marks: list[float] = []
             runner.generate(prompt, gen_tokens,
                             on_token=lambda t, marks=marks: marks.append(time.perf_counter()) or True)
-            direct = max(direct, (len(marks) - 1) / (marks[-1] - marks[0]))
             arrivals = streamed_token_times(url, body)
-            served = max(served, (len(arrivals) - 1) / (arrivals[-1] - arrivals[0]))
-    return served, direct
+            pair = [(len(times) - 1) / (times[-1] - times[0]) for times in (marks, arrivals)]
+            direct, served = max(direct, pair[0]), max(served, pair[1])
+            ratios.append(pair[1] / pair[0])
+    return served, direct, ratios
 
 
 def run_engine_bench(args) -> int:
@@ -434,10 +437,11 @@ def run_engine_bench(args) -> int:
                   f"ITL p50 {p50[0]:.1f} -> {p50[1]:.1f} ms ({p50[1] / max(p50[0], 1e-9):.2f}x), "
                   f"p99 {p99[0]:.1f} -> {p99[1]:.1f} ms ({p99[1] / max(p99[0], 1e-9):.2f}x), against the same "
                   "tokens of the same streams without it")
-        served, direct = run_served_vs_direct(loaded, ids, args.gen_tokens, args.repeat, args.dtype,
-                                              args.kv_type)
+        served, direct, ratios = run_served_vs_direct(loaded, ids, args.gen_tokens, max(3, args.repeat),
+                                                      args.dtype, args.kv_type)
         print(f"one stream served over HTTP: {served:.1f} tok/s vs the runner's own loop {direct:.1f} tok/s "
-              f"({served / direct:.0%})")
+              f"(best of {len(ratios)} each: {served / direct:.0%}); served / direct in {len(ratios)} adjacent "
+              f"pairs: median {float(np.median(ratios)):.0%}, {min(ratios):.0%}-{max(ratios):.0%}")
         print(f"routes (prefill / decode / chunks / batch / prompt-cache reuse): max |delta logit| "
               f"{route_deviation(loaded.runner, ids[:96]):.3g}")
     if args.prompt_cache:

@@ -50,4 +50,5 @@ def test_bench_streams_reports_batching_admission_serving_and_routes(smollm2_ggu
     assert re.search(r"a 300-token prompt admitted beside 2 streams \(its first token after [\d.]+ s\): their "
                      r"ITL p50 [\d.]+ -> [\d.]+ ms", out)
     assert re.search(r"one stream served over HTTP: [\d.]+ tok/s vs the runner's own loop [\d.]+ tok/s", out)
+    assert re.search(r"served / direct in \d+ adjacent pairs: median \d+%, \d+%-\d+%", out)
     assert "max |delta logit| 0\n" in out  # the packed path is route-invariant: bit-identical logits
