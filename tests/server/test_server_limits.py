@@ -89,3 +89,17 @@ def test_a_request_past_the_kv_budget_is_a_400_naming_max_tokens(smollm2_loaded)
     assert fits.status_code == 200
     assert too_big.status_code == 400 and too_big.json()["error"]["param"] == "max_tokens"
     assert "KV-cache budget of 16 MiB" in too_big.json()["error"]["message"]
+
+
+def test_a_header_block_past_the_bound_is_a_400_and_one_within_it_is_served(live):
+    """MAX_HEADER_BYTES bounds a request's target and headers together; the server keeps serving."""
+    from runlm.server.timeouts import MAX_HEADER_BYTES
+
+    filler = b"x" * (MAX_HEADER_BYTES // 2)
+    with connect(live) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: " + filler + b"\r\nX-B: " + filler + b"\r\n\r\n")
+        reply = read_until_closed(sock)
+    assert reply.startswith(b"HTTP/1.1 400")
+    with connect(live) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: " + filler + b"\r\n\r\n")
+        assert read_response(sock).startswith(b"HTTP/1.1 200")
