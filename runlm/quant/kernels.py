@@ -145,8 +145,10 @@ def _variant() -> str:
     return value if value in _VARIANT_CFLAGS else "native"
 
 
-def _cpu_fingerprint() -> str:
-    """A short hash of the CPU features: a -march=native build is only reused on the same kind of CPU."""
+def _build_key(cflags: Sequence[str]) -> str:
+    """A short hash of what a build depends on: the CPU's features (a -march=native build is only reused on the same
+    kind of CPU), the kernel source, the flags and torch's version. Two checkouts or versions of runlm on one machine
+    then keep builds of their own, instead of rebuilding over (and loading) each other's in one directory."""
     flags = ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
@@ -156,7 +158,9 @@ def _cpu_fingerprint() -> str:
                     break
     except OSError:
         pass
-    return hashlib.sha1(f"{platform.machine()}|{platform.processor()}|{flags}".encode()).hexdigest()[:10]
+    key = hashlib.sha1(f"{platform.machine()}|{platform.processor()}|{flags}|{cflags}|{torch.__version__}".encode())
+    key.update(_SOURCE.read_bytes())
+    return key.hexdigest()[:12]
 
 
 def _op_registered() -> bool:
@@ -176,7 +180,7 @@ def _load() -> None:
         if not _SOURCE.is_file():
             raise FileNotFoundError(f"kernel source {_SOURCE} is missing")
         cflags = list(_CFLAGS) + _VARIANT_CFLAGS[variant]
-        name = f"runlm_gguf_{variant}_{_cpu_fingerprint()}"
+        name = f"runlm_gguf_{variant}_{_build_key(cflags)}"
         _put_pip_ninja_on_path()
         torch_log = logging.getLogger("torch.utils.cpp_extension")
         level = torch_log.level
