@@ -34,6 +34,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <utility>
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
@@ -1023,34 +1025,40 @@ inline uint32_t qh_move(uint32_t v, bool to_plain) {
   return out;
 }
 
-// A field's piece: fixed-size copies (inlined moves, not library calls) for the sizes the layouts use.
-inline void copy_piece(uint8_t* to, const uint8_t* from, int size) {
-  switch (size) {
-    case 2: std::memcpy(to, from, 2); break;
-    case 4: std::memcpy(to, from, 4); break;
-    case 8: std::memcpy(to, from, 8); break;
-    case 16: std::memcpy(to, from, 16); break;
-    default: std::memcpy(to, from, static_cast<size_t>(size)); break;
+// Where field k starts in an x4 block: after every earlier field's pieces for all the group's rows.
+template <class T>
+constexpr int x4_field_base(int k) {
+  int base = 0;
+  for (int j = 0; j < k; ++j) base += X4Fields<T>::ROWS * X4Fields<T>::f[j].size;
+  return base;
+}
+
+// One field of row i between an x4 block and a plain block; offsets and sizes are compile-time constants, so
+// each copy is a single move (a load regroups every weight byte through here).
+template <class T, bool TO_PLAIN, int K>
+inline void x4_move_field(uint8_t* x4, int i, uint8_t* plain) {
+  constexpr Field f = X4Fields<T>::f[K];
+  constexpr int base = x4_field_base<T>(K);
+  uint8_t* a = x4 + base + i * f.size;
+  if constexpr (base == X4Fields<T>::QH) {  // 4 bytes of fifth bits, reordered
+    const uint32_t v = qh_move(u32(TO_PLAIN ? a : plain + f.offset), TO_PLAIN);
+    std::memcpy(TO_PLAIN ? plain + f.offset : a, &v, 4);
+  } else if constexpr (TO_PLAIN) {
+    std::memcpy(plain + f.offset, a, f.size);
+  } else {
+    std::memcpy(a, plain + f.offset, f.size);
   }
+}
+
+template <class T, bool TO_PLAIN, int... K>
+inline void x4_move_fields(uint8_t* x4, int i, uint8_t* plain, std::integer_sequence<int, K...>) {
+  (x4_move_field<T, TO_PLAIN, K>(x4, i, plain), ...);
 }
 
 // Copy row i (0..ROWS - 1) of x4 block `x4` back into a plain block, or the reverse.
 template <class T, bool TO_PLAIN>
 inline void x4_move(uint8_t* x4, int i, uint8_t* plain) {
-  int base = 0;
-  for (int k = 0; k < X4Fields<T>::N; ++k) {
-    const Field& f = X4Fields<T>::f[k];
-    uint8_t* a = x4 + base + i * f.size;
-    if (base == X4Fields<T>::QH) {  // 4 bytes of fifth bits, reordered
-      const uint32_t v = qh_move(u32(TO_PLAIN ? a : plain + f.offset), TO_PLAIN);
-      std::memcpy(TO_PLAIN ? plain + f.offset : a, &v, 4);
-    } else if (TO_PLAIN) {
-      copy_piece(plain + f.offset, a, f.size);
-    } else {
-      copy_piece(a, plain + f.offset, f.size);
-    }
-    base += X4Fields<T>::ROWS * f.size;
-  }
+  x4_move_fields<T, TO_PLAIN>(x4, i, plain, std::make_integer_sequence<int, X4Fields<T>::N>{});
 }
 
 // The x4 kernels' portable path: rebuild the 4 rows in the row layout and run the row layout's kernel on them, so
@@ -2357,6 +2365,9 @@ void dequant_x4_rows(const uint8_t* w, int64_t nbw, int64_t n0, int64_t n1, floa
     uint8_t* group = const_cast<uint8_t*>(w) + (n / ROWS) * ROWS * row_bytes;
     for (int64_t b = 0; b < nbw; ++b) {
       x4_move<T, true>(group + b * ROWS * T::SIZE, static_cast<int>(n % ROWS), plain);
+      // GCC 12 at -O3 lost x4_move's stores into this local block before FastDequant<Q6_K>'s vector loads read
+      // it (garbage out; right at -O2, or with this fence): keep the compiler from moving or dropping them.
+      std::atomic_signal_fence(std::memory_order_seq_cst);
       dequant_rows<T>(plain, 1, 0, 1, out + ((n - n0) * nbw + b) * T::QK);
     }
   }
