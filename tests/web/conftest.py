@@ -22,8 +22,10 @@ def _unavailable(reason: str):
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """A browser per test module: playwright's sync API runs an event loop on this thread while it is open, and
+    a test after it that calls asyncio.run (tests/cluster) would find that loop running."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
