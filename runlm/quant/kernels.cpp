@@ -14,9 +14,9 @@
 // conversion and the FMA run once per block for all 4).
 //
 // Ops (registered under TORCH_LIBRARY(runlm)): gguf_linear (above), gguf_dequantize (weight rows to float32),
-// gguf_dequantize_rows (chosen rows only), gguf_relayout (and gguf_relayout_into a given buffer), gguf_simd (1 if AVX2 path), gguf_isa (the instruction set
-// built for), rms_norm (a one-pass float32 RMSNorm), decode_attention (RoPE + cache write + attention for one new
-// token of one sequence, the float32 reference path), transformer_block (a whole block for rows of one or more
+// gguf_dequantize_rows (chosen rows only), gguf_relayout (and gguf_relayout_into a given buffer), gguf_simd (1 if
+// AVX2 path), gguf_isa (the instruction set built for), rms_norm (a one-pass float32 RMSNorm), decode_attention
+// (RoPE + cache write + attention for one new token of one sequence, the float32 reference path), transformer_block (a whole block for rows of one or more
 // sequences, route-invariant: see
 // "Route-invariant blocks").
 //
@@ -35,13 +35,13 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <utility>
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(RUNLM_SCALAR)
@@ -2373,30 +2373,28 @@ void dequant_x4_rows(const uint8_t* w, int64_t nbw, int64_t n0, int64_t n1, floa
   }
 }
 
+// Weight rows [n0, n1) of either layout to float32 out[(n - n0) * K + k].
+template <class T>
+void dequant_span(const uint8_t* w, int64_t nbw, int64_t n0, int64_t n1, float* out) {
+  if constexpr (IsX4<T>::value) {
+    dequant_x4_rows<typename T::Plain>(w, nbw, n0, n1, out);
+  } else {
+    dequant_rows<T>(w, nbw, n0, n1, out);
+  }
+}
+
 template <class T>
 void dequant(const uint8_t* w, int64_t N, int64_t K, float* out) {
-  const int64_t nbw = K / T::QK;
   at::parallel_for(0, N, std::max<int64_t>(1, (1 << 15) / K), [&](int64_t n0, int64_t n1) {
-    if constexpr (IsX4<T>::value) {
-      dequant_x4_rows<typename T::Plain>(w, nbw, n0, n1, out + n0 * K);
-    } else {
-      dequant_rows<T>(w, nbw, n0, n1, out + n0 * K);
-    }
+    dequant_span<T>(w, K / T::QK, n0, n1, out + n0 * K);
   });
 }
 
 // Rows ids[0..n) of W to float32 out[i * K + k]: a tied LM head serves the embedding lookup from its own blocks.
 template <class T>
 void dequant_picked(const uint8_t* w, int64_t K, const int64_t* ids, int64_t n, float* out) {
-  const int64_t nbw = K / T::QK;
   at::parallel_for(0, n, std::max<int64_t>(1, (1 << 15) / K), [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      if constexpr (IsX4<T>::value) {
-        dequant_x4_rows<typename T::Plain>(w, nbw, ids[i], ids[i] + 1, out + i * K);
-      } else {
-        dequant_rows<T>(w, nbw, ids[i], ids[i] + 1, out + i * K);
-      }
-    }
+    for (int64_t i = i0; i < i1; ++i) dequant_span<T>(w, K / T::QK, ids[i], ids[i] + 1, out + i * K);
   });
 }
 
