@@ -16,13 +16,13 @@
 // Ops (registered under TORCH_LIBRARY(runlm)): gguf_linear (above), gguf_dequantize (weight rows to float32),
 // gguf_dequantize_rows (chosen rows only), gguf_relayout (and gguf_relayout_into a given buffer), gguf_simd (1 if
 // AVX2 path), gguf_isa (the instruction set built for), rms_norm (a one-pass float32 RMSNorm), decode_attention
-// (RoPE + cache write + attention for one new token of one sequence, the float32 reference path), transformer_block (a whole block for rows of one or more
-// sequences, route-invariant: see
-// "Route-invariant blocks").
+// (RoPE + cache write + attention for one new token of one sequence, the float32 reference path), transformer_block
+// (a whole block for rows of one or more sequences, route-invariant: see "Route-invariant blocks").
 //
-// Built with -march=native for the CPU it runs on (runlm.quant.kernels caches one build per CPU model): the AVX2/
-// FMA/F16C path when the compiler targets it, with AVX-512 VNNI dot products where the CPU has them, the scalar
-// path otherwise (or with -DRUNLM_SCALAR). All quantize activations identically, so they agree to float rounding.
+// Built with -march=native for the CPU it runs on (runlm.quant.kernels caches one build per CPU model and source):
+// the AVX2/FMA/F16C path when the compiler targets it, with AVX-512 VNNI dot products where the CPU has them, the
+// scalar path otherwise (or with -DRUNLM_SCALAR). All quantize activations identically, so they agree to float
+// rounding.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
