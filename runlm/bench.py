@@ -8,6 +8,7 @@ fixed English text.
 
 from __future__ import annotations
 
+import http.client
 import importlib.util
 import json
 import os
@@ -23,6 +24,7 @@ from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import torch
@@ -340,16 +342,26 @@ def _timed_streams(loaded, ids: list[int], streams: int, max_tokens: int = 100_0
 
 
 def streamed_token_times(base_url: str, body: dict) -> list[float]:
-    """Arrival time of each token of a streamed /v1/completions request (events with text)."""
-    import httpx  # optional: the [server] extra
+    """Arrival time of each token of a streamed /v1/completions request (events with text).
 
-    arrivals: list[float] = []
-    with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=600) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if line.startswith("data: {") and '"text": ""' not in line:
-                arrivals.append(time.perf_counter())
-    return arrivals
+    Read with the standard library's HTTP client, event by event: on a 2-core machine the client's CPU is
+    taken from the model's threads, and httpx's line iterator cost ~420 us a token here (this loop ~110)."""
+    url = urlsplit(base_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=600)
+    try:
+        conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        if response.status != 200:
+            raise InvalidInputError(f"the server answered {response.status}: {response.read()[:500]!r}")
+        arrivals: list[float] = []
+        tail = b""
+        while data := response.read1(1 << 16):
+            now = time.perf_counter()
+            *events, tail = (tail + data).split(b"\n\n")
+            arrivals += [now for event in events if event.startswith(b"data: {") and b'"text": ""' not in event]
+        return arrivals
+    finally:
+        conn.close()
 
 
 def free_port() -> int:
