@@ -2647,6 +2647,21 @@ inline __m256 exp_ps(__m256 x) {
 }
 #endif
 
+// The largest of x[0..n) (n > 0); the order of a max does not matter, so any vector width gives the same value.
+inline float max_of(const float* x, int64_t n) {
+  int64_t i = 0;
+  float best = -INFINITY;
+#if RUNLM_AVX512
+  if (n >= 16) {
+    __m512 m = _mm512_loadu_ps(x);
+    for (i = 16; i + 16 <= n; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
+    best = _mm512_reduce_max_ps(m);
+  }
+#endif
+  for (; i < n; ++i) best = std::max(best, x[i]);
+  return best;
+}
+
 // x[i] = e^(x[i] - shift) in place; returns their sum.
 inline float exp_shift_sum(float* x, int64_t n, float shift) {
   int64_t i = 0;
@@ -2733,6 +2748,40 @@ inline __m256 kv_load8(const KvQ8Block* row, int64_t i) {
   return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(b.d))));
 }
 #endif
+#if RUNLM_AVX512
+// Values i .. i + 15 of a row (i % 16 == 0), as float32: the same widening as kv_load8, 16 lanes at a time.
+inline __m512 kv_load16(const float* row, int64_t i) { return _mm512_loadu_ps(row + i); }
+inline __m512 kv_load16(const c10::Half* row, int64_t i) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + i)));
+}
+inline __m512 kv_load16(const KvQ8Block* row, int64_t i) {
+  const KvQ8Block& b = row[i / kQ8Values];
+  const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + i % kQ8Values)));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<int16_t>(b.d))));
+}
+// Values i .. i + 7 of two rows, a's in the low half and b's in the high half: two keys' score lanes side by side.
+inline __m512 kv_load8x2(const float* a, const float* b, int64_t i) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a + i)), _mm256_loadu_ps(b + i), 1);
+}
+inline __m512 kv_load8x2(const c10::Half* a, const c10::Half* b, int64_t i) {
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i));
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo),
+                                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)), 1));
+}
+inline __m512 kv_load8x2(const KvQ8Block* a, const KvQ8Block* b, int64_t i) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(kv_load8(a, i)), kv_load8(b, i), 1);
+}
+#endif
+
+// A cache row of D values widened to float32 (each exactly as kv_elem / kv_load8 read it).
+template <typename T>
+inline void kv_widen(const T* row, float* out, int64_t D) {
+  int64_t i = 0;
+#if RUNLM_AVX2
+  for (; i + 8 <= D; i += 8) _mm256_storeu_ps(out + i, kv_load8(row, i));
+#endif
+  for (; i < D; ++i) out[i] = kv_elem(row, i);
+}
 
 // n floats stored as cache elements: copied, or rounded to the nearest half (ties to even; F16C and the scalar
 // conversion agree on every non-NaN value).
@@ -2762,6 +2811,15 @@ inline void kv_store(const float* x, KvQ8Block* out, int64_t n) {
 // The 8 lanes of a dot product's accumulator reduced in the order _mm256_hadd_ps pairs them below.
 inline float tree8(const float* l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
 
+#if RUNLM_AVX2
+// Eight keys' accumulators reduced to their eight scores, each in tree8's order.
+inline __m256 tree8_x8(const __m256* acc) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+#endif
+
 // out[t] = q . keys[t] for n keys given by row pointers (D % 8 == 0; the decode attention of the float32 path and
 // the fused blocks both score keys here; T: the cache's element type): lane l of key t's accumulator sums
 // q[i + l] * k[i + l] by FMA over i = 0, 8, ..., and the lanes meet in tree8's order, for a key in a group of 8
@@ -2777,9 +2835,7 @@ inline void score_rows(const float* q, const T* const* keys, int64_t n, int64_t 
       const __m256 qv = _mm256_loadu_ps(q + i);
       for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, kv_load8(keys[t + j], i), acc[j]);
     }
-    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-    _mm256_storeu_ps(out + t, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
+    _mm256_storeu_ps(out + t, tree8_x8(acc));
   }
 #endif
   for (; t < n; ++t) {
@@ -2826,6 +2882,31 @@ template <int H, typename T>
 inline void score_rows_shared(const float* q, const T* const* keys, int64_t n, int64_t D, float* out,
                               int64_t stride) {
   int64_t t = 0;
+#if RUNLM_AVX512
+  // Two keys per 512-bit register (8 lanes each, every lane the chain it has below): half the loads, widenings
+  // and FMAs per score.
+  for (; t + 8 <= n; t += 8) {
+    __m512 acc[H][4];
+    for (int h = 0; h < H; ++h)
+      for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < D; i += 8) {
+      __m512 k[4];
+      for (int j = 0; j < 4; ++j) k[j] = kv_load8x2(keys[t + 2 * j], keys[t + 2 * j + 1], i);
+      for (int h = 0; h < H; ++h) {
+        const __m512 qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(q + h * D + i));
+        for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_fmadd_ps(qv, k[j], acc[h][j]);
+      }
+    }
+    for (int h = 0; h < H; ++h) {
+      __m256 keyed[8];
+      for (int j = 0; j < 4; ++j) {
+        keyed[2 * j] = _mm512_castps512_ps256(acc[h][j]);
+        keyed[2 * j + 1] = _mm512_extractf32x8_ps(acc[h][j], 1);
+      }
+      _mm256_storeu_ps(out + h * stride + t, tree8_x8(keyed));
+    }
+  }
+#endif
   for (; t + 4 <= n; t += 4) {
     __m256 acc[H][4];
     for (int h = 0; h < H; ++h)
@@ -2849,9 +2930,37 @@ inline void score_rows_shared(const float* q, const T* const* keys, int64_t n, i
 // weighted_rows for H heads (weights `stride` apart, outputs D apart; D % 16 == 0) sharing their values: each
 // value row is loaded once for the H heads; every output element is the same FMA chain over t as weighted_rows
 // makes it.
+#if RUNLM_AVX512
+// Outputs i .. i + 16 S of H heads in one pass over the value rows (S 512-bit accumulators per head).
+template <int H, int S, typename T>
+inline void weighted_slices(const float* w, int64_t stride, const T* const* values, int64_t n, int64_t D, int64_t i,
+                            float* out) {
+  __m512 acc[H][S];
+  for (int h = 0; h < H; ++h)
+    for (int s = 0; s < S; ++s) acc[h][s] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < n; ++t) {
+    __m512 v[S];
+    for (int s = 0; s < S; ++s) v[s] = kv_load16(values[t], i + 16 * s);
+    for (int h = 0; h < H; ++h) {
+      const __m512 wt = _mm512_set1_ps(w[h * stride + t]);
+      for (int s = 0; s < S; ++s) acc[h][s] = _mm512_fmadd_ps(wt, v[s], acc[h][s]);
+    }
+  }
+  for (int h = 0; h < H; ++h)
+    for (int s = 0; s < S; ++s) _mm512_storeu_ps(out + h * D + i + 16 * s, acc[h][s]);
+}
+#endif
+
 template <int H, typename T>
 inline void weighted_rows_shared(const float* w, int64_t stride, const T* const* values, int64_t n, int64_t D,
                                  float* out) {
+#if RUNLM_AVX512
+  int64_t i = 0;
+  for (; i + 64 <= D; i += 64) weighted_slices<H, 4>(w, stride, values, n, D, i, out);
+  if (D - i == 48) weighted_slices<H, 3>(w, stride, values, n, D, i, out);
+  if (D - i == 32) weighted_slices<H, 2>(w, stride, values, n, D, i, out);
+  if (D - i == 16) weighted_slices<H, 1>(w, stride, values, n, D, i, out);
+#else
   for (int64_t i = 0; i < D; i += 16) {
     __m256 acc[H][2];
     for (int h = 0; h < H; ++h) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
@@ -2868,6 +2977,7 @@ inline void weighted_rows_shared(const float* w, int64_t stride, const T* const*
       _mm256_storeu_ps(out + h * D + i + 8, acc[h][1]);
     }
   }
+#endif
 }
 
 // Heads h0 .. h0 + H of a chunk: scores, then each head's max and exp-sum, then the weighted values.
@@ -2877,7 +2987,7 @@ inline void attend_heads(const float* q, const T* const* keys, const T* const* v
   score_rows_shared<H>(q, keys, n, D, scores, stride);
   for (int h = 0; h < H; ++h) {
     float* sr = scores + h * stride;
-    part_max[h] = *std::max_element(sr, sr + n);
+    part_max[h] = max_of(sr, n);
     part_sum[h] = exp_shift_sum(sr, n, part_max[h]);
   }
   weighted_rows_shared<H>(scores, stride, values, n, D, part_out);
@@ -2905,7 +3015,7 @@ inline void attend_chunk(const float* q, int64_t rep, const T* const* keys, cons
   for (; j < rep; ++j) {
     float* sr = scores + j * stride;
     score_rows(q + j * D, keys, n, D, sr);
-    const float best = *std::max_element(sr, sr + n);
+    const float best = max_of(sr, n);
     part_max[j] = best;
     part_sum[j] = exp_shift_sum(sr, n, best);
     weighted_rows(sr, values, n, D, part_out + j * D);
@@ -3095,6 +3205,7 @@ at::Tensor linear_parts(const at::Tensor& x, at::TensorList ws, at::IntArrayRef 
 
 constexpr int64_t kKeyChunk = 64;  // attention chunk k covers absolute key positions [64k, 64k + 64)
 constexpr int64_t kAttnScratchFloats = int64_t{1} << 22;  // partial attention outputs held at once (16 MiB)
+constexpr int64_t kRowBlock = 16; // prompt rows of one sequence that share each chunk's widened keys and values
 
 // Where each sequence's rows of this call sit: rows [first_row, first_row + count) hold positions
 // [first_pos, first_pos + count); earlier positions are in the sequence's cache.
@@ -3134,39 +3245,79 @@ void attention_rows(const float* q, const T* knew, const T* vnew, const std::vec
       ++r1;
     }
     part_out.resize(items * rep * D), part_max.resize(items * rep), part_sum.resize(items * rep);
+    // Work items are (block of up to kRowBlock consecutive rows of one sequence, kv head, chunk): a block's rows
+    // read the chunk's keys and values widened to float32 once, from this thread's cache. Each row's partial
+    // result is computed as it would be alone (the same values, the same chains) into its own slot.
+    std::vector<int64_t> block_first{r0}, block_items{0};
+    for (int64_t r = r0 + 1; r <= r1; ++r) {
+      const int64_t b0 = block_first.back();
+      if (r == r1 || row_seq[r] != row_seq[b0] || r - b0 == kRowBlock) {
+        block_items.push_back(block_items.back() + n_kv * (row_pos[r - 1] / kKeyChunk - first_chunk[b0] + 1));
+        if (r < r1) block_first.push_back(r);
+      }
+    }
+    block_first.push_back(r1);
+    const int64_t block_work = block_items.back();
     auto work = [&](int64_t begin, int64_t end) {
-      std::vector<float> scores(rep * kKeyChunk);
+      std::vector<float> scores(rep * kKeyChunk), widened_k, widened_v;
       std::vector<const T*> keys(kKeyChunk), values(kKeyChunk);
-      int64_t k = std::upper_bound(item_start.begin(), item_start.end(), begin) - item_start.begin() - 1;
+      std::vector<const float*> keys_f(kKeyChunk), values_f(kKeyChunk);
+      int64_t b = std::upper_bound(block_items.begin(), block_items.end(), begin) - block_items.begin() - 1;
       for (int64_t item = begin; item < end; ++item) {
-        while (item >= item_start[k + 1]) ++k;
-        const int64_t r = r0 + k, local = item - item_start[k];
-        const int64_t g = local / n_chunks[r], c = first_chunk[r] + local % n_chunks[r];
-        const int64_t p = row_pos[r], lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
-        const int64_t t0 = std::max(lo, c * kKeyChunk), t1 = std::min(p + 1, (c + 1) * kKeyChunk), n = t1 - t0;
-        const SeqRows& sq = seqs[row_seq[r]];
-        const T* kc = static_cast<const T*>(sq.k);
-        const T* vc = static_cast<const T*>(sq.v);
-        for (int64_t t = t0; t < t1; ++t) {
+        while (item >= block_items[b + 1]) ++b;
+        const int64_t rb0 = block_first[b], rb1 = block_first[b + 1], first = first_chunk[rb0];
+        const int64_t span = row_pos[rb1 - 1] / kKeyChunk - first + 1, local = item - block_items[b];
+        const int64_t g = local / span, c = first + local % span;
+        const SeqRows& sq = seqs[row_seq[rb0]];
+        auto range = [&](int64_t r) {  // row r's key positions in chunk c (empty when it sees none of them)
+          const int64_t p = row_pos[r], lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+          return std::pair<int64_t, int64_t>{std::max(lo, c * kKeyChunk), std::min(p + 1, (c + 1) * kKeyChunk)};
+        };
+        int64_t u0 = INT64_MAX, u1 = 0, seeing = 0;
+        for (int64_t r = rb0; r < rb1; ++r) {
+          const auto [t0, t1] = range(r);
+          if (t0 < t1) u0 = std::min(u0, t0), u1 = std::max(u1, t1), ++seeing;
+        }
+        if (seeing == 0) continue;
+        for (int64_t t = u0; t < u1; ++t) {
           if (t >= sq.first_pos) {
             const int64_t row = sq.first_row + (t - sq.first_pos);
-            keys[t - t0] = kv_row(knew, row * n_kv + g, D);
-            values[t - t0] = kv_row(vnew, row * n_kv + g, D);
+            keys[t - u0] = kv_row(knew, row * n_kv + g, D);
+            values[t - u0] = kv_row(vnew, row * n_kv + g, D);
           } else {
             const int64_t slot = ring ? t % window : t;
-            keys[t - t0] = kv_row(kc, g * sq.cap + slot, D);
-            values[t - t0] = kv_row(vc, g * sq.cap + slot, D);
+            keys[t - u0] = kv_row(static_cast<const T*>(sq.k), g * sq.cap + slot, D);
+            values[t - u0] = kv_row(static_cast<const T*>(sq.v), g * sq.cap + slot, D);
           }
         }
-        attend_chunk(q + (r * n_heads + g * rep) * D, rep, keys.data(), values.data(), n, D, scores.data(),
-                     kKeyChunk, part_max.data() + item * rep, part_sum.data() + item * rep,
-                     part_out.data() + item * rep * D);
+        const bool widen = seeing > 1 && !std::is_same_v<T, float>;
+        if (widen) {
+          widened_k.resize((u1 - u0) * D), widened_v.resize((u1 - u0) * D);
+          for (int64_t t = 0; t < u1 - u0; ++t) {
+            kv_widen(keys[t], widened_k.data() + t * D, D), kv_widen(values[t], widened_v.data() + t * D, D);
+            keys_f[t] = widened_k.data() + t * D, values_f[t] = widened_v.data() + t * D;
+          }
+        }
+        for (int64_t r = rb0; r < rb1; ++r) {
+          const auto [t0, t1] = range(r);
+          if (t0 >= t1) continue;
+          const int64_t k = r - r0, slot = (item_start[k] + g * n_chunks[r] + (c - first_chunk[r])) * rep;
+          const float* qr = q + (r * n_heads + g * rep) * D;
+          float *pm = part_max.data() + slot, *ps = part_sum.data() + slot, *po = part_out.data() + slot * D;
+          if (widen) {
+            attend_chunk(qr, rep, keys_f.data() + (t0 - u0), values_f.data() + (t0 - u0), t1 - t0, D, scores.data(),
+                         kKeyChunk, pm, ps, po);
+          } else {
+            attend_chunk(qr, rep, keys.data() + (t0 - u0), values.data() + (t0 - u0), t1 - t0, D, scores.data(),
+                         kKeyChunk, pm, ps, po);
+          }
+        }
       }
     };
-    if (items > 1 && items * rep * kKeyChunk * D >= (1 << 16)) {
-      at::parallel_for(0, items, 1, work);
+    if (block_work > 1 && items * rep * kKeyChunk * D >= (1 << 16)) {
+      at::parallel_for(0, block_work, 1, work);
     } else {
-      work(0, items);
+      work(0, block_work);
     }
     at::parallel_for(r0, r1, 16, [&](int64_t b0, int64_t b1) {
       for (int64_t r = b0; r < b1; ++r) {
