@@ -204,6 +204,15 @@ COLUMNS = [
 ]
 
 
+def cell(value: float | None) -> str:
+    """A table figure; '-' for one not measured (perplexity with --ppl-tokens 0)."""
+    return "-" if value is None else f"{value:.2f}"
+
+
+def ratio(ours: float | None, theirs: float | None) -> str:
+    return "-" if ours is None or not theirs else f"{ours / theirs:.2f}x"
+
+
 def print_table(path: Path, threads: int, args, results: list[dict], skipped: list) -> None:
     print(
         f"model: {path.name}   threads: {threads}   prompt: {args.prompt_tokens}   gen: {args.gen_tokens}   "
@@ -215,7 +224,7 @@ def print_table(path: Path, threads: int, args, results: list[dict], skipped: li
     print(header)
     print("|" + "|".join("-" * (len(cell) + 0) for cell in header.split("|")[1:-1]) + "|")
     for row in results:
-        print(f"| {row['peer']:<14} | " + " | ".join(f"{row[key]:>13.2f}" for key, _, _ in COLUMNS) + " |")
+        print(f"| {row['peer']:<14} | " + " | ".join(f"{cell(row[key]):>13}" for key, _, _ in COLUMNS) + " |")
     ours = next((r for r in results if r["peer"] == "runlm"), None)
     if ours and len(results) > 1:
         print("ratios are runlm / peer: above 1 is better for tok/s, below 1 is better for load, RSS and perplexity")
@@ -223,7 +232,7 @@ def print_table(path: Path, threads: int, args, results: list[dict], skipped: li
         for row in results:
             if row is ours:
                 continue
-            ratios = " | ".join(f"{ours[key] / row[key]:>12.2f}x" for key, _, _ in COLUMNS)
+            ratios = " | ".join(f"{ratio(ours[key], row[key]):>13}" for key, _, _ in COLUMNS)
             print(f"| {'runlm/' + row['peer']:<14} | {ratios} |")
     for peer, reason in skipped:
         print(f"skipped {peer}: {reason}")

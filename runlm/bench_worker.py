@@ -186,7 +186,8 @@ def worker(spec: dict) -> dict:
         prefill_s, decode_s = min(prefill_s, t1 - t0), min(decode_s, t2 - t1)
     rss = peak_rss_mb()
 
-    nll = peer.nll(ppl_ids)
+    # --ppl-tokens 0 (or 1) skips perplexity: it needs one token to predict from and one predicted
+    ppl = math.exp(peer.nll(ppl_ids) / (len(ppl_ids) - 1)) if len(ppl_ids) >= 2 else None
     return {
         "peer": peer_name,
         "load_s": load_s,
@@ -194,7 +195,7 @@ def worker(spec: dict) -> dict:
         "prefill_tok_s": len(prompt) / prefill_s,
         "decode_tok_s": gen / decode_s,
         "peak_rss_mb": rss,
-        "ppl": math.exp(nll / (len(ppl_ids) - 1)),
+        "ppl": ppl,
     }
 
 

@@ -24,6 +24,19 @@ def test_bench_runs_each_peer_with_repeats(smollm2_gguf, tmp_path):
     assert 1 < ours["ppl"] < 1000  # a real model on real English: nowhere near uniform (49152)
 
 
+def test_bench_without_perplexity(smollm2_gguf, tmp_path, capsys):
+    """--ppl-tokens 0 leaves perplexity out: '-' in the table and null in the JSON, not a made-up figure."""
+    from runlm.cli import main
+
+    out = tmp_path / "bench.json"
+    assert main(["bench", "-m", str(smollm2_gguf), "--prompt-tokens", "8", "--gen-tokens", "2", "--ppl-tokens", "0",
+                 "--repeat", "1", "--threads", "1", "--json", str(out)]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| runlm ")]
+    assert row.split("|")[-2].strip() == "-"
+    (ours,) = json.loads(out.read_text())["results"]
+    assert ours["ppl"] is None and ours["decode_tok_s"] > 0
+
+
 def test_bench_kernels_times_each_weight_type(smollm2_gguf, capsys):
     from runlm.cli import main
 
