@@ -2645,6 +2645,25 @@ inline __m256 exp_ps(__m256 x) {
   const __m256i bits = _mm256_slli_epi32(_mm256_cvtps_epi32(k), 23);
   return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), bits));
 }
+#if RUNLM_AVX512
+// exp_ps for 16 floats: the same steps lane by lane, so the same bits.
+inline __m512 exp_ps512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_cvtps_epi32(k), 23);
+  return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), bits));
+}
+#endif
 #endif
 
 // The largest of x[0..n) (n > 0); the order of a max does not matter, so any vector width gives the same value.
@@ -2669,6 +2688,14 @@ inline float exp_shift_sum(float* x, int64_t n, float shift) {
 #if RUNLM_AVX2
   __m256 acc = _mm256_setzero_ps();
   const __m256 s = _mm256_set1_ps(shift);
+#if RUNLM_AVX512
+  // 16 at a time; the sum still goes 8 lanes wide in index order (low half, then high half)
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = exp_ps512(_mm512_sub_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(shift)));
+    _mm512_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(_mm256_add_ps(acc, _mm512_castps512_ps256(e)), _mm512_extractf32x8_ps(e, 1));
+  }
+#endif
   for (; i + 8 <= n; i += 8) {
     const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
     _mm256_storeu_ps(x + i, e);
@@ -3022,6 +3049,78 @@ inline void attend_chunk(const float* q, int64_t rep, const T* const* keys, cons
   }
 }
 
+#if RUNLM_AVX512
+// n keys widened to float32 in pairs, as kv_load8x2 lays two keys side by side: pair p's 8-value step s at
+// (p * D / 8 + s) * 16, key 2p in the low half. Padded with zero keys to a multiple of 8 (their scores unused).
+template <typename T>
+inline void widen_key_pairs(const T* const* keys, int64_t n, int64_t D, float* out) {
+  const int64_t steps = D / 8;
+  for (int64_t t = 0; t < (n + 7) / 8 * 8; ++t)
+    for (int64_t s = 0; s < steps; ++s)
+      _mm256_storeu_ps(out + ((t / 2) * steps + s) * 16 + (t % 2) * 8,
+                       t < n ? kv_load8(keys[t], 8 * s) : _mm256_setzero_ps());
+}
+
+// Scores of H query vectors (q, D floats apart) against the 8 keys of 4 widened pairs: out[h * stride + j], each
+// with score_rows' chains and tree8 order (so the same bits as any other route gives that key).
+template <int H>
+inline void score_pair_tile(const float* q, const float* pairs, int64_t D, float* out, int64_t stride) {
+  const int64_t steps = D / 8;
+  __m512 acc[H][4];
+  for (int h = 0; h < H; ++h)
+    for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < steps; ++s) {
+    __m512 k[4];
+    for (int j = 0; j < 4; ++j) k[j] = _mm512_loadu_ps(pairs + (j * steps + s) * 16);
+    for (int h = 0; h < H; ++h) {
+      const __m512 qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(q + h * D + 8 * s));
+      for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_fmadd_ps(qv, k[j], acc[h][j]);
+    }
+  }
+  for (int h = 0; h < H; ++h) {
+    __m256 keyed[8];
+    for (int j = 0; j < 4; ++j) {
+      keyed[2 * j] = _mm512_castps512_ps256(acc[h][j]);
+      keyed[2 * j + 1] = _mm512_extractf32x8_ps(acc[h][j], 1);
+    }
+    _mm256_storeu_ps(out + h * stride, tree8_x8(keyed));
+  }
+}
+
+// attend_chunk's partial results for m query vectors (qs, D apart; D % 16 == 0) that see the same n keys, from
+// those keys widened in pairs and their values widened to float32: query vectors of several prompt rows go 4 at a
+// time over each key and value loaded once. scores: scratch of m rows, `stride` >= n rounded up to 8, apart.
+inline void attend_gathered(const float* qs, int64_t m, const float* key_pairs, const float* const* values, int64_t n,
+                            int64_t D, float* scores, int64_t stride, float* part_max, float* part_sum,
+                            float* part_out) {
+  for (int64_t v = 0; v < m; v += 4) {
+    const int64_t heads = std::min<int64_t>(4, m - v);
+    for (int64_t t = 0; t < n; t += 8) {
+      const float* pairs = key_pairs + t * D;
+      float* out = scores + v * stride + t;
+      if (heads == 4) score_pair_tile<4>(qs + v * D, pairs, D, out, stride);
+      else if (heads == 3) score_pair_tile<3>(qs + v * D, pairs, D, out, stride);
+      else if (heads == 2) score_pair_tile<2>(qs + v * D, pairs, D, out, stride);
+      else score_pair_tile<1>(qs + v * D, pairs, D, out, stride);
+    }
+  }
+  for (int64_t v = 0; v < m; ++v) {
+    float* sr = scores + v * stride;
+    part_max[v] = max_of(sr, n);
+    part_sum[v] = exp_shift_sum(sr, n, part_max[v]);
+  }
+  for (int64_t v = 0; v < m; v += 4) {
+    const int64_t heads = std::min<int64_t>(4, m - v);
+    const float* w = scores + v * stride;
+    float* o = part_out + v * D;
+    if (heads == 4) weighted_rows_shared<4>(w, stride, values, n, D, o);
+    else if (heads == 3) weighted_rows_shared<3>(w, stride, values, n, D, o);
+    else if (heads == 2) weighted_rows_shared<2>(w, stride, values, n, D, o);
+    else weighted_rows(w, values, n, D, o);
+  }
+}
+#endif
+
 // One query head's output from its chunks' partial results, in chunk order: partial c sits at index
 // first + c * step of part_max / part_sum (and of part_out, D floats each).
 inline void merge_chunks(const float* part_max, const float* part_sum, const float* part_out, int64_t first,
@@ -3262,6 +3361,9 @@ void attention_rows(const float* q, const T* knew, const T* vnew, const std::vec
       std::vector<float> scores(rep * kKeyChunk), widened_k, widened_v;
       std::vector<const T*> keys(kKeyChunk), values(kKeyChunk);
       std::vector<const float*> keys_f(kKeyChunk), values_f(kKeyChunk);
+      std::vector<float> gathered_q(kRowBlock * rep * D), gathered_scores(kRowBlock * rep * kKeyChunk),
+          gathered_max(kRowBlock * rep), gathered_sum(kRowBlock * rep), gathered_out(kRowBlock * rep * D);
+      std::vector<int64_t> gathered_slot(kRowBlock * rep);
       int64_t b = std::upper_bound(block_items.begin(), block_items.end(), begin) - block_items.begin() - 1;
       for (int64_t item = begin; item < end; ++item) {
         while (item >= block_items[b + 1]) ++b;
@@ -3290,6 +3392,42 @@ void attention_rows(const float* q, const T* knew, const T* vnew, const std::vec
             values[t - u0] = kv_row(static_cast<const T*>(sq.v), g * sq.cap + slot, D);
           }
         }
+        auto slot_of = [&](int64_t r) { return (item_start[r - r0] + g * n_chunks[r] + (c - first_chunk[r])) * rep; };
+        auto attend_alone = [&](int64_t r, int64_t t0, int64_t t1, const auto* ks, const auto* vs) {
+          const int64_t slot = slot_of(r);
+          attend_chunk(q + (r * n_heads + g * rep) * D, rep, ks + (t0 - u0), vs + (t0 - u0), t1 - t0, D, scores.data(),
+                       kKeyChunk, part_max.data() + slot, part_sum.data() + slot, part_out.data() + slot * D);
+        };
+#if RUNLM_AVX512
+        if (seeing > 1 && D % 16 == 0) {
+          // the rows that see the whole union go together (all but the causal diagonal's, and a window's edge)
+          widened_k.resize((u1 - u0 + 7) / 8 * 8 * D), widened_v.resize((u1 - u0) * D);
+          widen_key_pairs(keys.data(), u1 - u0, D, widened_k.data());
+          for (int64_t t = 0; t < u1 - u0; ++t) {
+            kv_widen(values[t], widened_v.data() + t * D, D);
+            values_f[t] = widened_v.data() + t * D;
+          }
+          int64_t m = 0;
+          for (int64_t r = rb0; r < rb1; ++r) {
+            const auto [t0, t1] = range(r);
+            if (t0 == u0 && t1 == u1) {
+              std::memcpy(gathered_q.data() + m * D, q + (r * n_heads + g * rep) * D, sizeof(float) * rep * D);
+              for (int64_t j = 0; j < rep; ++j) gathered_slot[m + j] = slot_of(r) + j;
+              m += rep;
+            } else if (t0 < t1) {
+              attend_alone(r, t0, t1, keys.data(), values.data());
+            }
+          }
+          attend_gathered(gathered_q.data(), m, widened_k.data(), values_f.data(), u1 - u0, D, gathered_scores.data(),
+                          kKeyChunk, gathered_max.data(), gathered_sum.data(), gathered_out.data());
+          for (int64_t v = 0; v < m; ++v) {
+            const int64_t slot = gathered_slot[v];
+            part_max[slot] = gathered_max[v], part_sum[slot] = gathered_sum[v];
+            std::memcpy(part_out.data() + slot * D, gathered_out.data() + v * D, sizeof(float) * D);
+          }
+          continue;
+        }
+#endif
         const bool widen = seeing > 1 && !std::is_same_v<T, float>;
         if (widen) {
           widened_k.resize((u1 - u0) * D), widened_v.resize((u1 - u0) * D);
@@ -3301,15 +3439,10 @@ void attention_rows(const float* q, const T* knew, const T* vnew, const std::vec
         for (int64_t r = rb0; r < rb1; ++r) {
           const auto [t0, t1] = range(r);
           if (t0 >= t1) continue;
-          const int64_t k = r - r0, slot = (item_start[k] + g * n_chunks[r] + (c - first_chunk[r])) * rep;
-          const float* qr = q + (r * n_heads + g * rep) * D;
-          float *pm = part_max.data() + slot, *ps = part_sum.data() + slot, *po = part_out.data() + slot * D;
           if (widen) {
-            attend_chunk(qr, rep, keys_f.data() + (t0 - u0), values_f.data() + (t0 - u0), t1 - t0, D, scores.data(),
-                         kKeyChunk, pm, ps, po);
+            attend_alone(r, t0, t1, keys_f.data(), values_f.data());
           } else {
-            attend_chunk(qr, rep, keys.data() + (t0 - u0), values.data() + (t0 - u0), t1 - t0, D, scores.data(),
-                         kKeyChunk, pm, ps, po);
+            attend_alone(r, t0, t1, keys.data(), values.data());
           }
         }
       }
