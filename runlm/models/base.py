@@ -129,6 +129,7 @@ class DecoderLM(nn.Module):
         self.ropes = nn.ModuleList(ropes)
         self.embed_scale = embed_scale
         self.fused_stack = False  # every block runs as one C++ call (set by models.fused)
+        self.block_stack = None  # ... and all of them in one call (models.fused.FusedStack)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -216,6 +217,8 @@ class DecoderLM(nn.Module):
                     tables: dict) -> torch.Tensor:
         """h [R, hidden] through every block as one C++ call each (fused_stack)."""
         rows = Rows(starts, counts, tables)
+        if self.block_stack is not None:
+            return self.block_stack.run(h, rows, caches)
         for index, layer in enumerate(self.layers):
             h = layer.fused.run(h, rows, [cache[index] for cache in caches])
         return h

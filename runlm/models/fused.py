@@ -101,6 +101,38 @@ class FusedBlock:
         return out
 
 
+class FusedStack:
+    """Every block of a model in one C++ call per forward (`runlm::BlockStack`, which keeps each block's weight
+    arguments from load on): one dispatch from Python per forward instead of one per block, which is most of a
+    small model's decode step outside the kernels. Each block computes exactly what its FusedBlock computes."""
+
+    def __init__(self, blocks: list[FusedBlock], ropes: list[nn.Module]):
+        rope_index = {id(rope): i for i, rope in enumerate(ropes)}
+        self.rope_ids = [id(rope) for rope in ropes]
+        self.native = torch.classes.runlm.BlockStack()
+        for block in blocks:
+            self.native.add_block(*block.weights, rope_index[block.rope], block.window, *block.heads)
+
+    def run(self, h: torch.Tensor, rows: Rows, caches: list[list]) -> torch.Tensor:
+        """h [R, hidden], the rows `rows` describes; caches[i]: sequence i's caches, one per block."""
+        spans = list(zip(caches, rows.starts, rows.counts))
+        for layer_caches, start, count in spans:
+            for cache in layer_caches:
+                cache.prepare(start, count)
+        by_block = list(zip(*caches))  # block b's caches of every sequence
+        tables = [rows.tables[rope] for rope in self.rope_ids]
+        out = self.native.run(
+            h, [cos for cos, _ in tables], [sin for _, sin in tables],
+            [c.k for block_caches in by_block for c in block_caches],
+            [c.v for block_caches in by_block for c in block_caches],
+            [int(block_caches[0].ring) for block_caches in by_block], rows.seq, rows.pos,
+        )  # fmt: skip
+        for layer_caches, start, count in spans:
+            for cache in layer_caches:
+                cache.commit(start, count)
+        return out
+
+
 def fuse_blocks(model: nn.Module, dtype: torch.dtype, device: torch.device) -> int:
     """Set each block's fused call (and its attention's fused decode attention, for the float32 reference path)
     where the kernels apply: float32 on the CPU with runlm's C++ ops built. Returns how many blocks run fused.
@@ -122,7 +154,9 @@ def fuse_blocks(model: nn.Module, dtype: torch.dtype, device: torch.device) -> i
     if isinstance(model.head, DenseLinear):  # a float head (tiny or unusual files) on a fused model
         model.head.row_by_row = fused > 0
     model.fused_stack = fused == len(model.layers)
+    stack = model.fused_stack and fused > 0
+    model.block_stack = FusedStack([block.fused for block in model.layers], list(model.ropes)) if stack else None
     return fused
 
 
-__all__ = ["FusedBlock", "fuse_blocks"]
+__all__ = ["FusedBlock", "FusedStack", "fuse_blocks"]

@@ -30,6 +30,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/util/Half.h>
+#include <torch/custom_class.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -3636,9 +3637,66 @@ at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double e
   return out;
 }
 
+// Every block of a model in one call. The blocks' weight arguments are kept here once, at load: a small model's
+// decode step otherwise pays one dispatch from Python per block (argument conversion, the KV bookkeeping around
+// it: ~40-80 us each on this VM), while the other threads wait. Each block runs exactly as transformer_block runs
+// it, so the results are its results.
+struct BlockStack : torch::CustomClassHolder {
+  struct Block {
+    std::vector<at::Tensor> norms, qkv_ws, gate_up_ws;
+    double eps = 0, scale = 0;
+    c10::optional<at::Tensor> q_norm, k_norm;
+    std::vector<int64_t> qkv_types, qkv_rows, gate_up_types, gate_up_rows;
+    at::Tensor o_w, down_w;
+    int64_t o_type = 0, down_type = 0, rope = 0, window = 0, n_heads = 0, n_kv_heads = 0;
+    bool gelu = false;
+  };
+  std::vector<Block> blocks;
+
+  void add_block(std::vector<at::Tensor> norms, double eps, c10::optional<at::Tensor> q_norm,
+                 c10::optional<at::Tensor> k_norm, std::vector<at::Tensor> qkv_ws, std::vector<int64_t> qkv_types,
+                 std::vector<int64_t> qkv_rows, at::Tensor o_w, int64_t o_type, std::vector<at::Tensor> gate_up_ws,
+                 std::vector<int64_t> gate_up_types, std::vector<int64_t> gate_up_rows, at::Tensor down_w,
+                 int64_t down_type, bool gelu, int64_t rope, int64_t window, int64_t n_heads, int64_t n_kv_heads,
+                 double scale) {
+    blocks.push_back(Block{std::move(norms), std::move(qkv_ws), std::move(gate_up_ws), eps, scale, std::move(q_norm),
+                           std::move(k_norm), std::move(qkv_types), std::move(qkv_rows), std::move(gate_up_types),
+                           std::move(gate_up_rows), std::move(o_w), std::move(down_w), o_type, down_type, rope, window,
+                           n_heads, n_kv_heads, gelu});
+  }
+
+  // h [R, hidden] through every block. cos / sin: one table pair per RoPE (a block's `rope` indexes them); k / v
+  // caches block-major (block b's caches of the S sequences at b * S ...); rings: per block, whether its caches
+  // are rings of its window.
+  at::Tensor run(at::Tensor h, std::vector<at::Tensor> cos, std::vector<at::Tensor> sin,
+                 std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches, std::vector<int64_t> rings,
+                 std::vector<int64_t> row_seq, std::vector<int64_t> row_pos) {
+    const int64_t n = static_cast<int64_t>(blocks.size());
+    TORCH_CHECK(n > 0 && static_cast<int64_t>(rings.size()) == n && k_caches.size() == v_caches.size() &&
+                    !k_caches.empty() && static_cast<int64_t>(k_caches.size()) % n == 0 && cos.size() == sin.size(),
+                "runlm::BlockStack.run: one ring flag per block and the same number of k / v caches per block");
+    const int64_t seqs = static_cast<int64_t>(k_caches.size()) / n;
+    for (int64_t b = 0; b < n; ++b) {
+      const Block& k = blocks[b];
+      TORCH_CHECK(k.rope >= 0 && k.rope < static_cast<int64_t>(cos.size()), "runlm::BlockStack.run: block ", b,
+                  " has no RoPE table");
+      const at::TensorList ks(k_caches.data() + b * seqs, seqs), vs(v_caches.data() + b * seqs, seqs);
+      h = transformer_block(h, k.norms, k.eps, k.q_norm, k.k_norm, k.qkv_ws, k.qkv_types, k.qkv_rows, k.o_w,
+                            k.o_type, k.gate_up_ws, k.gate_up_types, k.gate_up_rows, k.down_w, k.down_type, k.gelu,
+                            cos[k.rope], sin[k.rope], ks, vs, k.window, rings[b] != 0, row_seq, row_pos, k.n_heads,
+                            k.n_kv_heads, k.scale);
+    }
+    return h;
+  }
+};
+
 }  // namespace
 
 TORCH_LIBRARY(runlm, m) {
+  m.class_<BlockStack>("BlockStack")
+      .def(torch::init<>())
+      .def("add_block", &BlockStack::add_block)
+      .def("run", &BlockStack::run);
   m.def("gguf_linear(Tensor x, Tensor w, int type, int out_features, int in_features) -> Tensor");
   m.def("gguf_dequantize(Tensor w, int type, int out_features, int in_features) -> Tensor");
   m.def("gguf_dequantize_rows(Tensor w, int type, int out_features, int in_features, Tensor ids) -> Tensor");

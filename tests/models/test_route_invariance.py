@@ -106,3 +106,19 @@ def test_a_long_prefill_runs_in_chunks_with_the_same_logits(smollm2_loaded, monk
                         model_call(m, ids_, *a, **k))
     assert torch.equal(runner.prefill(runner.new_session(), ids), whole)
     assert calls == [base.PREFILL_CHUNK, base.PREFILL_CHUNK, 9]
+
+
+@pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
+@pytest.mark.parametrize("family", sorted(BUILDERS))
+def test_one_call_for_all_blocks_gives_the_per_block_calls_logits(family, tmp_path):
+    """The whole stack in one native call (FusedStack) computes what one call per block computes: every route,
+    batches of sequences (their caches passed block by block) and Gemma's ring caches included."""
+    BUILDERS[family](tmp_path)
+    runner = load(tmp_path / f"model-{QUANTIZED_COPIES[0].lower()}.gguf").runner
+    assert runner.model.block_stack is not None
+    ids = torch.randint(3, 384, (GEMMA_WINDOW + 40,), generator=torch.Generator().manual_seed(6)).tolist()
+    stacked = route_logits(runner, ids, split=GEMMA_WINDOW - 3, chunk=9)
+    runner.model.block_stack = None  # back to one call per block
+    per_block = route_logits(runner, ids, split=GEMMA_WINDOW - 3, chunk=9)
+    for name, logits in stacked.items():
+        assert torch.equal(torch.as_tensor(logits), torch.as_tensor(per_block[name])), name
