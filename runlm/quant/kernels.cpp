@@ -2207,7 +2207,7 @@ void gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, flo
   const int64_t nba = K / AQK, nbw = K / T::QK, row_bytes = nbw * T::SIZE;
   std::vector<A> act(static_cast<size_t>(M * nba));
   A* act_p = act.data();
-  at::parallel_for(0, M, std::max<int64_t>(1, (1 << 16) / K), [&](int64_t m0, int64_t m1) {
+  at::parallel_for(0, M, std::max<int64_t>(1, (1 << 12) / K), [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) quantize_row(x + m * K, act_p + m * nba, nba);
   });
   const Ctx<T> c{w, row_bytes, nbw, act_p, nba, N, y};
