@@ -2207,6 +2207,7 @@ void gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, flo
   const int64_t nba = K / AQK, nbw = K / T::QK, row_bytes = nbw * T::SIZE;
   std::vector<A> act(static_cast<size_t>(M * nba));
   A* act_p = act.data();
+  // ~4K values a piece: the rows of a small batch go over all threads
   at::parallel_for(0, M, std::max<int64_t>(1, (1 << 12) / K), [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) quantize_row(x + m * K, act_p + m * nba, nba);
   });
@@ -2628,42 +2629,52 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {
 }
 
 #if RUNLM_AVX2
-// e^x for 8 floats: x = k ln2 + r with |r| <= ln2 / 2, e^r from its degree-6 Taylor polynomial (relative error
-// ~2e-7), 2^k added into the exponent bits. Inputs are clamped to [-87, 88] (e^-87 stands in for 0).
-inline __m256 exp_ps(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.f)), _mm256_set1_ps(88.f));
-  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145751953125f), x);  // ln2 split in a high and a low part
-  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.428606765330187e-06f), r);
-  __m256 p = _mm256_set1_ps(1.f / 720);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_cvtps_epi32(k), 23);
-  return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), bits));
-}
+// The vector steps exp_lanes needs, 8 lanes wide (and 16 below): one definition of e^x serves both widths, so a
+// value gets the same bits whichever width computes it.
+struct Lanes8 {
+  using V = __m256;
+  static V set(float v) { return _mm256_set1_ps(v); }
+  static V min(V a, V b) { return _mm256_min_ps(a, b); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V round(V a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V fnmadd(V a, V b, V c) { return _mm256_fnmadd_ps(a, b, c); }
+  static V scale2(V p, V k) {  // p * 2^k for integral k, added into the exponent bits
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_cvtps_epi32(k), 23)));
+  }
+};
 #if RUNLM_AVX512
-// exp_ps for 16 floats: the same steps lane by lane, so the same bits.
-inline __m512 exp_ps512(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  const __m512i bits = _mm512_slli_epi32(_mm512_cvtps_epi32(k), 23);
-  return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), bits));
+struct Lanes16 {
+  using V = __m512;
+  static V set(float v) { return _mm512_set1_ps(v); }
+  static V min(V a, V b) { return _mm512_min_ps(a, b); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V round(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V fnmadd(V a, V b, V c) { return _mm512_fnmadd_ps(a, b, c); }
+  static V scale2(V p, V k) {
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), _mm512_slli_epi32(_mm512_cvtps_epi32(k), 23)));
+  }
+};
+#endif
+
+// e^x lane by lane: x = k ln2 + r with |r| <= ln2 / 2, e^r from its degree-6 Taylor polynomial (relative error
+// ~2e-7), 2^k added into the exponent bits. Inputs are clamped to [-87, 88] (e^-87 stands in for 0).
+template <class L>
+inline typename L::V exp_lanes(typename L::V x) {
+  x = L::min(L::max(x, L::set(-87.f)), L::set(88.f));
+  const typename L::V k = L::round(L::mul(x, L::set(1.44269504088896341f)));
+  typename L::V r = L::fnmadd(k, L::set(0.693145751953125f), x);  // ln2 split in a high and a low part
+  r = L::fnmadd(k, L::set(1.428606765330187e-06f), r);
+  typename L::V p = L::set(1.f / 720);
+  for (const float c : {1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) p = L::fmadd(p, r, L::set(c));
+  return L::scale2(p, k);
 }
+inline __m256 exp_ps(__m256 x) { return exp_lanes<Lanes8>(x); }
+#if RUNLM_AVX512
+inline __m512 exp_ps512(__m512 x) { return exp_lanes<Lanes16>(x); }
 #endif
 #endif
 
@@ -2848,6 +2859,18 @@ inline __m256 tree8_x8(const __m256* acc) {
 }
 #endif
 
+#if RUNLM_AVX512
+// Four accumulators of two keys each (kv_load8x2's halves) reduced to the eight keys' scores, in tree8's order.
+inline __m256 pair_scores(const __m512* acc) {
+  __m256 keyed[8];
+  for (int j = 0; j < 4; ++j) {
+    keyed[2 * j] = _mm512_castps512_ps256(acc[j]);
+    keyed[2 * j + 1] = _mm512_extractf32x8_ps(acc[j], 1);
+  }
+  return tree8_x8(keyed);
+}
+#endif
+
 // out[t] = q . keys[t] for n keys given by row pointers (D % 8 == 0; the decode attention of the float32 path and
 // the fused blocks both score keys here; T: the cache's element type): lane l of key t's accumulator sums
 // q[i + l] * k[i + l] by FMA over i = 0, 8, ..., and the lanes meet in tree8's order, for a key in a group of 8
@@ -2926,12 +2949,7 @@ inline void score_rows_shared(const float* q, const T* const* keys, int64_t n, i
       }
     }
     for (int h = 0; h < H; ++h) {
-      __m256 keyed[8];
-      for (int j = 0; j < 4; ++j) {
-        keyed[2 * j] = _mm512_castps512_ps256(acc[h][j]);
-        keyed[2 * j + 1] = _mm512_extractf32x8_ps(acc[h][j], 1);
-      }
-      _mm256_storeu_ps(out + h * stride + t, tree8_x8(keyed));
+      _mm256_storeu_ps(out + h * stride + t, pair_scores(acc[h]));
     }
   }
 #endif
@@ -3079,12 +3097,7 @@ inline void score_pair_tile(const float* q, const float* pairs, int64_t D, float
     }
   }
   for (int h = 0; h < H; ++h) {
-    __m256 keyed[8];
-    for (int j = 0; j < 4; ++j) {
-      keyed[2 * j] = _mm512_castps512_ps256(acc[h][j]);
-      keyed[2 * j + 1] = _mm512_extractf32x8_ps(acc[h][j], 1);
-    }
-    _mm256_storeu_ps(out + h * stride, tree8_x8(keyed));
+    _mm256_storeu_ps(out + h * stride, pair_scores(acc[h]));
   }
 }
 
