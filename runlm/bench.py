@@ -39,6 +39,7 @@ from runlm.quant import kernels
 from runlm.quant.int4 import pack_linear
 from runlm.sampling import SamplingParams
 from runlm.shapes import ensure_shape
+from runlm.system import cpu_name
 from runlm.text import Tokenizer
 
 PEERS = ("runlm", "runlm-f32", "llama.cpp", "transformers")
@@ -183,16 +184,8 @@ def run_worker(spec: dict) -> dict:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     isa = kernels.isa() or "off"
-    return f"{cpu}, {os.cpu_count()} cores, kernels {isa}, Python {platform.python_version()}"
+    return f"{cpu_name()}, {os.cpu_count()} cores, kernels {isa}, Python {platform.python_version()}"
 
 
 COLUMNS = [

@@ -24,6 +24,7 @@ from runlm.models.vision import image_to_rgb
 from runlm.quant import kernels
 from runlm.sampling import SamplingParams
 from runlm.shapes import SHAPES
+from runlm.system import cpu_name, meminfo_bytes
 from runlm.text import ChatTemplate
 
 
@@ -81,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="family, format, quantization, context, vocabulary")
     _add_model(info)
     info.add_argument("model_arg", nargs="?", default=None, metavar="MODEL")
+    info.add_argument("--system", action="store_true",
+                      help="this machine instead of a model: CPU, the kernels' instruction set, threads, memory")
 
     pull = sub.add_parser("pull", help="download a catalog model into the cache")
     pull.add_argument("name", nargs="?", default=None)
@@ -310,7 +313,36 @@ def _chat_web(args: argparse.Namespace) -> int:
     return cmd_serve(serve_args)
 
 
+def _gib(nbytes: int | None) -> str:
+    return "?" if nbytes is None else f"{nbytes / 2**30:.1f} GiB"
+
+
+def system_rows() -> list[tuple[str, str]]:
+    """What decides runlm's speed here: the CPU, the kernels' dispatch (chosen at build time for this CPU), threads."""
+    isa = kernels.isa()
+    rows = [
+        ("cpu", cpu_name()),
+        ("cores", str(os.cpu_count())),
+        ("threads", str(torch.get_num_threads())),
+        ("kernels", isa or f"off ({kernels.unavailable_reason() or 'disabled'}): plain PyTorch"),
+    ]
+    if isa is not None:
+        rows.append(("kernel flags", kernels.build_flags()))
+        rows.append(("AMX tiles", "used for K-quant prefill" if "amx" in isa else kernels.amx_absence()))
+    rows += [
+        ("memory", _gib(meminfo_bytes("MemTotal")) + " total, " + _gib(meminfo_bytes("MemAvailable")) + " available"),
+        ("torch", f"{torch.__version__} (cuda: {'yes' if torch.cuda.is_available() else 'no'})"),
+    ]
+    return rows
+
+
 def cmd_info(args: argparse.Namespace) -> int:
+    if args.system:
+        if args.model_arg or args.model:
+            raise SystemExit("runlm info: --system describes this machine; give it no model")
+        for key, value in system_rows():
+            print(f"{key:>16}: {value}")
+        return 0
     loaded = _load(args, args.model_arg or args.model)
     cfg = loaded.config
     rows = [

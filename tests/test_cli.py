@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -32,6 +33,20 @@ def test_info(smollm2_gguf):
     assert "context length: 8192" in out.stdout
     assert "vocabulary: 49152" in out.stdout
     assert f"kernels: {kernels.isa()}" in out.stdout if kernels.available() else "kernels: off" in out.stdout
+
+
+def test_info_system_names_the_kernels_dispatch():
+    out = runlm("info", "--system")
+    assert out.returncode == 0, out.stderr
+    fields = dict(line.strip().split(": ", 1) for line in out.stdout.splitlines())
+    assert fields["kernels"] == (kernels.isa() if kernels.available() else fields["kernels"])
+    assert fields["kernels"].startswith("off") != kernels.available()
+    assert int(fields["cores"]) == os.cpu_count()
+    if kernels.available():
+        assert "-march=native" in fields["kernel flags"]
+        assert ("amx" in fields["kernels"]) == fields["AMX tiles"].startswith("used")
+    refused = runlm("info", "--system", "smollm2-135m")
+    assert refused.returncode != 0 and refused.stderr.count("\n") == 1 and "no model" in refused.stderr
 
 
 @pytest.mark.parametrize("dtype, kv_type", [("auto", "auto"), ("f32", "auto"), ("auto", "q8_0")])

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from runlm.engine.core import Completion, Engine, Generation, GenerationRequest, StreamRecord, Usage, merged_usage
 from runlm.errors import InvalidInputError, RunlmError
+from runlm.system import meminfo_bytes
 
 
 class QueueFullError(RunlmError):
@@ -230,14 +231,8 @@ def release_openmp_pools() -> bool:
 def default_kv_budget_bytes() -> int | None:
     """Half the memory the system has available now (the model is loaded by then), from /proc/meminfo's
     MemAvailable; None (no bound) where that cannot be read."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024 // 2
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    available = meminfo_bytes("MemAvailable")
+    return None if available is None else available // 2
 
 
 def kv_budget_bytes(megabytes: float | None) -> int | None:

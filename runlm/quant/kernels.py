@@ -56,6 +56,7 @@ from torch.utils import cpp_extension
 
 from runlm.errors import InvalidInputError, ModelLoadError
 from runlm.quant.dequant import BLOCK_LAYOUTS, dequantize, normalize_type_name
+from runlm.system import cpu_flags
 
 # GGML type name -> type id (gguf.GGMLQuantizationType values), for every type the kernels implement.
 KERNEL_TYPES: dict[str, int] = {
@@ -149,15 +150,7 @@ def _build_key(cflags: Sequence[str]) -> str:
     """A short hash of what a build depends on: the CPU's features (a -march=native build is only reused on the same
     kind of CPU), the kernel source, the flags and torch's version. Two checkouts or versions of runlm on one machine
     then keep builds of their own, instead of rebuilding over (and loading) each other's in one directory."""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if line.startswith(("flags", "Features")):
-                    flags = line.split(":", 1)[-1].strip()
-                    break
-    except OSError:
-        pass
+    flags = cpu_flags()
     key = hashlib.sha1(f"{platform.machine()}|{platform.processor()}|{flags}|{cflags}|{torch.__version__}".encode())
     key.update(_SOURCE.read_bytes())
     return key.hexdigest()[:12]
@@ -291,6 +284,22 @@ def isa() -> str | None:
     """The instruction set the kernels were built for: "avx512-vnni+amx" (prefill on AMX tiles), "avx512-vnni", "avx2"
     or "scalar" (None: no kernels)."""
     return _state["isa"] if available() else None  # type: ignore[return-value]
+
+
+def build_flags() -> str:
+    """The compiler flags of this process's kernel build (RUNLM_GGUF_KERNELS picks the variant)."""
+    return " ".join(_CFLAGS + _VARIANT_CFLAGS.get(_variant(), []))
+
+
+def amx_absence() -> str:
+    """Why K-quant prefill does not run on AMX tiles here (when `isa()` has no "+amx")."""
+    if "amx_int8" not in cpu_flags().split():
+        return "not on this CPU (the VNNI vector kernels run prefill)"
+    if os.environ.get("RUNLM_AMX", "").strip() == "0":
+        return "on this CPU, off by RUNLM_AMX=0"
+    if _variant() != "native":
+        return f"on this CPU, not in the {_variant()} build"
+    return "on this CPU, but the kernel did not grant the process the tile state"
 
 
 def unavailable_reason() -> str | None:
