@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -90,15 +91,27 @@ def run_bench(args) -> int:
     }
     peers = ["runlm"] + [p for p in args.vs if p != "runlm"]
     results, skipped = [], []
-    for peer in peers:
+    workers: list[PeerWorker] = []
+    for peer in peers:  # loaded one after the other: each load is timed alone
         reason = missing_peer(peer)
         if reason:
             skipped.append((peer, reason))
             continue
-        print(f"bench: measuring {peer} ...", file=sys.stderr, flush=True)
-        outcome = run_worker({**spec, "peer": peer})
+        print(f"bench: loading {peer} ...", file=sys.stderr, flush=True)
+        worker = PeerWorker({**spec, "peer": peer})
+        if worker.error:
+            skipped.append((peer, worker.error))
+        else:
+            workers.append(worker)
+    for index in range(args.repeat):  # the peers take turns, round by round
+        print(f"bench: round {index + 1} of {args.repeat} ...", file=sys.stderr, flush=True)
+        for worker in workers:
+            time.sleep(ROUND_PAUSE_S)
+            worker.round()
+    for worker in workers:
+        outcome = worker.finish()
         if "error" in outcome:
-            skipped.append((peer, outcome["error"]))
+            skipped.append((worker.peer, outcome["error"]))
         else:
             results.append(outcome)
     print_table(path, threads, args, results, skipped)
@@ -107,7 +120,7 @@ def run_bench(args) -> int:
         Path(args.json).write_text(
             json.dumps(
                 {"model": str(path), "threads": threads, "results": results, "skipped": skipped, "machine": machine(),
-                 "decode_limit": limit},
+                 "decode_limit": limit, "paired": {row["peer"]: paired_ratios(results[0], row) for row in results[1:]}},
                 indent=2,
             )
         )
@@ -169,18 +182,52 @@ def missing_peer(peer: str) -> str | None:
     return None
 
 
-def run_worker(spec: dict) -> dict:
-    """Measure one peer in a fresh process that runs runlm/bench_worker.py by path (no runlm, no torch
-    imported before the peer's own)."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"])}
-    script = f"import runpy; runpy.run_path({str(Path(bench_worker.__file__))!r}, run_name='__main__')"
-    proc = subprocess.run([sys.executable, "-c", script], input=json.dumps(spec), capture_output=True, text=True,
-                          env=env)
-    for line in reversed(proc.stdout.strip().splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"error": f"worker failed: {tail}"}
+# Between two rounds: the threads of the peer that just ran may still spin-wait for work (OpenMP's and llama.cpp's
+# pools poll for a while before they sleep), and must not take the cores from the next one.
+ROUND_PAUSE_S = 0.5
+
+
+class PeerWorker:
+    """One peer measured in a process of its own that runs runlm/bench_worker.py by path (no runlm, no torch
+    imported before the peer's own), kept loaded so the bench can alternate the peers' rounds."""
+
+    def __init__(self, spec: dict):
+        self.peer = spec["peer"]
+        self.error: str | None = None
+        env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"])}
+        script = f"import runpy; runpy.run_path({str(Path(bench_worker.__file__))!r}, run_name='__main__')"
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # a peer's logging must not fill a pipe nobody reads
+        self.proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.stderr, text=True, env=env)
+        self._ask(json.dumps(spec))
+
+    def _ask(self, line: str) -> dict:
+        """Send one line, read the JSON reply (output that is not JSON, such as a library's banner, is skipped)."""
+        if self.error is None:
+            try:
+                self.proc.stdin.write(line + "\n")
+                self.proc.stdin.flush()
+                while reply := self.proc.stdout.readline():
+                    if reply.startswith("{"):
+                        return json.loads(reply)
+            except (BrokenPipeError, OSError):
+                pass
+            self.stderr.seek(0)
+            tail = (self.stderr.read().strip().splitlines() or ["no output"])[-1]
+            self.error = f"worker failed: {tail}"
+            self.proc.kill()
+        return {"error": self.error}
+
+    def round(self) -> dict:
+        return self._ask("round")
+
+    def finish(self) -> dict:
+        outcome = self._ask("finish")
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait()
+        self.stderr.close()
+        return outcome
 
 
 def machine() -> str:
@@ -206,6 +253,22 @@ def ratio(ours: float | None, theirs: float | None) -> str:
     return "-" if ours is None or not theirs else f"{ours / theirs:.2f}x"
 
 
+ROUND_KEYS = [("prefill_tok_s", "prefill"), ("decode_tok_s", "decode")]
+
+
+def paired_ratios(ours: dict, theirs: dict) -> dict | None:
+    """runlm / peer for each round the two took in turn: the ratio the machine's drift cannot fake (a single
+    best-of figure per peer can come from a fast minute for one and a slow one for the other)."""
+    pairs = list(zip(ours.get("rounds", []), theirs.get("rounds", [])))
+    if len(pairs) < 2:
+        return None
+    paired: dict = {"rounds": len(pairs)}
+    for key, _ in ROUND_KEYS:
+        values = sorted(a[key] / b[key] for a, b in pairs)
+        paired[key] = {"median": statistics.median(values), "min": values[0], "max": values[-1]}
+    return paired
+
+
 def print_table(path: Path, threads: int, args, results: list[dict], skipped: list) -> None:
     print(
         f"model: {path.name}   threads: {threads}   prompt: {args.prompt_tokens}   gen: {args.gen_tokens}   "
@@ -227,6 +290,12 @@ def print_table(path: Path, threads: int, args, results: list[dict], skipped: li
                 continue
             ratios = " | ".join(f"{ratio(ours[key], row[key]):>13}" for key, _, _ in COLUMNS)
             print(f"| {'runlm/' + row['peer']:<14} | {ratios} |")
+        for row in results:
+            paired = paired_ratios(ours, row) if row is not ours else None
+            if paired:
+                spread = ", ".join(f"{title} median {paired[key]['median']:.2f}x ({paired[key]['min']:.2f}x-"
+                                   f"{paired[key]['max']:.2f}x)" for key, title in ROUND_KEYS)
+                print(f"runlm/{row['peer']} round by round ({paired['rounds']} alternating rounds): {spread}")
     for peer, reason in skipped:
         print(f"skipped {peer}: {reason}")
 

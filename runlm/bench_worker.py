@@ -155,49 +155,79 @@ class TransformersPeer:
         return total
 
 
-def worker(spec: dict) -> dict:
-    """Measure one peer in this process; returns the numbers as a dict."""
-    peer_name, path, threads = spec["peer"], spec["path"], spec["threads"]
-    prompt, gen, ppl_ids = spec["prompt_ids"], spec["gen_tokens"], spec["ppl_ids"]
-    started = time.perf_counter()
-    if peer_name in ("runlm", "runlm-f32"):
-        peer = RunlmPeer(path, threads, packed=peer_name == "runlm", kv_type=spec.get("kv_type", "auto"))
-    elif peer_name == "llama.cpp":
-        peer = LlamaCppPeer(path, threads, n_ctx=max(len(prompt) + gen, len(ppl_ids)) + 16,
-                            kv_type=spec.get("kv_type", "auto"))
-    else:
-        peer = TransformersPeer(path, threads)
-    load_s = time.perf_counter() - started
+class Measured:
+    """One peer, loaded in this process, measured in rounds the bench asks for one at a time: the bench
+    alternates the peers' rounds, so a machine whose speed drifts (shared VMs drift 20-30% within a minute)
+    slows every peer alike and each round's ratio compares like with like."""
 
-    warm = time.perf_counter()
-    token = peer.prefill(prompt[:16])
-    for _ in range(4):
-        token = peer.decode(token)
-    warmup_s = time.perf_counter() - warm
+    def __init__(self, spec: dict):
+        self.spec = spec
+        name, path, threads = spec["peer"], spec["path"], spec["threads"]
+        prompt, gen, ppl_ids = spec["prompt_ids"], spec["gen_tokens"], spec["ppl_ids"]
+        started = time.perf_counter()
+        if name in ("runlm", "runlm-f32"):
+            self.peer = RunlmPeer(path, threads, packed=name == "runlm", kv_type=spec.get("kv_type", "auto"))
+        elif name == "llama.cpp":
+            self.peer = LlamaCppPeer(path, threads, n_ctx=max(len(prompt) + gen, len(ppl_ids)) + 16,
+                                     kv_type=spec.get("kv_type", "auto"))
+        else:
+            self.peer = TransformersPeer(path, threads)
+        self.load_s = time.perf_counter() - started
+        warm = time.perf_counter()
+        token = self.peer.prefill(prompt[:16])
+        for _ in range(4):
+            token = self.peer.decode(token)
+        self.warmup_s = time.perf_counter() - warm
+        self.rounds: list[dict] = []
 
-    prefill_s = decode_s = math.inf
-    for _ in range(max(1, spec.get("repeat", 1))):
+    def round(self) -> dict:
+        """One timed prefill of the prompt and greedy decode of gen_tokens after it."""
+        prompt, gen = self.spec["prompt_ids"], self.spec["gen_tokens"]
         t0 = time.perf_counter()
-        token = peer.prefill(prompt)
+        token = self.peer.prefill(prompt)
         t1 = time.perf_counter()
         for _ in range(gen):
-            token = peer.decode(token)
+            token = self.peer.decode(token)
         t2 = time.perf_counter()
-        prefill_s, decode_s = min(prefill_s, t1 - t0), min(decode_s, t2 - t1)
-    rss = peak_rss_mb()
+        timing = {"prefill_tok_s": len(prompt) / (t1 - t0), "decode_tok_s": gen / (t2 - t1)}
+        self.rounds.append(timing)
+        return timing
 
-    # --ppl-tokens 0 (or 1) skips perplexity: it needs one token to predict from and one predicted
-    ppl = math.exp(peer.nll(ppl_ids) / (len(ppl_ids) - 1)) if len(ppl_ids) >= 2 else None
-    return {
-        "peer": peer_name,
-        "load_s": load_s,
-        "warmup_s": warmup_s,
-        "prefill_tok_s": len(prompt) / prefill_s,
-        "decode_tok_s": gen / decode_s,
-        "peak_rss_mb": rss,
-        "ppl": ppl,
-    }
+    def finish(self) -> dict:
+        """The best round, peak memory after the rounds, then perplexity."""
+        if not self.rounds:
+            self.round()
+        rss = peak_rss_mb()
+        ppl_ids = self.spec["ppl_ids"]
+        # --ppl-tokens 0 (or 1) skips perplexity: it needs one token to predict from and one predicted
+        ppl = math.exp(self.peer.nll(ppl_ids) / (len(ppl_ids) - 1)) if len(ppl_ids) >= 2 else None
+        return {
+            "peer": self.spec["peer"],
+            "load_s": self.load_s,
+            "warmup_s": self.warmup_s,
+            "prefill_tok_s": max(r["prefill_tok_s"] for r in self.rounds),
+            "decode_tok_s": max(r["decode_tok_s"] for r in self.rounds),
+            "peak_rss_mb": rss,
+            "ppl": ppl,
+            "rounds": self.rounds,
+        }
+
+
+def serve(lines, reply) -> None:
+    """The protocol with the bench: a JSON spec line, then "round" lines, then "finish"; one JSON reply a line."""
+    measured = Measured(json.loads(next(lines)))
+    reply({"ready": True})
+    for line in lines:
+        if line.strip() == "round":
+            reply(measured.round())
+        elif line.strip() == "finish":
+            reply(measured.finish())
+            return
 
 
 if __name__ == "__main__":
-    print(json.dumps(worker(json.loads(sys.stdin.read()))))
+    def reply(message: dict) -> None:
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
+
+    serve(iter(sys.stdin.readline, ""), reply)

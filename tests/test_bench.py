@@ -6,10 +6,15 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def test_bench_runs_each_peer_with_repeats(smollm2_gguf, tmp_path):
+    """Two peers (runlm and its float32 reference: no optional package needed) take alternating rounds; the table
+    gives each one's best round and the runlm / peer ratio of each pair of rounds."""
     out = tmp_path / "bench.json"
-    args = ["--prompt-tokens", "16", "--gen-tokens", "3", "--ppl-tokens", "64", "--repeat", "2", "--threads", "1"]
+    args = ["--prompt-tokens", "16", "--gen-tokens", "3", "--ppl-tokens", "64", "--repeat", "3", "--threads", "1",
+            "--vs", "runlm-f32"]
     proc = subprocess.run(
         [sys.executable, "-m", "runlm.cli", "bench", "-m", str(smollm2_gguf), *args, "--json", str(out)],
         capture_output=True,
@@ -17,11 +22,37 @@ def test_bench_runs_each_peer_with_repeats(smollm2_gguf, tmp_path):
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "best of: 2" in proc.stdout and "| runlm " in proc.stdout
+    assert "best of: 3" in proc.stdout and "| runlm " in proc.stdout and "| runlm-f32 " in proc.stdout
+    assert "runlm/runlm-f32 round by round (3 alternating rounds): prefill median" in proc.stdout
+    assert proc.stderr.count("bench: round ") == 3
     report = json.loads(out.read_text())
-    (ours,) = [r for r in report["results"] if r["peer"] == "runlm"]
+    ours, reference = report["results"]
+    assert (ours["peer"], reference["peer"]) == ("runlm", "runlm-f32")
     assert ours["decode_tok_s"] > 0 and ours["prefill_tok_s"] > 0 and ours["load_s"] > 0
     assert 1 < ours["ppl"] < 1000  # a real model on real English: nowhere near uniform (49152)
+    for row in (ours, reference):
+        assert len(row["rounds"]) == 3
+        assert row["decode_tok_s"] == max(r["decode_tok_s"] for r in row["rounds"])
+    paired = report["paired"]["runlm-f32"]
+    ratios = sorted(a["decode_tok_s"] / b["decode_tok_s"] for a, b in zip(ours["rounds"], reference["rounds"]))
+    assert paired["rounds"] == 3 and paired["decode_tok_s"]["median"] == pytest.approx(ratios[1])
+    assert paired["decode_tok_s"]["min"] == pytest.approx(ratios[0])
+
+
+def test_a_peer_that_fails_to_load_is_skipped_with_its_reason(tmp_path, monkeypatch, capsys):
+    """A worker that dies (here: a model file that is not a GGUF) is reported as skipped, with the last line it
+    wrote, and the bench does not hang waiting for its reply."""
+    from runlm import bench
+
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(b"not a gguf at all")
+    spec = {"path": str(bogus), "threads": 1, "prompt_ids": [1, 2], "gen_tokens": 1, "repeat": 1, "ppl_ids": [],
+            "kv_type": "auto", "peer": "runlm"}
+    worker = bench.PeerWorker(spec)
+    assert worker.error is not None and worker.error.startswith("worker failed: ")
+    assert "GGUF" in worker.error or "gguf" in worker.error
+    assert worker.round() == {"error": worker.error}
+    assert worker.finish() == {"error": worker.error}
 
 
 def test_bench_without_perplexity(smollm2_gguf, tmp_path, capsys):
