@@ -33,6 +33,9 @@ def test_bench_runs_each_peer_with_repeats(smollm2_gguf, tmp_path):
     for row in (ours, reference):
         assert len(row["rounds"]) == 3
         assert row["decode_tok_s"] == max(r["decode_tok_s"] for r in row["rounds"])
+    probes = report["decode_limit"]["bandwidth_probes_gb_s"]  # one between each round, the limit from the best
+    assert len(probes) == 3 and report["decode_limit"]["bandwidth_gb_s"] == max(probes)
+    assert "best of 3 probes between rounds" in proc.stdout
     paired = report["paired"]["runlm-f32"]
     ratios = sorted(a["decode_tok_s"] / b["decode_tok_s"] for a, b in zip(ours["rounds"], reference["rounds"]))
     assert paired["rounds"] == 3 and paired["decode_tok_s"]["median"] == pytest.approx(ratios[1])
