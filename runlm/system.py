@@ -18,7 +18,11 @@ def _cpuinfo_field(*names: str) -> str | None:
 
 
 def cpu_name() -> str:
-    return _cpuinfo_field("model name") or platform.processor() or platform.machine()
+    """The CPU's model name, with its family and model numbers where Linux gives them (a VM often shows only "AMD
+    EPYC": family 25 is Zen 3 / 4, 26 Zen 5)."""
+    name = _cpuinfo_field("model name") or platform.processor() or platform.machine()
+    family, model = _cpuinfo_field("cpu family"), _cpuinfo_field("model\t")
+    return f"{name} (family {family}, model {model})" if family and model else name
 
 
 def cpu_flags() -> str:

@@ -49,6 +49,18 @@ def test_info_system_names_the_kernels_dispatch():
     assert refused.returncode != 0 and refused.stderr.count("\n") == 1 and "no model" in refused.stderr
 
 
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """`runlm ... | head`: once nobody reads stdout, the command stops with the shell's SIGPIPE status, no traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line is written: deterministic EPIPE
+    try:
+        proc = subprocess.run([sys.executable, "-m", "runlm", "info", "--system"], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141 and proc.stderr == "", proc.stderr
+
+
 @pytest.mark.parametrize("dtype, kv_type", [("auto", "auto"), ("f32", "auto"), ("auto", "q8_0")])
 def test_generate_streams_the_greedy_answer(smollm2_gguf, dtype, kv_type):
     if kv_type == "q8_0" and not kernels.available():

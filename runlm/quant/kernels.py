@@ -294,7 +294,7 @@ def build_flags() -> str:
 def amx_absence() -> str:
     """Why K-quant prefill does not run on AMX tiles here (when `isa()` has no "+amx")."""
     if "amx_int8" not in cpu_flags().split():
-        return "not on this CPU (the VNNI vector kernels run prefill)"
+        return "not on this CPU (the vector kernels run prefill)"
     if os.environ.get("RUNLM_AMX", "").strip() == "0":
         return "on this CPU, off by RUNLM_AMX=0"
     if _variant() != "native":
