@@ -124,7 +124,7 @@ def run_bench(args) -> int:
         Path(args.json).write_text(
             json.dumps(
                 {"model": str(path), "threads": threads, "results": results, "skipped": skipped, "machine": machine(),
-                 "decode_limit": limit, "paired": {row["peer"]: paired_ratios(results[0], row) for row in results[1:]}},
+                 "decode_limit": limit, "paired": paired_with_runlm(results)},
                 indent=2,
             )
         )
@@ -277,6 +277,12 @@ def paired_ratios(ours: dict, theirs: dict) -> dict | None:
     return paired
 
 
+def paired_with_runlm(results: list[dict]) -> dict:
+    """Every other peer's paired_ratios against runlm (none when runlm itself was skipped)."""
+    ours = next((r for r in results if r["peer"] == "runlm"), None)
+    return {row["peer"]: paired_ratios(ours, row) for row in results if ours is not None and row is not ours}
+
+
 def print_table(path: Path, threads: int, args, results: list[dict], skipped: list) -> None:
     print(
         f"model: {path.name}   threads: {threads}   prompt: {args.prompt_tokens}   gen: {args.gen_tokens}   "
@@ -298,12 +304,11 @@ def print_table(path: Path, threads: int, args, results: list[dict], skipped: li
                 continue
             ratios = " | ".join(f"{ratio(ours[key], row[key]):>13}" for key, _, _ in COLUMNS)
             print(f"| {'runlm/' + row['peer']:<14} | {ratios} |")
-        for row in results:
-            paired = paired_ratios(ours, row) if row is not ours else None
+        for peer, paired in paired_with_runlm(results).items():
             if paired:
                 spread = ", ".join(f"{title} median {paired[key]['median']:.2f}x ({paired[key]['min']:.2f}x-"
                                    f"{paired[key]['max']:.2f}x)" for key, title in ROUND_KEYS)
-                print(f"runlm/{row['peer']} round by round ({paired['rounds']} alternating rounds): {spread}")
+                print(f"runlm/{peer} round by round ({paired['rounds']} alternating rounds): {spread}")
     for peer, reason in skipped:
         print(f"skipped {peer}: {reason}")
 

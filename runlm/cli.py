@@ -339,7 +339,10 @@ def system_rows() -> list[tuple[str, str]]:
 def cmd_info(args: argparse.Namespace) -> int:
     if args.system:
         if args.model_arg or args.model:
-            raise SystemExit("runlm info: --system describes this machine; give it no model")
+            print("runlm: error: info --system describes this machine; give it no model", file=sys.stderr)
+            return 2
+        if args.threads:
+            torch.set_num_threads(args.threads)
         for key, value in system_rows():
             print(f"{key:>16}: {value}")
         return 0
