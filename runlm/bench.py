@@ -100,7 +100,7 @@ def run_bench(args) -> int:
         print(f"bench: loading {peer} ...", file=sys.stderr, flush=True)
         worker = PeerWorker({**spec, "peer": peer})
         if worker.error:
-            skipped.append((peer, worker.error))
+            skipped.append((peer, worker.finish()["error"]))  # finish: the process reaped, its log file closed
         else:
             workers.append(worker)
     bandwidths: list[float] = []  # probed between rounds: the limit is read at the same moments as the peers

@@ -6,37 +6,40 @@ from __future__ import annotations
 import platform
 
 
-def _cpuinfo_field(*names: str) -> str | None:
+def _first_block(path: str) -> dict[str, str]:
+    """The "key: value" lines of a /proc file up to its first blank line (/proc/cpuinfo: the first CPU; /proc/meminfo:
+    all of it), or {} where it cannot be read."""
+    fields: dict[str, str] = {}
     try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+        with open(path, encoding="utf-8", errors="replace") as handle:
             for line in handle:
-                if line.startswith(names):
-                    return line.split(":", 1)[-1].strip()
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return None
+    return fields
 
 
 def cpu_name() -> str:
     """The CPU's model name, with its family and model numbers where Linux gives them (a VM often shows only "AMD
     EPYC": family 25 is Zen 3 / 4, 26 Zen 5)."""
-    name = _cpuinfo_field("model name") or platform.processor() or platform.machine()
-    family, model = _cpuinfo_field("cpu family"), _cpuinfo_field("model\t")
+    cpu = _first_block("/proc/cpuinfo")
+    name = cpu.get("model name") or platform.processor() or platform.machine()
+    family, model = cpu.get("cpu family"), cpu.get("model")
     return f"{name} (family {family}, model {model})" if family and model else name
 
 
 def cpu_flags() -> str:
-    """The first CPU's feature flags as /proc/cpuinfo lists them ("" where unknown)."""
-    return _cpuinfo_field("flags", "Features") or ""
+    """The first CPU's feature flags as /proc/cpuinfo lists them ("" where unknown; "Features" on ARM)."""
+    cpu = _first_block("/proc/cpuinfo")
+    return cpu.get("flags") or cpu.get("Features") or ""
 
 
 def meminfo_bytes(field: str) -> int | None:
     """A /proc/meminfo field ("MemTotal", "MemAvailable") in bytes, or None where it cannot be read."""
     try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+        return int(_first_block("/proc/meminfo")[field].split()[0]) * 1024
+    except (KeyError, ValueError, IndexError):
+        return None

@@ -42,7 +42,7 @@ def test_bench_runs_each_peer_with_repeats(smollm2_gguf, tmp_path):
     assert paired["decode_tok_s"]["min"] == pytest.approx(ratios[0])
 
 
-def test_a_peer_that_fails_to_load_is_skipped_with_its_reason(tmp_path, monkeypatch, capsys):
+def test_a_peer_that_fails_to_load_is_skipped_with_its_reason(tmp_path):
     """A worker that dies (here: a model file that is not a GGUF) is reported as skipped, with the last line it
     wrote, and the bench does not hang waiting for its reply."""
     from runlm import bench
