@@ -1847,6 +1847,12 @@ struct X4Layout<Q6_K> {
 #endif
 
 constexpr int64_t kMTile = 64;              // activation rows per tile (their quantized blocks stay in L2)
+// The tiles' activation rows per pass over the weights: as many as keep their quantized blocks within ~1 MiB (L2),
+// up to a prefill chunk. Each pass unpacks every super-block's scaled codes once for all its rows, so 64-row passes
+// unpacked them 4 times for a 256-row chunk, and a 16-row group that met all 256 rows (2.4 MB of activation blocks
+// at K = 8192) read them from L3 for every group: Q6_K 2048 x 8192 at 256 rows ran at 60% of its 64-row speed.
+constexpr int64_t kTileMaxRows = 256;
+constexpr int64_t kTileActBytes = 1 << 20;
 
 #if RUNLM_AMX
 // AMX tiles: the integer sums of a 16-row group's super-blocks for 16 activation rows at a time. The 6-bit scale of
@@ -1916,7 +1922,7 @@ struct KQuantTiles {
     }
   }
 
-  // y[r * ldy + i] for activation rows r < rows (a multiple of 16, at most kMTile; blocks act[r * nba + b]) and
+  // y[r * ldy + i] for activation rows r < rows (a multiple of 16, at most kTileMaxRows; blocks act[r * nba + b]) and
   // the 16 rows of the group at `group`. Super-block by super-block: its scaled codes are made once (and stay in
   // L1) for all the activation rows.
   // Tiles 0, 1: activation codes; 2-5: scaled weight codes (lo, hi; two chunks in flight); 6, 7: the sums (lo, hi).
@@ -1925,7 +1931,7 @@ struct KQuantTiles {
     const int64_t stride = nba * static_cast<int64_t>(sizeof(AK));
     alignas(64) uint8_t codes[kBlockBytes];
     alignas(64) int32_t sums[2][16][16];  // lo, hi: [activation row][weight row]
-    alignas(64) float acc[kMTile][16];
+    alignas(64) float acc[kTileMaxRows][16];
     for (int64_t r = 0; r < rows; ++r) _mm512_store_ps(acc[r], _mm512_setzero_ps());
     const uint8_t* blk = group;
     for (int64_t b = 0; b < nb; ++b, blk += 16 * K::SIZE) {
@@ -2015,7 +2021,7 @@ struct Q6KTiles {
     const int64_t stride = nba * static_cast<int64_t>(sizeof(AK));
     alignas(64) uint8_t codes[kBlockBytes];
     alignas(64) int32_t sums[kParts][16][16];  // per part: [activation row][weight row]
-    alignas(64) float acc[kMTile][16];
+    alignas(64) float acc[kTileMaxRows][16];
     for (int64_t r = 0; r < rows; ++r) _mm512_store_ps(acc[r], _mm512_setzero_ps());
     const uint8_t* blk = group;
     for (int64_t b = 0; b < nb; ++b, blk += 16 * K::SIZE) {
@@ -2200,6 +2206,22 @@ constexpr int64_t group_of() {
   }
 }
 
+// Activation rows per pass of the AMX tiles for an M-row call (a multiple of 16; the last pass takes the rest), or
+// 0 where T has no tiles, they are off, or M is below one tile.
+template <class T>
+int64_t tile_pass_rows(int64_t M, int64_t nba) {
+#if RUNLM_AMX
+  if constexpr (HasTiles<T>::value) {
+    if (M < 16 || !amx_usable()) return 0;
+    const int64_t fit = kTileActBytes / (nba * static_cast<int64_t>(sizeof(typename T::Act))) / 16 * 16;
+    const int64_t rows = std::clamp<int64_t>(fit, 16, kTileMaxRows);
+    const int64_t passes = (M + rows - 1) / rows;  // even passes: 256 rows at most 128 per pass, not 128 + 128 + 0
+    return std::min(rows, (M / passes + 15) / 16 * 16);
+  }
+#endif
+  return 0;
+}
+
 template <class T>
 void gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y) {
   using A = typename T::Act;
@@ -2216,8 +2238,15 @@ void gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, flo
   const int64_t n_tile = std::max<int64_t>(std::max<int64_t>(4, unit), kNTileBytes / row_bytes) / unit * unit;
   // at least ~64K multiply-adds per thread
   const int64_t grain = std::max<int64_t>(4, (1 << 16) / (K * M)) / unit;
+  const int64_t tile_rows = tile_pass_rows<T>(M, nba);
   at::parallel_for(0, N / unit, std::max<int64_t>(1, grain), [&](int64_t u0, int64_t u1) {
     const int64_t n0 = u0 * unit, n1 = u1 * unit;
+    if (tile_rows) {  // AMX: pass by pass over the rows, each pass over all of this thread's weights
+      for (int64_t mt = 0; mt < M; mt += tile_rows)
+        for (int64_t nt = n0; nt < n1; nt += n_tile)
+          block_rows<T>(c, nt, std::min(n1, nt + n_tile), mt, std::min(M, mt + tile_rows));
+      return;
+    }
     for (int64_t nt = n0; nt < n1; nt += n_tile) {
       const int64_t ne = std::min(n1, nt + n_tile);
       for (int64_t mt = 0; mt < M; mt += kMTile) block_rows<T>(c, nt, ne, mt, std::min(M, mt + kMTile));

@@ -321,18 +321,19 @@ def test_sixteen_row_groups_stay_on_the_kernels_for_many_rows():
 
 
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
-def test_amx_tiles_give_the_dot_kernels_results(type_name: str):
+@pytest.mark.parametrize(("shape", "rows"), [((48, 2048), 83), ((32, 8192), 300)])
+def test_amx_tiles_give_the_dot_kernels_results(type_name: str, shape: tuple[int, int], rows: int):
     """Where the CPU has AMX, a call of 16 rows or more runs Q4_K / Q5_K / Q6_K on the tiles (scales split into
     factors folded into the codes): the results are those of each row alone through the vector kernel, bit for bit, for
-    whole and partial 16-row tiles and several super-blocks."""
-    shape = (48, 2048)
+    whole and partial 16-row tiles and several super-blocks; 83 rows at K = 2048 go in one pass over the weights, 300
+    rows at K = 8192 in three (112 + 112 + 76: a pass keeps its activation blocks within 1 MiB)."""
     module = kernels.gguf_linear_module(type_name, weight_data(type_name, *shape, seed=11), shape)
     if module.group != 16:
         pytest.skip("this build has no 16-row groups (no AVX-512 VNNI)")
     cpu_flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
     if "amx_int8" in cpu_flags and os.environ.get("RUNLM_AMX") != "0":
         assert kernels.isa() == "avx512-vnni+amx"
-    x = torch.randn(83, shape[1], generator=torch.Generator().manual_seed(5)) * 3  # 64 + 16 tiled, 3 rows left
+    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(5)) * 3
     assert torch.equal(module(x), torch.cat([module(row[None]) for row in x]))
 
 
