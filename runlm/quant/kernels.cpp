@@ -69,7 +69,7 @@
 #endif
 
 // AMX (tile registers and int8 tile dot products, Sapphire Rapids and later): the many-row calls (prefill) of the
-// 16-row Q4_K / Q5_K / Q6_K kernels run their integer dot products as 16 x 16 tiles (see "AMX tiles"), when the
+// 16-row Q4_K / Q5_K / Q6_K / Q8_0 kernels run their integer dot products as 16 x 16 tiles (see "AMX tiles"), when the
 // kernel lets the process use the tile state and RUNLM_AMX is not 0.
 #if RUNLM_AVX512 && defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #define RUNLM_AMX 1
@@ -1893,6 +1893,7 @@ inline void amx_configure() {
 template <bool kFifth>
 struct KQuantTiles {
   using K = KQuant16<kFifth>;
+  static void configure() { amx_configure(); }
   static constexpr int64_t kChunkBytes = 1024;               // 64 values of the 16 rows: one tile
   static constexpr int64_t kBlockBytes = 2 * 4 * kChunkBytes;  // a super-block: (lo, hi) x 4 chunks
 
@@ -1977,6 +1978,7 @@ struct KQuantTiles {
 // follow.
 struct Q6KTiles {
   using K = X4Layout<Q6_K>;
+  static void configure() { amx_configure(); }
   static constexpr int64_t kChunkBytes = 1024;             // 64 values of the 16 rows: one tile
   static constexpr int64_t kParts = 4;                     // codes x u0, u1, u2 (unsigned), x (u3 - 2) (signed)
   static constexpr int64_t kBlockBytes = kParts * 4 * kChunkBytes;
@@ -2073,6 +2075,108 @@ struct Q6KTiles {
   }
 };
 
+// Q8_0 on the tiles: its signed codes meet the signed activation codes in tdpbssd, a whole block (32 values) per
+// product. The vector kernel sums each block's values {0-7, 16-23} and {8-15, 24-31} in two chains; here the same
+// two integers come from two copies of the 16 rows' codes, each with the other half's pieces zeroed, against the
+// block's 32 activation bytes as they lie in A32 (no flip, so no 128 x sum to take off: the same sums). From the sums
+// on it is the vector kernel's float arithmetic, so the results are its own, bit for bit.
+struct Q8_0Tiles {
+  using K = X4Layout<Q8_0>;
+
+  // Tiles 0, 1: 16 activation rows' block (32 bytes each); 2, 3: the weights' halves (8 pieces of 64 bytes);
+  // 4-7: sums (16 x 16 int32: two halves for each of two 16-row activation tiles).
+  static void configure() {
+    TileConfig cfg{};
+    cfg.palette = 1;
+    for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    cfg.colsb[0] = cfg.colsb[1] = 32;
+    cfg.rows[2] = cfg.rows[3] = 8;
+    _tile_loadconfig(&cfg);
+  }
+
+  // The activation blocks rearranged once per call: block b's codes of all M rows side by side (a 16-row tile is 512
+  // contiguous bytes, and a pass's tiles follow each other), then their scales. In A32 order a tile's 16 rows lie
+  // K / 32 x 48 bytes apart, and a block of them is too little work to hide that.
+  struct Arranged {
+    std::vector<int8_t> qs;  // [nb][M][32]
+    std::vector<float> d;    // [nb][M]
+    int64_t M = 0;
+  };
+  static Arranged arrange(const A32* act, int64_t M, int64_t nba) {
+    Arranged a{std::vector<int8_t>(static_cast<size_t>(nba * M * 32)), std::vector<float>(static_cast<size_t>(nba * M)), M};
+    at::parallel_for(0, nba, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b)
+        for (int64_t m = 0; m < M; ++m) {
+          std::memcpy(a.qs.data() + (b * M + m) * 32, act[m * nba + b].qs, 32);
+          a.d[b * M + m] = act[m * nba + b].d;
+        }
+    });
+    return a;
+  }
+
+  // y[r * ldy + i] for activation rows m0 + r, r < rows (a multiple of 16, at most kTileMaxRows), and the 16 rows of
+  // the group at `group`.
+  static void group_rows(const uint8_t* group, int64_t nb, const Arranged& act, int64_t m0, int64_t rows, float* y,
+                         int64_t ldy) {
+    alignas(64) uint8_t halves[2][8][64];   // [half][piece]: piece c of the 16 rows, or zeros in the other half
+    alignas(64) int32_t sums[2][2][16][16];  // [activation tile][half][activation row][weight row]
+    alignas(64) float acc[kTileMaxRows][2][16];  // the two chains of each activation row, side by side
+    for (int64_t r = 0; r < rows; ++r) {
+      _mm512_store_ps(acc[r][0], _mm512_setzero_ps());
+      _mm512_store_ps(acc[r][1], _mm512_setzero_ps());
+    }
+    const __m512i zero = _mm512_setzero_si512();
+    const uint8_t* blk = group;
+    for (int64_t b = 0; b < nb; ++b, blk += 16 * K::SIZE) {
+      prefetch_block16(blk, 16 * K::SIZE, blocks_ahead(16 * K::SIZE));
+      for (int c = 0; c < 8; ++c) {  // piece c holds values 4c .. 4c + 3: half 1 for c = 2, 3, 6, 7
+        const __m512i v = load512(blk + K::QS + 64 * c);
+        _mm512_store_si512(halves[(c >> 1) & 1][c], v);
+        _mm512_store_si512(halves[1 - ((c >> 1) & 1)][c], zero);
+      }
+      _tile_loadd(2, halves[0], 64);
+      _tile_loadd(3, halves[1], 64);
+      const __m512 d = f16x16(blk + K::D);
+      const int8_t* qs = act.qs.data() + (b * act.M + m0) * 32;
+      const float* da = act.d.data() + b * act.M + m0;
+      // One 16-row activation tile a step, its sums in tiles 4, 5 or 6, 7 by turns; the float steps of a tile's sums
+      // come after the next tile's products are issued, so the vector units work while the tile unit does.
+      const auto floats = [&](int64_t m, int t) {
+        for (int r = 0; r < 16; ++r) {
+          const __m512 s = _mm512_mul_ps(d, _mm512_set1_ps(da[m + r]));
+          for (int h = 0; h < 2; ++h)
+            _mm512_store_ps(acc[m + r][h], _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(load512(sums[t][h][r])),
+                                                           _mm512_load_ps(acc[m + r][h])));
+        }
+      };
+      for (int64_t m = 0; m < rows; m += 16) {
+        const int t = static_cast<int>((m >> 4) & 1);
+        if (t == 0) {
+          _tile_loadd(0, qs + m * 32, 32);
+          _tile_zero(4);
+          _tile_zero(5);
+          _tile_dpbssd(4, 0, 2);
+          _tile_dpbssd(5, 0, 3);
+          _tile_stored(4, sums[0][0], 64);
+          _tile_stored(5, sums[0][1], 64);
+        } else {
+          _tile_loadd(1, qs + m * 32, 32);
+          _tile_zero(6);
+          _tile_zero(7);
+          _tile_dpbssd(6, 1, 2);
+          _tile_dpbssd(7, 1, 3);
+          _tile_stored(6, sums[1][0], 64);
+          _tile_stored(7, sums[1][1], 64);
+        }
+        if (m) floats(m - 16, 1 - t);
+      }
+      floats(rows - 16, static_cast<int>(((rows - 16) >> 4) & 1));
+    }
+    for (int64_t r = 0; r < rows; ++r)
+      _mm512_storeu_ps(y + r * ldy, _mm512_add_ps(_mm512_load_ps(acc[r][0]), _mm512_load_ps(acc[r][1])));
+  }
+};
+
 template <class T>
 struct HasTiles : std::false_type {};
 template <>
@@ -2086,6 +2190,10 @@ struct HasTiles<X4Layout<Q5_K>> : std::true_type {
 template <>
 struct HasTiles<X4Layout<Q6_K>> : std::true_type {
   using Tiles = Q6KTiles;
+};
+template <>
+struct HasTiles<X4Layout<Q8_0>> : std::true_type {
+  using Tiles = Q8_0Tiles;
 };
 #endif
 
@@ -2108,6 +2216,7 @@ struct Ctx {
   int64_t nba;                 // activation blocks per row
   int64_t N;
   float* y;
+  const void* arranged = nullptr;  // the activation as the type's tiles take it, where they rearrange it
 };
 
 template <class T, int RW, int R>
@@ -2155,10 +2264,15 @@ void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1)
   if constexpr (HasTiles<T>::value) {  // 16 activation rows at a time through the tiles, the rest as below
     const int64_t tiled = (m1 - m0) / 16 * 16;
     if (tiled && amx_usable()) {
-      amx_configure();
+      HasTiles<T>::Tiles::configure();
       for (int64_t n = n0; n < n1; n += 16) {
-        HasTiles<T>::Tiles::group_rows(c.w + n * c.row_bytes, c.nbw, c.act + m0 * c.nba, c.nba, tiled,
-                                       c.y + m0 * c.N + n, c.N);
+        using Tiles = typename HasTiles<T>::Tiles;
+        if constexpr (std::is_same_v<Tiles, Q8_0Tiles>) {
+          Tiles::group_rows(c.w + n * c.row_bytes, c.nbw, *static_cast<const Q8_0Tiles::Arranged*>(c.arranged), m0,
+                            tiled, c.y + m0 * c.N + n, c.N);
+        } else {
+          Tiles::group_rows(c.w + n * c.row_bytes, c.nbw, c.act + m0 * c.nba, c.nba, tiled, c.y + m0 * c.N + n, c.N);
+        }
         if (m0 + tiled < m1) activation_tiles<T, 16>(c, n, m0 + tiled, m1);
       }
       _tile_release();
@@ -2233,12 +2347,21 @@ void gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, flo
   at::parallel_for(0, M, std::max<int64_t>(1, (1 << 12) / K), [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) quantize_row(x + m * K, act_p + m * nba, nba);
   });
-  const Ctx<T> c{w, row_bytes, nbw, act_p, nba, N, y};
+  Ctx<T> c{w, row_bytes, nbw, act_p, nba, N, y};
+  const int64_t tile_rows = tile_pass_rows<T>(M, nba);
+#if RUNLM_AMX
+  Q8_0Tiles::Arranged arranged;
+  if constexpr (std::is_same_v<T, X4Layout<Q8_0>>) {
+    if (tile_rows) {
+      arranged = Q8_0Tiles::arrange(act_p, M, nba);
+      c.arranged = &arranged;
+    }
+  }
+#endif
   constexpr int64_t unit = group_of<T>();  // rows that stay together (an interleaved group)
   const int64_t n_tile = std::max<int64_t>(std::max<int64_t>(4, unit), kNTileBytes / row_bytes) / unit * unit;
   // at least ~64K multiply-adds per thread
   const int64_t grain = std::max<int64_t>(4, (1 << 16) / (K * M)) / unit;
-  const int64_t tile_rows = tile_pass_rows<T>(M, nba);
   at::parallel_for(0, N / unit, std::max<int64_t>(1, grain), [&](int64_t u0, int64_t u1) {
     const int64_t n0 = u0 * unit, n1 = u1 * unit;
     if (tile_rows) {  // AMX: pass by pass over the rows, each pass over all of this thread's weights

@@ -292,7 +292,7 @@ def build_flags() -> str:
 
 
 def amx_absence() -> str:
-    """Why K-quant prefill does not run on AMX tiles here (when `isa()` has no "+amx")."""
+    """Why K-quant and Q8_0 prefill do not run on AMX tiles here (when `isa()` has no "+amx")."""
     if "amx_int8" not in cpu_flags().split():
         return "not on this CPU (the vector kernels run prefill)"
     if os.environ.get("RUNLM_AMX", "").strip() == "0":

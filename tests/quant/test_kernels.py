@@ -320,11 +320,12 @@ def test_sixteen_row_groups_stay_on_the_kernels_for_many_rows():
     assert torch.equal(module(x), torch.cat([module(row[None]) for row in x]))
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0"])
 @pytest.mark.parametrize(("shape", "rows"), [((48, 2048), 83), ((32, 8192), 300)])
 def test_amx_tiles_give_the_dot_kernels_results(type_name: str, shape: tuple[int, int], rows: int):
-    """Where the CPU has AMX, a call of 16 rows or more runs Q4_K / Q5_K / Q6_K on the tiles (scales split into
-    factors folded into the codes): the results are those of each row alone through the vector kernel, bit for bit, for
+    """Where the CPU has AMX, a call of 16 rows or more runs Q4_K / Q5_K / Q6_K (scales split into factors folded into
+    the codes) and Q8_0 (each block's halves apart) on the tiles: the results are those of each row alone through the
+    vector kernel, bit for bit, for
     whole and partial 16-row tiles and several super-blocks; 83 rows at K = 2048 go in one pass over the weights, 300
     rows at K = 8192 in three (112 + 112 + 76: a pass keeps its activation blocks within 1 MiB)."""
     module = kernels.gguf_linear_module(type_name, weight_data(type_name, *shape, seed=11), shape)
