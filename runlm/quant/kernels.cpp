@@ -2149,27 +2149,26 @@ struct Q8_0Tiles {
                                                            _mm512_load_ps(acc[m + r][h])));
         }
       };
+// Activation rows m .. m + 15 in tile A against the halves (tiles 2, 3), sums through tiles C0, C1 into sums[t].
+// A macro: the tile intrinsics take literal tile numbers.
+#define RUNLM_Q8_0_TILE(A, C0, C1, t)      \
+  _tile_loadd(A, qs + m * 32, 32);         \
+  _tile_zero(C0);                          \
+  _tile_zero(C1);                          \
+  _tile_dpbssd(C0, A, 2);                  \
+  _tile_dpbssd(C1, A, 3);                  \
+  _tile_stored(C0, sums[t][0], 64);        \
+  _tile_stored(C1, sums[t][1], 64);
       for (int64_t m = 0; m < rows; m += 16) {
         const int t = static_cast<int>((m >> 4) & 1);
         if (t == 0) {
-          _tile_loadd(0, qs + m * 32, 32);
-          _tile_zero(4);
-          _tile_zero(5);
-          _tile_dpbssd(4, 0, 2);
-          _tile_dpbssd(5, 0, 3);
-          _tile_stored(4, sums[0][0], 64);
-          _tile_stored(5, sums[0][1], 64);
+          RUNLM_Q8_0_TILE(0, 4, 5, 0)
         } else {
-          _tile_loadd(1, qs + m * 32, 32);
-          _tile_zero(6);
-          _tile_zero(7);
-          _tile_dpbssd(6, 1, 2);
-          _tile_dpbssd(7, 1, 3);
-          _tile_stored(6, sums[1][0], 64);
-          _tile_stored(7, sums[1][1], 64);
+          RUNLM_Q8_0_TILE(1, 6, 7, 1)
         }
         if (m) floats(m - 16, 1 - t);
       }
+#undef RUNLM_Q8_0_TILE
       floats(rows - 16, static_cast<int>(((rows - 16) >> 4) & 1));
     }
     for (int64_t r = 0; r < rows; ++r)
