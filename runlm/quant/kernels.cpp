@@ -2118,22 +2118,18 @@ struct Q8_0Tiles {
   // the group at `group`.
   static void group_rows(const uint8_t* group, int64_t nb, const Arranged& act, int64_t m0, int64_t rows, float* y,
                          int64_t ldy) {
-    alignas(64) uint8_t halves[2][8][64];   // [half][piece]: piece c of the 16 rows, or zeros in the other half
+    alignas(64) uint8_t halves[2][8][64] = {};  // [half][piece]: piece c of the 16 rows in its half, zeros in the other
     alignas(64) int32_t sums[2][2][16][16];  // [activation tile][half][activation row][weight row]
     alignas(64) float acc[kTileMaxRows][2][16];  // the two chains of each activation row, side by side
     for (int64_t r = 0; r < rows; ++r) {
       _mm512_store_ps(acc[r][0], _mm512_setzero_ps());
       _mm512_store_ps(acc[r][1], _mm512_setzero_ps());
     }
-    const __m512i zero = _mm512_setzero_si512();
     const uint8_t* blk = group;
     for (int64_t b = 0; b < nb; ++b, blk += 16 * K::SIZE) {
       prefetch_block16(blk, 16 * K::SIZE, blocks_ahead(16 * K::SIZE));
-      for (int c = 0; c < 8; ++c) {  // piece c holds values 4c .. 4c + 3: half 1 for c = 2, 3, 6, 7
-        const __m512i v = load512(blk + K::QS + 64 * c);
-        _mm512_store_si512(halves[(c >> 1) & 1][c], v);
-        _mm512_store_si512(halves[1 - ((c >> 1) & 1)][c], zero);
-      }
+      for (int c = 0; c < 8; ++c)  // piece c holds values 4c .. 4c + 3: half 1 for c = 2, 3, 6, 7
+        _mm512_store_si512(halves[(c >> 1) & 1][c], load512(blk + K::QS + 64 * c));
       _tile_loadd(2, halves[0], 64);
       _tile_loadd(3, halves[1], 64);
       const __m512 d = f16x16(blk + K::D);
@@ -2263,9 +2259,9 @@ void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1)
   if constexpr (HasTiles<T>::value) {  // 16 activation rows at a time through the tiles, the rest as below
     const int64_t tiled = (m1 - m0) / 16 * 16;
     if (tiled && amx_usable()) {
-      HasTiles<T>::Tiles::configure();
+      using Tiles = typename HasTiles<T>::Tiles;
+      Tiles::configure();
       for (int64_t n = n0; n < n1; n += 16) {
-        using Tiles = typename HasTiles<T>::Tiles;
         if constexpr (std::is_same_v<Tiles, Q8_0Tiles>) {
           Tiles::group_rows(c.w + n * c.row_bytes, c.nbw, *static_cast<const Q8_0Tiles::Arranged*>(c.arranged), m0,
                             tiled, c.y + m0 * c.N + n, c.N);
@@ -2328,7 +2324,8 @@ int64_t tile_pass_rows(int64_t M, int64_t nba) {
     if (M < 16 || !amx_usable()) return 0;
     const int64_t fit = kTileActBytes / (nba * static_cast<int64_t>(sizeof(typename T::Act))) / 16 * 16;
     const int64_t rows = std::clamp<int64_t>(fit, 16, kTileMaxRows);
-    const int64_t passes = (M + rows - 1) / rows;  // even passes: 256 rows at most 128 per pass, not 128 + 128 + 0
+    // passes of even size: 256 rows where 112 fit go as 96 + 96 + 64, not 112 + 112 + 32
+    const int64_t passes = (M + rows - 1) / rows;
     return std::min(rows, (M / passes + 15) / 16 * 16);
   }
 #endif

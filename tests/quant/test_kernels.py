@@ -325,9 +325,9 @@ def test_sixteen_row_groups_stay_on_the_kernels_for_many_rows():
 def test_amx_tiles_give_the_dot_kernels_results(type_name: str, shape: tuple[int, int], rows: int):
     """Where the CPU has AMX, a call of 16 rows or more runs Q4_K / Q5_K / Q6_K (scales split into factors folded into
     the codes) and Q8_0 (each block's halves apart) on the tiles: the results are those of each row alone through the
-    vector kernel, bit for bit, for
-    whole and partial 16-row tiles and several super-blocks; 83 rows at K = 2048 go in one pass over the weights, 300
-    rows at K = 8192 in three (112 + 112 + 76: a pass keeps its activation blocks within 1 MiB)."""
+    vector kernel, bit for bit, for whole and partial 16-row tiles and several blocks. 83 rows at K = 2048 go in one
+    pass over the weights; 300 rows at K = 8192 in several, since a pass keeps its activation blocks within 1 MiB
+    (K-quants 112 + 112 + 76, Q8_0 80 + 80 + 80 + 60)."""
     module = kernels.gguf_linear_module(type_name, weight_data(type_name, *shape, seed=11), shape)
     if module.group != 16:
         pytest.skip("this build has no 16-row groups (no AVX-512 VNNI)")
