@@ -1558,6 +1558,28 @@ inline void store_rows16(const __m512* y, float* out) {
   }
 }
 
+// The 16-row layouts' dot products over S groups at once (g[s]: a group's first byte; out[s]: its 16 x R results):
+// super-block b of every group, then b + 1. One group is the plain GEMV; two far-apart groups keep two DRAM streams
+// in flight from one core, which a decode GEMV needs to get near the core's read bandwidth (see stream_rows). A
+// layout L gives its float accumulator chains per activation row (kChains), its super-block step (block: the codes
+// of one super-block against R activation rows into the chains) and how the chains end in R results per row
+// (finish). Each group's sums run in the same order whatever S is, so the results do not depend on it.
+template <class L, int R, int S>
+inline void dot16(const uint8_t* const* g, const typename L::Act* const* a, int64_t nb, float* const* out) {
+  __m512 acc[S][R * L::kChains];
+  for (int s = 0; s < S; ++s)
+    for (int k = 0; k < R * L::kChains; ++k) acc[s][k] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+#pragma GCC unroll 1  // one copy of the (large) step: S inlined copies ran slower
+    for (int s = 0; s < S; ++s) {
+      const uint8_t* blk = g[s] + b * 16 * L::SIZE;
+      prefetch_block16(blk, 16 * L::SIZE, L::kAhead);
+      L::template block<R>(acc[s], blk, a, b);
+    }
+  }
+  for (int s = 0; s < S; ++s) L::template finish<R>(acc[s], out[s]);
+}
+
 // Byte shuffle (per 32-bit lane [b0 b1 b2 b3]) to int16 [b(2k) b(2k + 1)] zero-extended, for k = 0 and k = 1; the
 // high bytes of the result are zero (0x80 picks nothing).
 inline __m512i byte_pair_shuffle(int k) {
@@ -1618,40 +1640,44 @@ struct KQuant16 {
     return _mm512_fnmadd_ps(_mm512_mul_ps(dmin, _mm512_set1_ps(ab.d)), _mm512_cvtepi32_ps(msum), y);
   }
 
+  static constexpr int kChains = 1, kAhead = kPrefetchBlocks;
+
+  // Super-block b (at blk) against activation rows a[0..R), into y[r].
+  template <int R>
+  [[gnu::always_inline]] static void block(__m512* y, const uint8_t* blk, const Act* const* a, int64_t b) {
+    const __m512i byte0 = _mm512_set1_epi32(0xFF);
+    __m512i sc[2], mins[4];
+    scales(blk, sc, mins);
+    __m512i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {  // sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
+      const __m512i s_lo = _mm512_and_si512(_mm512_srli_epi32(sc[j / 2], 16 * (j % 2)), byte0);
+      const __m512i s_hi = _mm512_and_si512(_mm512_srli_epi32(sc[j / 2], 16 * (j % 2) + 8), byte0);
+      __m512i lo[8], hi[8];
+      for (int c = 0; c < 8; ++c) codes(blk, j, c, lo[c], hi[c]);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const int8_t* aq = a[r][b].qs + 64 * j;
+        __m512i u_lo = _mm512_setzero_si512(), u_hi = _mm512_setzero_si512();
+        for (int c = 0; c < 8; ++c) {
+          u_lo = _mm512_dpbusd_epi32(u_lo, lo[c], bcast4(aq + 4 * c));
+          u_hi = _mm512_dpbusd_epi32(u_hi, hi[c], bcast4(aq + 32 + 4 * c));
+        }
+        isum[r] = _mm512_add_epi32(isum[r], _mm512_add_epi32(_mm512_mullo_epi32(u_lo, s_lo), _mm512_mullo_epi32(u_hi, s_hi)));
+      }
+    }
+    const __m512 d = f16x16(blk + D), dmin = f16x16(blk + DMIN);
+    for (int r = 0; r < R; ++r) y[r] = step(y[r], d, dmin, mins, a[r][b], isum[r]);
+  }
+
+  template <int R>
+  static void finish(const __m512* y, float* out) { store_rows16<R>(y, out); }
+
   template <int RW, int R>
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
     static_assert(RW == 16, "Q4_K / Q5_K groups are 16 rows here");
-    const __m512i byte0 = _mm512_set1_epi32(0xFF);
-    __m512 y[R];
-    for (int r = 0; r < R; ++r) y[r] = _mm512_setzero_ps();
-    const uint8_t* blk = w[0];
-    for (int64_t b = 0; b < nb; ++b, blk += 16 * SIZE) {
-      prefetch_block16(blk, 16 * SIZE);
-      __m512i sc[2], mins[4];
-      scales(blk, sc, mins);
-      __m512i isum[R];
-      for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) {  // sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
-        const __m512i s_lo = _mm512_and_si512(_mm512_srli_epi32(sc[j / 2], 16 * (j % 2)), byte0);
-        const __m512i s_hi = _mm512_and_si512(_mm512_srli_epi32(sc[j / 2], 16 * (j % 2) + 8), byte0);
-        __m512i lo[8], hi[8];
-        for (int c = 0; c < 8; ++c) codes(blk, j, c, lo[c], hi[c]);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) {
-          const int8_t* aq = a[r][b].qs + 64 * j;
-          __m512i u_lo = _mm512_setzero_si512(), u_hi = _mm512_setzero_si512();
-          for (int c = 0; c < 8; ++c) {
-            u_lo = _mm512_dpbusd_epi32(u_lo, lo[c], bcast4(aq + 4 * c));
-            u_hi = _mm512_dpbusd_epi32(u_hi, hi[c], bcast4(aq + 32 + 4 * c));
-          }
-          isum[r] = _mm512_add_epi32(isum[r], _mm512_add_epi32(_mm512_mullo_epi32(u_lo, s_lo), _mm512_mullo_epi32(u_hi, s_hi)));
-        }
-      }
-      const __m512 d = f16x16(blk + D), dmin = f16x16(blk + DMIN);
-      for (int r = 0; r < R; ++r) y[r] = step(y[r], d, dmin, mins, a[r][b], isum[r]);
-    }
-    store_rows16<R>(y, out);
+    dot16<KQuant16, R, 1>(w, a, nb, &out);
   }
 };
 
@@ -1672,49 +1698,57 @@ struct Nibbles16 {
   static constexpr float kCorrMult = M >= 0 ? 1.f : (QH >= 0 ? -16.f : -8.f);
   using Act = A32;
 
+  static constexpr int kChains = 3, kAhead = blocks_ahead(16 * SIZE);  // per row: two halves, the correction
+
+  template <int R>
+  [[gnu::always_inline]] static void block(__m512* y, const uint8_t* blk, const Act* const* a, int64_t b) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m16 = _mm512_set1_epi8(0x10);
+    __m512i lo[4], hi[4];
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = load512(blk + QS + 64 * c);
+      lo[c] = _mm512_and_si512(v, m4), hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+    if constexpr (QH >= 0) {
+      const __m512i qh = load512(blk + QH);
+      for (int c = 0; c < 4; ++c) {
+        lo[c] = _mm512_or_si512(lo[c], _mm512_and_si512(_mm512_srli_epi32(qh, c), m16));
+        hi[c] = _mm512_or_si512(hi[c], _mm512_and_si512(_mm512_slli_epi32(qh, 4 - c), m16));
+      }
+    }
+    const __m512 d = f16x16(blk);
+    const __m512 c16 = M >= 0 ? f16x16(blk + M) : d;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const A32& ab = a[r][b];
+      __m512i u0 = _mm512_setzero_si512(), u1 = _mm512_setzero_si512();
+      for (int c : {0, 1}) {
+        u0 = _mm512_dpbusd_epi32(u0, lo[c], bcast4(ab.qs + 4 * c));
+        u0 = _mm512_dpbusd_epi32(u0, hi[c], bcast4(ab.qs + 16 + 4 * c));
+      }
+      for (int c : {2, 3}) {
+        u1 = _mm512_dpbusd_epi32(u1, lo[c], bcast4(ab.qs + 4 * c));
+        u1 = _mm512_dpbusd_epi32(u1, hi[c], bcast4(ab.qs + 16 + 4 * c));
+      }
+      const __m512 sv = _mm512_mul_ps(d, _mm512_set1_ps(ab.d));
+      __m512* yr = y + 3 * r;
+      yr[0] = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(u0), yr[0]);
+      yr[1] = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(u1), yr[1]);
+      yr[2] = _mm512_fmadd_ps(c16, _mm512_set1_ps(ab.s), yr[2]);
+    }
+  }
+
+  template <int R>
+  static void finish(const __m512* y, float* out) {
+    __m512 sum[R];
+    for (int r = 0; r < R; ++r)
+      sum[r] = _mm512_fmadd_ps(_mm512_set1_ps(kCorrMult), y[3 * r + 2], _mm512_add_ps(y[3 * r], y[3 * r + 1]));
+    store_rows16<R>(sum, out);
+  }
+
   template <int RW, int R>
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
     static_assert(RW == 16, "these groups are 16 rows here");
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m16 = _mm512_set1_epi8(0x10);
-    __m512 y0[R], y1[R], corr[R];
-    for (int r = 0; r < R; ++r) y0[r] = y1[r] = corr[r] = _mm512_setzero_ps();
-    const uint8_t* blk = w[0];
-    for (int64_t b = 0; b < nb; ++b, blk += 16 * SIZE) {
-      prefetch_block16(blk, 16 * SIZE, blocks_ahead(16 * SIZE));
-      __m512i lo[4], hi[4];
-      for (int c = 0; c < 4; ++c) {
-        const __m512i v = load512(blk + QS + 64 * c);
-        lo[c] = _mm512_and_si512(v, m4), hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-      }
-      if constexpr (QH >= 0) {
-        const __m512i qh = load512(blk + QH);
-        for (int c = 0; c < 4; ++c) {
-          lo[c] = _mm512_or_si512(lo[c], _mm512_and_si512(_mm512_srli_epi32(qh, c), m16));
-          hi[c] = _mm512_or_si512(hi[c], _mm512_and_si512(_mm512_slli_epi32(qh, 4 - c), m16));
-        }
-      }
-      const __m512 d = f16x16(blk);
-      const __m512 c16 = M >= 0 ? f16x16(blk + M) : d;
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const A32& ab = a[r][b];
-        __m512i u0 = _mm512_setzero_si512(), u1 = _mm512_setzero_si512();
-        for (int c : {0, 1}) {
-          u0 = _mm512_dpbusd_epi32(u0, lo[c], bcast4(ab.qs + 4 * c));
-          u0 = _mm512_dpbusd_epi32(u0, hi[c], bcast4(ab.qs + 16 + 4 * c));
-        }
-        for (int c : {2, 3}) {
-          u1 = _mm512_dpbusd_epi32(u1, lo[c], bcast4(ab.qs + 4 * c));
-          u1 = _mm512_dpbusd_epi32(u1, hi[c], bcast4(ab.qs + 16 + 4 * c));
-        }
-        const __m512 s = _mm512_mul_ps(d, _mm512_set1_ps(ab.d));
-        y0[r] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(u0), y0[r]);
-        y1[r] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(u1), y1[r]);
-        corr[r] = _mm512_fmadd_ps(c16, _mm512_set1_ps(ab.s), corr[r]);
-      }
-    }
-    for (int r = 0; r < R; ++r) y0[r] = _mm512_fmadd_ps(_mm512_set1_ps(kCorrMult), corr[r], _mm512_add_ps(y0[r], y1[r]));
-    store_rows16<R>(y0, out);
+    dot16<Nibbles16, R, 1>(w, a, nb, &out);
   }
 };
 template <>
@@ -1737,31 +1771,37 @@ struct X4Layout<Q8_0> {
   static constexpr int D = 0, QS = 32;  // offsets in the 16 rows' block
   using Act = A32;
 
+  static constexpr int kChains = 2, kAhead = blocks_ahead(16 * SIZE);  // per row: values {0-7, 16-23}, {8-15, 24-31}
+
+  template <int R>
+  [[gnu::always_inline]] static void block(__m512* y, const uint8_t* blk, const Act* const* a, int64_t b) {
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    __m512i q[8];  // piece p: codes 4p..4p + 3 of the 16 rows, plus 128
+    for (int c = 0; c < 8; ++c) q[c] = _mm512_xor_si512(load512(blk + QS + 64 * c), flip);
+    const __m512 d = f16x16(blk + D);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const A32& ab = a[r][b];
+      __m512i u0 = _mm512_set1_epi32(-ab.off[0]), u1 = _mm512_set1_epi32(-ab.off[1]);
+      for (int c : {0, 1, 4, 5}) u0 = _mm512_dpbusd_epi32(u0, q[c], bcast4(ab.qs + 4 * c));
+      for (int c : {2, 3, 6, 7}) u1 = _mm512_dpbusd_epi32(u1, q[c], bcast4(ab.qs + 4 * c));
+      const __m512 sv = _mm512_mul_ps(d, _mm512_set1_ps(ab.d));
+      y[2 * r] = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(u0), y[2 * r]);
+      y[2 * r + 1] = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(u1), y[2 * r + 1]);
+    }
+  }
+
+  template <int R>
+  static void finish(const __m512* y, float* out) {
+    __m512 sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = _mm512_add_ps(y[2 * r], y[2 * r + 1]);
+    store_rows16<R>(sum, out);
+  }
+
   template <int RW, int R>
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
     static_assert(RW == 16, "Q8_0 groups are 16 rows here");
-    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-    __m512 y0[R], y1[R];
-    for (int r = 0; r < R; ++r) y0[r] = y1[r] = _mm512_setzero_ps();
-    const uint8_t* blk = w[0];
-    for (int64_t b = 0; b < nb; ++b, blk += 16 * SIZE) {
-      prefetch_block16(blk, 16 * SIZE, blocks_ahead(16 * SIZE));
-      __m512i q[8];  // piece p: codes 4p..4p + 3 of the 16 rows, plus 128
-      for (int c = 0; c < 8; ++c) q[c] = _mm512_xor_si512(load512(blk + QS + 64 * c), flip);
-      const __m512 d = f16x16(blk + D);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const A32& ab = a[r][b];
-        __m512i u0 = _mm512_set1_epi32(-ab.off[0]), u1 = _mm512_set1_epi32(-ab.off[1]);
-        for (int c : {0, 1, 4, 5}) u0 = _mm512_dpbusd_epi32(u0, q[c], bcast4(ab.qs + 4 * c));
-        for (int c : {2, 3, 6, 7}) u1 = _mm512_dpbusd_epi32(u1, q[c], bcast4(ab.qs + 4 * c));
-        const __m512 s = _mm512_mul_ps(d, _mm512_set1_ps(ab.d));
-        y0[r] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(u0), y0[r]);
-        y1[r] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(u1), y1[r]);
-      }
-    }
-    for (int r = 0; r < R; ++r) y0[r] = _mm512_add_ps(y0[r], y1[r]);
-    store_rows16<R>(y0, out);
+    dot16<X4Layout, R, 1>(w, a, nb, &out);
   }
 };
 
@@ -1798,50 +1838,53 @@ struct X4Layout<Q6_K> {
                                 _mm512_and_si512(_mm512_srli_epi16(bits, 2), m30));
   }
 
-  template <int RW, int R>
-  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
-    static_assert(RW == 16, "Q6_K groups are 16 rows here");
-    __m512 y[R];
-    for (int r = 0; r < R; ++r) y[r] = _mm512_setzero_ps();
-    const uint8_t* blk = w[0];
-    for (int64_t b = 0; b < nb; ++b, blk += 16 * SIZE) {
-      prefetch_block16(blk, 16 * SIZE);
-      __m512i isum[R];
-      for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
-      __m512i sp[4];  // scale piece q: row i's scales 4q..4q + 3 (int8) in lane i
-      for (int q = 0; q < 4; ++q) {
-        sp[q] = load512(blk + SC + 64 * q);
-        // the offset: -32 * scale . activation sums of 16, scales as sign-extended int16 pairs
-        for (int k = 0; k < 2; ++k) {
-          const __m512i offset = k ? offset_pair<1>(sp[q]) : offset_pair<0>(sp[q]);
+  static constexpr int kChains = 1, kAhead = kPrefetchBlocks;
+
+  template <int R>
+  [[gnu::always_inline]] static void block(__m512* y, const uint8_t* blk, const Act* const* a, int64_t b) {
+    __m512i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+    __m512i sp[4];  // scale piece q: row i's scales 4q..4q + 3 (int8) in lane i
+    for (int q = 0; q < 4; ++q) {
+      sp[q] = load512(blk + SC + 64 * q);
+      // the offset: -32 * scale . activation sums of 16, scales as sign-extended int16 pairs
+      for (int k = 0; k < 2; ++k) {
+        const __m512i offset = k ? offset_pair<1>(sp[q]) : offset_pair<0>(sp[q]);
 #pragma GCC unroll 4
-          for (int r = 0; r < R; ++r) isum[r] = _mm512_dpwssd_epi32(isum[r], offset, bcast4(a[r][b].bsums + 4 * q + 2 * k));
-        }
+        for (int r = 0; r < R; ++r) isum[r] = _mm512_dpwssd_epi32(isum[r], offset, bcast4(a[r][b].bsums + 4 * q + 2 * k));
       }
+    }
 #pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < 2; ++h) {
 #pragma GCC unroll 2
-        for (int half = 0; half < 2; ++half) {  // pieces c = 4 half .. 4 half + 3: sub-blocks 8h + 2m + half
-          __m512i q[4][4];  // [m][c - 4 half]
-          for (int cc = 0; cc < 4; ++cc) codes(blk, h, 4 * half + cc, q, cc);
-          __m512i scale[4];  // sub-block 8h + 2m + half = scale piece 2h + m / 2, byte 2 (m % 2) + half
-          for (int m = 0; m < 4; ++m)
-            scale[m] = _mm512_srai_epi32(_mm512_slli_epi32(sp[2 * h + m / 2], 24 - 8 * (2 * (m % 2) + half)), 24);
+      for (int half = 0; half < 2; ++half) {  // pieces c = 4 half .. 4 half + 3: sub-blocks 8h + 2m + half
+        __m512i q[4][4];  // [m][c - 4 half]
+        for (int cc = 0; cc < 4; ++cc) codes(blk, h, 4 * half + cc, q, cc);
+        __m512i scale[4];  // sub-block 8h + 2m + half = scale piece 2h + m / 2, byte 2 (m % 2) + half
+        for (int m = 0; m < 4; ++m)
+          scale[m] = _mm512_srai_epi32(_mm512_slli_epi32(sp[2 * h + m / 2], 24 - 8 * (2 * (m % 2) + half)), 24);
 #pragma GCC unroll 4
-          for (int r = 0; r < R; ++r) {
-            const int8_t* aq = a[r][b].qs + 128 * h + 16 * half;
-            for (int m = 0; m < 4; ++m) {
-              __m512i u = _mm512_setzero_si512();
-              for (int cc = 0; cc < 4; ++cc) u = _mm512_dpbusd_epi32(u, q[m][cc], bcast4(aq + 32 * m + 4 * cc));
-              isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(u, scale[m]));
-            }
+        for (int r = 0; r < R; ++r) {
+          const int8_t* aq = a[r][b].qs + 128 * h + 16 * half;
+          for (int m = 0; m < 4; ++m) {
+            __m512i u = _mm512_setzero_si512();
+            for (int cc = 0; cc < 4; ++cc) u = _mm512_dpbusd_epi32(u, q[m][cc], bcast4(aq + 32 * m + 4 * cc));
+            isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(u, scale[m]));
           }
         }
       }
-      const __m512 d = f16x16(blk + D);
-      for (int r = 0; r < R; ++r) y[r] = kquant_step16(y[r], d, a[r][b].d, isum[r]);
     }
-    store_rows16<R>(y, out);
+    const __m512 d = f16x16(blk + D);
+    for (int r = 0; r < R; ++r) y[r] = kquant_step16(y[r], d, a[r][b].d, isum[r]);
+  }
+
+  template <int R>
+  static void finish(const __m512* y, float* out) { store_rows16<R>(y, out); }
+
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+    static_assert(RW == 16, "Q6_K groups are 16 rows here");
+    dot16<X4Layout, R, 1>(w, a, nb, &out);
   }
 };
 #endif
@@ -2305,6 +2348,61 @@ void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1)
   }
 }
 
+// Layouts whose groups dot16 walks (the 16-row layouts of an AVX-512 build).
+template <class T>
+concept Streamed = requires { T::kChains; };
+
+#if RUNLM_AVX512
+
+// Groups a decode GEMV walks at once per thread. One sequential walk reached ~75% of a plain read's DRAM bandwidth
+// per core (two threads, 1B Q4_K_M shape's weights: 16.3 GB/s against a 25 GB/s read); two far-apart walks keep
+// more reads in flight: 1.06-1.20x on the 1B and 3B shapes' GEMV sequences (alternating rounds). Three and four
+// were no better than two.
+constexpr int kStreams = 2;
+
+// Groups n[0..S) against activation rows [0, R) into c.y.
+template <class T, int R, int S>
+inline void stream_tile(const Ctx<T>& c, const int64_t* n) {
+  float o[S][16 * R];
+  const uint8_t* g[S];
+  float* outs[S];
+  const typename T::Act* ap[R];
+  for (int s = 0; s < S; ++s) g[s] = c.w + n[s] * c.row_bytes, outs[s] = o[s];
+  for (int r = 0; r < R; ++r) ap[r] = c.act + r * c.nba;
+  dot16<T, R, S>(g, ap, c.nbw, outs);
+  for (int s = 0; s < S; ++s)
+    for (int i = 0; i < 16; ++i)
+      for (int r = 0; r < R; ++r) c.y[r * c.N + n[s] + i] = o[s][i * R + r];
+}
+
+template <class T, int S>
+inline void stream_tile(const Ctx<T>& c, const int64_t* n, int64_t M) {
+  switch (M) {
+    case 1: stream_tile<T, 1, S>(c, n); break;
+    case 2: stream_tile<T, 2, S>(c, n); break;
+    case 3: stream_tile<T, 3, S>(c, n); break;
+    case 4: stream_tile<T, 4, S>(c, n); break;
+    default: break;
+  }
+}
+
+// Output rows [n0, n1) (whole groups) for M <= 4 activation rows: the range's first and second halves side by side,
+// a group of each at a time (kStreams), and an odd group last on its own.
+template <class T>
+void stream_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t M) {
+  const int64_t groups = (n1 - n0) / 16, len = groups / kStreams;
+  for (int64_t i = 0; i < len; ++i) {
+    int64_t n[kStreams];
+    for (int s = 0; s < kStreams; ++s) n[s] = n0 + 16 * (s * len + i);
+    stream_tile<T, kStreams>(c, n, M);
+  }
+  for (int64_t g = kStreams * len; g < groups; ++g) {
+    const int64_t n = n0 + 16 * g;
+    stream_tile<T, 1>(c, &n, M);
+  }
+}
+#endif
+
 // Rows of kernel type T that stay together: an interleaved group, or 1.
 template <class T>
 constexpr int64_t group_of() {
@@ -2358,6 +2456,15 @@ void gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, flo
   const int64_t n_tile = std::max<int64_t>(std::max<int64_t>(4, unit), kNTileBytes / row_bytes) / unit * unit;
   // at least ~64K multiply-adds per thread
   const int64_t grain = std::max<int64_t>(4, (1 << 16) / (K * M)) / unit;
+#if RUNLM_AVX512
+  if constexpr (Streamed<T>) {
+    if (M <= 4) {
+      at::parallel_for(0, N / unit, std::max<int64_t>(1, grain),
+                       [&](int64_t u0, int64_t u1) { stream_rows<T>(c, u0 * unit, u1 * unit, M); });
+      return;
+    }
+  }
+#endif
   at::parallel_for(0, N / unit, std::max<int64_t>(1, grain), [&](int64_t u0, int64_t u1) {
     const int64_t n0 = u0 * unit, n1 = u1 * unit;
     if (tile_rows) {  // AMX: pass by pass over the rows, each pass over all of this thread's weights
