@@ -1580,6 +1580,20 @@ inline void dot16(const uint8_t* const* g, const typename L::Act* const* a, int6
   for (int s = 0; s < S; ++s) L::template finish<R>(acc[s], out[s]);
 }
 
+// What every 16-row layout L shares: the one-group dot product the drivers call, and the ending of a single chain
+// per row (layouts with more chains have their own finish).
+template <class L>
+struct Rows16 {
+  template <int R>
+  static void finish(const __m512* y, float* out) { store_rows16<R>(y, out); }
+
+  template <int RW, int R, class Act>  // Act: L::Act (L is not complete where this is declared)
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+    static_assert(RW == 16, "these groups are 16 rows here");
+    dot16<L, R, 1>(w, a, nb, &out);
+  }
+};
+
 // Byte shuffle (per 32-bit lane [b0 b1 b2 b3]) to int16 [b(2k) b(2k + 1)] zero-extended, for k = 0 and k = 1; the
 // high bytes of the result are zero (0x80 picks nothing).
 inline __m512i byte_pair_shuffle(int k) {
@@ -1592,7 +1606,7 @@ inline __m512i byte_pair_shuffle(int k) {
 // 32 * 31 * 127 (exact in int32), times the 6-bit scale. The mins meet the activation's sums of 32 through vpdpwssd on
 // int16 pairs (min(2k), min(2k + 1)) x (sum(2k), sum(2k + 1)).
 template <bool kFifth>
-struct KQuant16 {
+struct KQuant16 : Rows16<KQuant16<kFifth>> {
   using Plain = QK45<kFifth>;
   static constexpr int QK = QK_K, SIZE = Plain::SIZE, G = Plain::G, ROWS = 16;
   // offsets in the 16 rows' super-block
@@ -1671,14 +1685,6 @@ struct KQuant16 {
     for (int r = 0; r < R; ++r) y[r] = step(y[r], d, dmin, mins, a[r][b], isum[r]);
   }
 
-  template <int R>
-  static void finish(const __m512* y, float* out) { store_rows16<R>(y, out); }
-
-  template <int RW, int R>
-  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
-    static_assert(RW == 16, "Q4_K / Q5_K groups are 16 rows here");
-    dot16<KQuant16, R, 1>(w, a, nb, &out);
-  }
 };
 
 template <>
@@ -1692,7 +1698,7 @@ struct X4Layout<Q5_K> : KQuant16<true> {};
 // vpdpbusd as they are; the offset (-8, -16) or the min comes in through the activation's sum (A32::s), and values
 // {0-7, 16-23} and {8-15, 24-31} go to float in two chains per row, as in the 4-row layout: the same results.
 template <class T, int M, int QH, int QS>
-struct Nibbles16 {
+struct Nibbles16 : Rows16<Nibbles16<T, M, QH, QS>> {
   using Plain = T;
   static constexpr int QK = 32, SIZE = T::SIZE, G = T::G, ROWS = 16;
   static constexpr float kCorrMult = M >= 0 ? 1.f : (QH >= 0 ? -16.f : -8.f);
@@ -1744,12 +1750,6 @@ struct Nibbles16 {
       sum[r] = _mm512_fmadd_ps(_mm512_set1_ps(kCorrMult), y[3 * r + 2], _mm512_add_ps(y[3 * r], y[3 * r + 1]));
     store_rows16<R>(sum, out);
   }
-
-  template <int RW, int R>
-  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
-    static_assert(RW == 16, "these groups are 16 rows here");
-    dot16<Nibbles16, R, 1>(w, a, nb, &out);
-  }
 };
 template <>
 struct X4Layout<Q4_0> : Nibbles16<Q4_0, -1, -1, 32> {};
@@ -1765,7 +1765,7 @@ struct X4Layout<Q5_1> : Nibbles16<Q5_1, 32, 64, 128> {};
 // Values {0-7, 16-23} and {8-15, 24-31} of a block go to float in two chains per row, summed at the end, as the
 // 4-row layout and the row layout do (bit-identical results).
 template <>
-struct X4Layout<Q8_0> {
+struct X4Layout<Q8_0> : Rows16<X4Layout<Q8_0>> {
   using Plain = Q8_0;
   static constexpr int QK = 32, SIZE = Plain::SIZE, G = Plain::G, ROWS = 16;
   static constexpr int D = 0, QS = 32;  // offsets in the 16 rows' block
@@ -1797,12 +1797,6 @@ struct X4Layout<Q8_0> {
     for (int r = 0; r < R; ++r) sum[r] = _mm512_add_ps(y[2 * r], y[2 * r + 1]);
     store_rows16<R>(sum, out);
   }
-
-  template <int RW, int R>
-  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
-    static_assert(RW == 16, "Q8_0 groups are 16 rows here");
-    dot16<X4Layout, R, 1>(w, a, nb, &out);
-  }
 };
 
 // Q6_K in 16-row groups. Half h of a super-block (128 values) comes from ql pieces 16h..16h + 15 and qh pieces
@@ -1811,7 +1805,7 @@ struct X4Layout<Q8_0> {
 // 8h + 2m + c / 4. A lane's sum over a sub-block is at most 16 * 63 * 127, times the signed 8-bit scale. The codes'
 // offset of 32 comes off through the activation's sums of 16 (vpdpwssd on int16 pairs of -32 * scale).
 template <>
-struct X4Layout<Q6_K> {
+struct X4Layout<Q6_K> : Rows16<X4Layout<Q6_K>> {
   using Plain = Q6_K;
   static constexpr int QK = QK_K, SIZE = Plain::SIZE, G = Plain::G, ROWS = 16;
   static constexpr int QL = 0, QH = 2048, SC = 3072, D = 3328;  // offsets in the 16 rows' super-block
@@ -1878,14 +1872,6 @@ struct X4Layout<Q6_K> {
     for (int r = 0; r < R; ++r) y[r] = kquant_step16(y[r], d, a[r][b].d, isum[r]);
   }
 
-  template <int R>
-  static void finish(const __m512* y, float* out) { store_rows16<R>(y, out); }
-
-  template <int RW, int R>
-  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
-    static_assert(RW == 16, "Q6_K groups are 16 rows here");
-    dot16<X4Layout, R, 1>(w, a, nb, &out);
-  }
 };
 #endif
 
