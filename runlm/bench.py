@@ -92,6 +92,11 @@ def run_bench(args) -> int:
     peers = ["runlm"] + [p for p in args.vs if p != "runlm"]
     results, skipped = [], []
     workers: list[PeerWorker] = []
+    # The first use after an install or an update compiles the kernels (~30-45 s): here, so that no runlm peer's
+    # timed load includes the build (the workers then load it from torch's extensions cache).
+    start = time.perf_counter()
+    state = "ready" if kernels.available() else f"unavailable ({kernels.unavailable_reason()})"
+    print(f"bench: runlm's kernels {state} in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     for peer in peers:  # loaded one after the other: each load is timed alone
         reason = missing_peer(peer)
         if reason:

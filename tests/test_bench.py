@@ -25,6 +25,8 @@ def test_bench_runs_each_peer_with_repeats(smollm2_gguf, tmp_path):
     assert "best of: 3" in proc.stdout and "| runlm " in proc.stdout and "| runlm-f32 " in proc.stdout
     assert "runlm/runlm-f32 round by round (3 alternating rounds): prefill median" in proc.stdout
     assert proc.stderr.count("bench: round ") == 3
+    # the kernels are built (or found in the cache) before any peer's timed load
+    assert proc.stderr.index("bench: runlm's kernels ready") < proc.stderr.index("bench: loading runlm")
     report = json.loads(out.read_text())
     ours, reference = report["results"]
     assert (ours["peer"], reference["peer"]) == ("runlm", "runlm-f32")
