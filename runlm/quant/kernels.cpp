@@ -1684,7 +1684,6 @@ struct KQuant16 : Rows16<KQuant16<kFifth>> {
     const __m512 d = f16x16(blk + D), dmin = f16x16(blk + DMIN);
     for (int r = 0; r < R; ++r) y[r] = step(y[r], d, dmin, mins, a[r][b], isum[r]);
   }
-
 };
 
 template <>
@@ -1871,7 +1870,6 @@ struct X4Layout<Q6_K> : Rows16<X4Layout<Q6_K>> {
     const __m512 d = f16x16(blk + D);
     for (int r = 0; r < R; ++r) y[r] = kquant_step16(y[r], d, a[r][b].d, isum[r]);
   }
-
 };
 #endif
 
@@ -2334,11 +2332,10 @@ void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1)
   }
 }
 
-// Layouts whose groups dot16 walks (the 16-row layouts of an AVX-512 build).
+#if RUNLM_AVX512
+// Layouts whose groups dot16 walks (the 16-row layouts).
 template <class T>
 concept Streamed = requires { T::kChains; };
-
-#if RUNLM_AVX512
 
 // Groups a decode GEMV walks at once per thread. One sequential walk reached ~75% of a plain read's DRAM bandwidth
 // per core (two threads, 1B Q4_K_M shape's weights: 16.3 GB/s against a 25 GB/s read); two far-apart walks keep
