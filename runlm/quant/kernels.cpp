@@ -1534,14 +1534,26 @@ inline __m512i bcast4(const void* p) {
 // The 16 rows' f16 at p as float
 inline __m512 f16x16(const uint8_t* p) { return _mm512_cvtph_ps(load256(p)); }
 
-// Prefetch the 16-row super-block kPrefetchBlocks after blk (of `size` bytes): a decode GEMV streams its weight
-// from DRAM, and a whole group's bytes prefetched at once would not stay in L1.
+// The AMX tiles' prefetch: the 16-row super-block kPrefetchBlocks after blk (of `size` bytes), all at once.
 constexpr int kPrefetchBlocks = 2;
 // For the 32-wide types' smaller blocks: as many blocks ahead as make about 4 KB.
 constexpr int blocks_ahead(int block_bytes) { return 4096 / block_bytes + 1; }
 inline void prefetch_block16(const uint8_t* blk, int size, int ahead = kPrefetchBlocks) {
   const uint8_t* p = blk + ahead * size;
   for (int o = 0; o < size; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
+}
+
+// The vector kernels' weight loads: each 64-byte line read comes with a prefetch of the line kPrefetchDistance bytes
+// on (the same walk, one super-block or a few blocks ahead), so the prefetches go out spread among the kernel's
+// work, one per line, instead of a whole super-block's at once. A decode GEMV streams its weight from DRAM, and
+// with the burst of a 16-row super-block two blocks ahead before each step it reached ~22 GB/s on two threads of
+// the 1B Q4_K_M shape's weights, where a plain read of the same buffers ran at ~30; spread, 26-27 (a plain read
+// with a little compute per line behaved alike: a burst of 36 lines ran slower than no software prefetch at all).
+// Distances measured there: 768 B 1.06x, 1 KB 1.10x, 1.8 KB 1.19x, 2 KB 1.22x, 2.5 KB 1.18x, 3 KB 1.16x.
+constexpr int kPrefetchDistance = 2048;
+inline __m512i load_ahead(const uint8_t* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchDistance), _MM_HINT_T0);
+  return load512(p);
 }
 
 // 16 rows' super-block sums to float (lane i: weight row i), as kquant_step4 does for 4.
@@ -1572,9 +1584,7 @@ inline void dot16(const uint8_t* const* g, const typename L::Act* const* a, int6
   for (int64_t b = 0; b < nb; ++b) {
 #pragma GCC unroll 1  // one copy of the (large) step: S inlined copies ran slower
     for (int s = 0; s < S; ++s) {
-      const uint8_t* blk = g[s] + b * 16 * L::SIZE;
-      prefetch_block16(blk, 16 * L::SIZE, L::kAhead);
-      L::template block<R>(acc[s], blk, a, b);
+      L::template block<R>(acc[s], g[s] + b * 16 * L::SIZE, a, b);
     }
   }
   for (int s = 0; s < S; ++s) L::template finish<R>(acc[s], out[s]);
@@ -1617,7 +1627,7 @@ struct KQuant16 : Rows16<KQuant16<kFifth>> {
   // (min(2k), min(2k + 1)) per lane, k = 0 .. 3 (mins)
   [[gnu::always_inline]] static void scales(const uint8_t* blk, __m512i* sc, __m512i* mins) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi8(0x3F), low2 = _mm512_set1_epi8(0x03);
-    const __m512i w0 = load512(blk + SC), w1 = load512(blk + SC + 64), w2 = load512(blk + SC + 128);
+    const __m512i w0 = load_ahead(blk + SC), w1 = load_ahead(blk + SC + 64), w2 = load_ahead(blk + SC + 128);
     sc[0] = _mm512_and_si512(w0, m6);
     sc[1] = _mm512_or_si512(_mm512_and_si512(w2, m4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), low2), 4));
     const __m512i mn_lo = _mm512_and_si512(w1, m6);
@@ -1632,10 +1642,10 @@ struct KQuant16 : Rows16<KQuant16<kFifth>> {
   // 2j + 1 of each qh byte moved to bit 4 of the code.
   [[gnu::always_inline]] static void codes(const uint8_t* blk, int j, int c, __m512i& lo, __m512i& hi) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m16 = _mm512_set1_epi8(0x10);
-    const __m512i v = load512(blk + QS + 64 * (8 * j + c));
+    const __m512i v = load_ahead(blk + QS + 64 * (8 * j + c));
     lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
     if constexpr (kFifth) {
-      const __m512i bits = load512(blk + QH + 64 * c);
+      const __m512i bits = j == 0 ? load_ahead(blk + QH + 64 * c) : load512(blk + QH + 64 * c);  // read for every j
       lo = _mm512_or_si512(lo, _mm512_and_si512(j < 2 ? _mm512_slli_epi32(bits, 4 - 2 * j)
                                                       : _mm512_srli_epi32(bits, 2 * j - 4), m16));
       hi = _mm512_or_si512(hi, _mm512_and_si512(j < 2 ? _mm512_slli_epi32(bits, 3 - 2 * j)
@@ -1654,7 +1664,7 @@ struct KQuant16 : Rows16<KQuant16<kFifth>> {
     return _mm512_fnmadd_ps(_mm512_mul_ps(dmin, _mm512_set1_ps(ab.d)), _mm512_cvtepi32_ps(msum), y);
   }
 
-  static constexpr int kChains = 1, kAhead = kPrefetchBlocks;
+  static constexpr int kChains = 1;
 
   // Super-block b (at blk) against activation rows a[0..R), into y[r].
   template <int R>
@@ -1703,18 +1713,18 @@ struct Nibbles16 : Rows16<Nibbles16<T, M, QH, QS>> {
   static constexpr float kCorrMult = M >= 0 ? 1.f : (QH >= 0 ? -16.f : -8.f);
   using Act = A32;
 
-  static constexpr int kChains = 3, kAhead = blocks_ahead(16 * SIZE);  // per row: two halves, the correction
+  static constexpr int kChains = 3;  // per row: two halves, the correction
 
   template <int R>
   [[gnu::always_inline]] static void block(__m512* y, const uint8_t* blk, const Act* const* a, int64_t b) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m16 = _mm512_set1_epi8(0x10);
     __m512i lo[4], hi[4];
     for (int c = 0; c < 4; ++c) {
-      const __m512i v = load512(blk + QS + 64 * c);
+      const __m512i v = load_ahead(blk + QS + 64 * c);
       lo[c] = _mm512_and_si512(v, m4), hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
     }
     if constexpr (QH >= 0) {
-      const __m512i qh = load512(blk + QH);
+      const __m512i qh = load_ahead(blk + QH);
       for (int c = 0; c < 4; ++c) {
         lo[c] = _mm512_or_si512(lo[c], _mm512_and_si512(_mm512_srli_epi32(qh, c), m16));
         hi[c] = _mm512_or_si512(hi[c], _mm512_and_si512(_mm512_slli_epi32(qh, 4 - c), m16));
@@ -1770,13 +1780,13 @@ struct X4Layout<Q8_0> : Rows16<X4Layout<Q8_0>> {
   static constexpr int D = 0, QS = 32;  // offsets in the 16 rows' block
   using Act = A32;
 
-  static constexpr int kChains = 2, kAhead = blocks_ahead(16 * SIZE);  // per row: values {0-7, 16-23}, {8-15, 24-31}
+  static constexpr int kChains = 2;  // per row: values {0-7, 16-23}, {8-15, 24-31}
 
   template <int R>
   [[gnu::always_inline]] static void block(__m512* y, const uint8_t* blk, const Act* const* a, int64_t b) {
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     __m512i q[8];  // piece p: codes 4p..4p + 3 of the 16 rows, plus 128
-    for (int c = 0; c < 8; ++c) q[c] = _mm512_xor_si512(load512(blk + QS + 64 * c), flip);
+    for (int c = 0; c < 8; ++c) q[c] = _mm512_xor_si512(load_ahead(blk + QS + 64 * c), flip);
     const __m512 d = f16x16(blk + D);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
@@ -1822,8 +1832,8 @@ struct X4Layout<Q6_K> : Rows16<X4Layout<Q6_K>> {
   // The codes of pieces c of half h: q[m][col] holds value 128h + 32m + 4c + t of each row in lane byte t.
   [[gnu::always_inline]] static void codes(const uint8_t* blk, int h, int c, __m512i (&q)[4][4], int col) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    const __m512i lo = load512(blk + QL + 64 * (16 * h + c)), hi = load512(blk + QL + 64 * (16 * h + 8 + c));
-    const __m512i bits = load512(blk + QH + 64 * (8 * h + c));
+    const __m512i lo = load_ahead(blk + QL + 64 * (16 * h + c)), hi = load_ahead(blk + QL + 64 * (16 * h + 8 + c));
+    const __m512i bits = load_ahead(blk + QH + 64 * (8 * h + c));
     q[0][col] = _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_and_si512(_mm512_slli_epi16(bits, 4), m30));
     q[1][col] = _mm512_or_si512(_mm512_and_si512(hi, m4), _mm512_and_si512(_mm512_slli_epi16(bits, 2), m30));
     q[2][col] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lo, 4), m4), _mm512_and_si512(bits, m30));
@@ -1831,7 +1841,7 @@ struct X4Layout<Q6_K> : Rows16<X4Layout<Q6_K>> {
                                 _mm512_and_si512(_mm512_srli_epi16(bits, 2), m30));
   }
 
-  static constexpr int kChains = 1, kAhead = kPrefetchBlocks;
+  static constexpr int kChains = 1;
 
   template <int R>
   [[gnu::always_inline]] static void block(__m512* y, const uint8_t* blk, const Act* const* a, int64_t b) {
@@ -1839,7 +1849,7 @@ struct X4Layout<Q6_K> : Rows16<X4Layout<Q6_K>> {
     for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
     __m512i sp[4];  // scale piece q: row i's scales 4q..4q + 3 (int8) in lane i
     for (int q = 0; q < 4; ++q) {
-      sp[q] = load512(blk + SC + 64 * q);
+      sp[q] = load_ahead(blk + SC + 64 * q);
       // the offset: -32 * scale . activation sums of 16, scales as sign-extended int16 pairs
       for (int k = 0; k < 2; ++k) {
         const __m512i offset = k ? offset_pair<1>(sp[q]) : offset_pair<0>(sp[q]);
