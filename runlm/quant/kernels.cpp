@@ -1534,22 +1534,14 @@ inline __m512i bcast4(const void* p) {
 // The 16 rows' f16 at p as float
 inline __m512 f16x16(const uint8_t* p) { return _mm512_cvtph_ps(load256(p)); }
 
-// The AMX tiles' prefetch: the 16-row super-block kPrefetchBlocks after blk (of `size` bytes), all at once.
-constexpr int kPrefetchBlocks = 2;
-// For the 32-wide types' smaller blocks: as many blocks ahead as make about 4 KB.
-constexpr int blocks_ahead(int block_bytes) { return 4096 / block_bytes + 1; }
-inline void prefetch_block16(const uint8_t* blk, int size, int ahead = kPrefetchBlocks) {
-  const uint8_t* p = blk + ahead * size;
-  for (int o = 0; o < size; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
-}
-
-// The vector kernels' weight loads: each 64-byte line read comes with a prefetch of the line kPrefetchDistance bytes
-// on (the same walk, one super-block or a few blocks ahead), so the prefetches go out spread among the kernel's
-// work, one per line, instead of a whole super-block's at once. A decode GEMV streams its weight from DRAM, and
+// The 16-row kernels' weight loads (the vector kernels' and the AMX tiles'): each 64-byte line read comes with a
+// prefetch of the line kPrefetchDistance bytes on (the same walk, one super-block or a few blocks ahead), so the
+// prefetches go out spread among the kernel's work, one per line, instead of a whole super-block's at once. A decode GEMV streams its weight from DRAM, and
 // with the burst of a 16-row super-block two blocks ahead before each step it reached ~22 GB/s on two threads of
 // the 1B Q4_K_M shape's weights, where a plain read of the same buffers ran at ~30; spread, 26-27 (a plain read
 // with a little compute per line behaved alike: a burst of 36 lines ran slower than no software prefetch at all).
 // Distances measured there: 768 B 1.06x, 1 KB 1.10x, 1.8 KB 1.19x, 2 KB 1.22x, 2.5 KB 1.18x, 3 KB 1.16x.
+// The tiles' prefill, which had kept the burst, ran as fast with this alone (1.00x / 1.02x, 1B Q4_K_M / Q8_0).
 constexpr int kPrefetchDistance = 2048;
 inline __m512i load_ahead(const uint8_t* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchDistance), _MM_HINT_T0);
@@ -1973,7 +1965,6 @@ struct KQuantTiles {
     for (int64_t r = 0; r < rows; ++r) _mm512_store_ps(acc[r], _mm512_setzero_ps());
     const uint8_t* blk = group;
     for (int64_t b = 0; b < nb; ++b, blk += 16 * K::SIZE) {
-      prefetch_block16(blk, 16 * K::SIZE);
       __m512i sc[2], mins[4];
       K::scales(blk, sc, mins);
       unpack(blk, sc, codes);
@@ -2064,7 +2055,6 @@ struct Q6KTiles {
     for (int64_t r = 0; r < rows; ++r) _mm512_store_ps(acc[r], _mm512_setzero_ps());
     const uint8_t* blk = group;
     for (int64_t b = 0; b < nb; ++b, blk += 16 * K::SIZE) {
-      prefetch_block16(blk, 16 * K::SIZE);
       unpack(blk, codes);
       __m512i offset[8];  // -32 x (scale 2k, scale 2k + 1) as int16 pairs, k = 0 .. 7 (X4Layout<Q6_K>'s offsets)
       for (int q = 0; q < 4; ++q) {
@@ -2164,9 +2154,8 @@ struct Q8_0Tiles {
     }
     const uint8_t* blk = group;
     for (int64_t b = 0; b < nb; ++b, blk += 16 * K::SIZE) {
-      prefetch_block16(blk, 16 * K::SIZE, blocks_ahead(16 * K::SIZE));
       for (int c = 0; c < 8; ++c)  // piece c holds values 4c .. 4c + 3: half 1 for c = 2, 3, 6, 7
-        _mm512_store_si512(halves[(c >> 1) & 1][c], load512(blk + K::QS + 64 * c));
+        _mm512_store_si512(halves[(c >> 1) & 1][c], load_ahead(blk + K::QS + 64 * c));
       _tile_loadd(2, halves[0], 64);
       _tile_loadd(3, halves[1], 64);
       const __m512 d = f16x16(blk + K::D);
