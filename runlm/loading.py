@@ -20,6 +20,7 @@ from runlm.quant import kernels
 from runlm.quant.int4 import Int4Linear
 from runlm.quant.kernels import GGUFLinear
 from runlm.runner import LmRunner
+from runlm.system import release_free_heap
 from runlm.text import ChatTemplate, Tokenizer
 
 
@@ -160,6 +161,7 @@ def load(
         raise ModelLoadError(f"{path}: {loaded.family} models take no vision projector (mmproj)")
     if kv_type == "q8_0" and (refusal := q8_0_kv_refusal(loaded, dtype_name, target)) is not None:
         raise InvalidInputError(f"kv_type 'q8_0' cannot be used here: {refusal}")
+    release_free_heap()  # what the build freed (the file's metadata, the formats' scratch) leaves the process
     return loaded
 
 
@@ -169,6 +171,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | 
     config = check_config(family.config_from_gguf(gguf), str(path), "gguf", gguf.architecture)
     tokenizer = Tokenizer.from_gguf(gguf.metadata)
     check_vocabulary(tokenizer, config, path)
+    release_free_heap()  # the tokenizer's build scratch, before the weights come on top of it
     source = GGUFSource(
         gguf,
         rename=lambda name: gguf_name(name, family.gguf_overrides),

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from reference.hf_gguf import hf_tokenizer
 
 from runlm.errors import TokenizerError
 from runlm.formats.gguf import GGUFFile
 from runlm.text import Tokenizer
+from runlm.text import tokenizer as tokenizer_module
 from runlm.text.tokenizer import BPE_PRE_TYPES
 
 TEXTS = [
@@ -194,8 +196,9 @@ def test_bad_ids(tokenizers):
         tok.encode(b"bytes")  # type: ignore[arg-type]
 
 
-def test_sentencepiece_backend_is_cached(tmp_path, monkeypatch):
-    """The built SentencePiece tokenizer is kept under $RUNLM_HOME; a later load reads it, a bad entry rebuilds."""
+def test_sentencepiece_merges_are_cached(tmp_path, monkeypatch):
+    """The merges a score-only vocabulary implies are kept under $RUNLM_HOME as token ids; a later load reads them
+    instead of generating them again, and an unreadable or forged entry (ids past the vocabulary) is regenerated."""
     pieces = ["<unk>", "<s>", "</s>", "▁", "a", "b", "▁a", "ab", "▁ab"] + [f"<0x{i:02X}>" for i in range(256)]
     metadata = {
         "general.architecture": "llama",
@@ -208,20 +211,29 @@ def test_sentencepiece_backend_is_cached(tmp_path, monkeypatch):
         "tokenizer.ggml.unknown_token_id": 0,
     }
     monkeypatch.setenv("RUNLM_HOME", str(tmp_path))
+    legacy = tmp_path / "tokenizers" / f"spm-{'0' * 32}.json"  # a whole tokenizer, as runlm once kept them
+    legacy.parent.mkdir()
+    legacy.write_text("{}")
     built = Tokenizer.from_gguf(metadata)
-    (entry,) = (tmp_path / "tokenizers").glob("spm-*.json")
+    (entry,) = (tmp_path / "tokenizers").glob("spm-merges-*.npy")
+    assert not legacy.exists()
+    assert np.load(entry).tolist() == [[3, 4], [4, 5], [6, 5], [3, 7]]  # ▁+a, a+b, ▁a+b, ▁+ab: best-ranked first
     expected = built.encode("ab abc a")
     assert expected[0] == 1 and 8 in expected  # BOS, then "▁ab" merged
 
-    def must_not_build(*args):
-        raise AssertionError("rebuilt instead of reading the cache")
+    def must_not_generate(*args):
+        raise AssertionError("generated the merges again instead of reading the cache")
 
-    monkeypatch.setattr(Tokenizer, "_gguf_sentencepiece", staticmethod(must_not_build))
-    assert Tokenizer.from_gguf(metadata).encode("ab abc a") == expected
-    monkeypatch.undo()
-    monkeypatch.setenv("RUNLM_HOME", str(tmp_path))
-    entry.write_text("{not json")
-    assert Tokenizer.from_gguf(metadata).encode("ab abc a") == expected
+    with monkeypatch.context() as patched:
+        patched.setattr(tokenizer_module, "_generate_merges", must_not_generate)
+        assert Tokenizer.from_gguf(metadata).encode("ab abc a") == expected
+    for bad in (b"not an npy file", None):
+        if bad is None:
+            np.save(entry, np.array([[3, 7], [6, len(pieces)]], dtype=np.int32))  # an id past the vocabulary
+        else:
+            entry.write_bytes(bad)
+        assert Tokenizer.from_gguf(metadata).encode("ab abc a") == expected
+        assert np.load(entry).tolist() == [[3, 4], [4, 5], [6, 5], [3, 7]]  # written again
     changed = {**metadata, "tokenizer.ggml.scores": [0.0] * len(pieces)}
     Tokenizer.from_gguf(changed)
-    assert len(list((tmp_path / "tokenizers").glob("spm-*.json"))) == 2  # other scores, another entry
+    assert len(list((tmp_path / "tokenizers").glob("spm-merges-*.npy"))) == 2  # other scores, another entry
