@@ -125,6 +125,7 @@ def run_bench(args) -> int:
             results.append(outcome)
     print_table(path, threads, args, results, skipped)
     limit = print_decode_limit(path, threads, results, bandwidths)
+    print_memory(path, results, len(spec["prompt_ids"]) + args.gen_tokens)
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -180,6 +181,24 @@ def print_decode_limit(path: Path, threads: int, results: list[dict], bandwidths
         print(f"  {row['peer']}: decode {rate:.1f} tok/s = {rate / limit:.0%} of the limit")
     return {"bandwidth_gb_s": bandwidth, "bandwidth_probes_gb_s": bandwidths, "weights_bytes_per_token": per_token,
             "decode_limit_tok_s": limit}
+
+
+def print_memory(path: Path, results: list[dict], positions: int) -> None:
+    """Where each peer's peak resident memory comes from: its libraries before the model, the model loaded, the
+    peak after the rounds; and the peak against the file, with the bound "file + KV cache + 150 MB" (#13's)."""
+    if not path.is_file() or not results:
+        return
+    file_mb = path.stat().st_size / 2**20
+    print(f"memory (MB): before the model (the interpreter and the peer's libraries) / loaded / peak; the file is "
+          f"{file_mb:.0f}")
+    for row in results:
+        stages = [row.get("libraries_rss_mb"), row.get("loaded_rss_mb"), row["peak_rss_mb"]]
+        shown = " / ".join("?" if mb is None else f"{mb:.0f}" for mb in stages)
+        print(f"  {row['peer']}: {shown}, the peak is the file + {row['peak_rss_mb'] - file_mb:.0f}")
+    kv_mb = next((row["kv_mb"] for row in results if row.get("kv_mb") is not None), None)
+    if kv_mb is not None:
+        print(f"  file + KV cache ({kv_mb:.0f}: runlm's caches for {positions} positions) + 150 = "
+              f"{file_mb + kv_mb + 150:.0f}")
 
 
 def load_tokenizer(path: Path):

@@ -26,6 +26,18 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def rss_mb() -> float | None:
+    """Resident memory now (None where /proc is not there): each peer's libraries, then its loaded model."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 def nll_of(logits, targets) -> float:
     """Total negative log-likelihood of `targets` under rows of `logits` (log-softmax in float64)."""
     rows = np.asarray(logits, dtype=np.float64).reshape(len(targets), -1)
@@ -43,8 +55,14 @@ class RunlmPeer:
 
         from runlm import load
 
+        self.libraries_rss_mb = rss_mb()
         torch.set_num_threads(threads)
         self.runner = load(path, dtype="auto" if packed else "f32", kv_type=kv_type).runner
+
+    def kv_mb(self, positions: int) -> float | None:
+        """What the KV caches of a session of `positions` take (runlm allocates them for the session's length)."""
+        kv = self.runner.kv_bytes(positions)
+        return None if kv is None else kv / 2**20
 
     def prefill(self, ids: list[int]) -> int:
         return int(self.runner.prefill_logits(ids).argmax())
@@ -76,6 +94,7 @@ class LlamaCppPeer:
     def __init__(self, path: str, threads: int, n_ctx: int, kv_type: str = "auto"):
         from llama_cpp import Llama  # optional peer
 
+        self.libraries_rss_mb = rss_mb()
         self.kv = LLAMA_CPP_KV[kv_type]
         self.llm = Llama(
             model_path=path,
@@ -123,6 +142,7 @@ class TransformersPeer:
         import torch  # optional peer (see RunlmPeer)
         from transformers import AutoModelForCausalLM
 
+        self.libraries_rss_mb = rss_mb()
         torch.set_num_threads(threads)
         p = Path(path)
         self.torch = torch
@@ -173,6 +193,7 @@ class Measured:
         else:
             self.peer = TransformersPeer(path, threads)
         self.load_s = time.perf_counter() - started
+        self.loaded_rss_mb = rss_mb()
         warm = time.perf_counter()
         token = self.peer.prefill(prompt[:16])
         for _ in range(4):
@@ -198,6 +219,8 @@ class Measured:
         if not self.rounds:
             self.round()
         rss = peak_rss_mb()
+        kv_mb = getattr(self.peer, "kv_mb", None)
+        positions = len(self.spec["prompt_ids"]) + self.spec["gen_tokens"]
         ppl_ids = self.spec["ppl_ids"]
         # --ppl-tokens 0 (or 1) skips perplexity: it needs one token to predict from and one predicted
         ppl = math.exp(self.peer.nll(ppl_ids) / (len(ppl_ids) - 1)) if len(ppl_ids) >= 2 else None
@@ -208,6 +231,9 @@ class Measured:
             "prefill_tok_s": max(r["prefill_tok_s"] for r in self.rounds),
             "decode_tok_s": max(r["decode_tok_s"] for r in self.rounds),
             "peak_rss_mb": rss,
+            "libraries_rss_mb": self.peer.libraries_rss_mb,
+            "loaded_rss_mb": self.loaded_rss_mb,
+            "kv_mb": kv_mb(positions) if kv_mb else None,
             "ppl": ppl,
             "rounds": self.rounds,
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -38,6 +39,11 @@ def test_bench_runs_each_peer_with_repeats(smollm2_gguf, tmp_path):
     probes = report["decode_limit"]["bandwidth_probes_gb_s"]  # one between each round, the limit from the best
     assert len(probes) == 3 and report["decode_limit"]["bandwidth_gb_s"] == max(probes)
     assert "best of 3 probes between rounds" in proc.stdout
+    for row in (ours, reference):  # memory by stage: the libraries, the model loaded, the peak after the rounds
+        assert 0 < row["libraries_rss_mb"] < row["loaded_rss_mb"] <= row["peak_rss_mb"]
+    assert ours["kv_mb"] > 0 and reference["kv_mb"] == pytest.approx(2 * ours["kv_mb"])  # f16 against f32 caches
+    assert re.search(r"  runlm: \d+ / \d+ / \d+, the peak is the file \+ \d+\n", proc.stdout)
+    assert re.search(r"  file \+ KV cache \(\d+: runlm's caches for 19 positions\) \+ 150 = \d+\n", proc.stdout)
     paired = report["paired"]["runlm-f32"]
     ratios = sorted(a["decode_tok_s"] / b["decode_tok_s"] for a, b in zip(ours["rounds"], reference["rounds"]))
     assert paired["rounds"] == 3 and paired["decode_tok_s"]["median"] == pytest.approx(ratios[1])
