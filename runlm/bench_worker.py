@@ -18,24 +18,26 @@ import numpy as np
 PPL_CHUNK = 128
 
 
-def peak_rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def rss_mb() -> float | None:
-    """Resident memory now (None where /proc is not there): each peer's libraries, then its loaded model."""
+def status_mb(field: str) -> float | None:
+    """A memory field of /proc/self/status ("VmRSS", "VmHWM") in MiB, or None where /proc is not there."""
     try:
         with open("/proc/self/status") as status:
             for line in status:
-                if line.startswith("VmRSS:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
     return None
+
+
+def peak_rss_mb() -> float:
+    peak = status_mb("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mb() -> float | None:
+    """Resident memory now: each peer's libraries, then its loaded model."""
+    return status_mb("VmRSS")
 
 
 def nll_of(logits, targets) -> float:

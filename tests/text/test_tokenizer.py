@@ -227,11 +227,12 @@ def test_sentencepiece_merges_are_cached(tmp_path, monkeypatch):
     with monkeypatch.context() as patched:
         patched.setattr(tokenizer_module, "_generate_merges", must_not_generate)
         assert Tokenizer.from_gguf(metadata).encode("ab abc a") == expected
-    for bad in (b"not an npy file", None):
-        if bad is None:
-            np.save(entry, np.array([[3, 7], [6, len(pieces)]], dtype=np.int32))  # an id past the vocabulary
-        else:
-            entry.write_bytes(bad)
+    spoilers = (
+        lambda: entry.write_bytes(b"not an npy file"),
+        lambda: np.save(entry, np.array([[3, 7], [6, len(pieces)]], dtype=np.int32)),  # an id past the vocabulary
+    )
+    for spoil in spoilers:
+        spoil()
         assert Tokenizer.from_gguf(metadata).encode("ab abc a") == expected
         assert np.load(entry).tolist() == [[3, 4], [4, 5], [6, 5], [3, 7]]  # written again
     changed = {**metadata, "tokenizer.ggml.scores": [0.0] * len(pieces)}
