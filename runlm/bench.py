@@ -264,7 +264,8 @@ class PeerWorker:
 
 def machine() -> str:
     isa = kernels.isa() or "off"
-    return f"{cpu_name()}, {os.cpu_count()} cores, kernels {isa}, Python {platform.python_version()}"
+    walk = f" (decode walk {kernels.decode_walk()})" if isa.startswith("avx512") else ""
+    return f"{cpu_name()}, {os.cpu_count()} cores, kernels {isa}{walk}, Python {platform.python_version()}"
 
 
 COLUMNS = [

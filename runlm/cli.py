@@ -329,6 +329,7 @@ def system_rows() -> list[tuple[str, str]]:
     if isa is not None:
         rows.append(("kernel flags", kernels.build_flags()))
         rows.append(("AMX tiles", "used for K-quant and Q8_0 prefill" if "amx" in isa else kernels.amx_absence()))
+        rows.append(("decode walk", kernels.decode_walk_summary()))
     rows += [
         ("memory", _gib(meminfo_bytes("MemTotal")) + " total, " + _gib(meminfo_bytes("MemAvailable")) + " available"),
         ("torch", f"{torch.__version__} (cuda: {'yes' if torch.cuda.is_available() else 'no'})"),

@@ -32,6 +32,11 @@ def cpu_name() -> str:
     return f"{name} (family {family}, model {model})" if family and model else name
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor as /proc/cpuinfo names it ("GenuineIntel", "AuthenticAMD"; "" where unknown)."""
+    return _first_block("/proc/cpuinfo").get("vendor_id", "")
+
+
 def cpu_flags() -> str:
     """The first CPU's feature flags as /proc/cpuinfo lists them ("" where unknown; "Features" on ARM)."""
     cpu = _first_block("/proc/cpuinfo")

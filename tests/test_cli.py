@@ -19,10 +19,9 @@ from runlm.engine.embeddings import embed, embedding_ids
 from runlm.quant import kernels
 
 
-def runlm(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "runlm", *args], input=stdin, capture_output=True, text=True, timeout=300
-    )
+def runlm(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "runlm", *args], input=stdin, capture_output=True, text=True,
+                          timeout=300, env=None if env is None else {**os.environ, **env})
 
 
 def test_info(smollm2_gguf):
@@ -47,6 +46,10 @@ def test_info_system_names_the_kernels_dispatch():
     if kernels.available():
         assert "-march=native" in fields["kernel flags"]
         assert ("amx" in fields["kernels"]) == fields["AMX tiles"].startswith("used")
+        if kernels.isa().startswith("avx512"):  # the 16-row kernels' walk: the CPU's, unless the environment says
+            assert fields["decode walk"].split()[0] == kernels.decode_walk()
+        burst = runlm("info", "--system", env={kernels.WALK_ENV_VAR: "burst"})
+        assert "decode walk: burst (" in burst.stdout or "decode walk: none" in burst.stdout, burst.stdout
     refused = runlm("info", "--system", "smollm2-135m")
     assert refused.returncode != 0 and refused.stderr.count("\n") == 1 and "no model" in refused.stderr
 

@@ -1515,6 +1515,24 @@ struct X4Layout<Q6_K> {
 
 #endif
 
+// How the 16-row kernels prefetch and walk a decode GEMV's weights (set once per process, gguf_set_decode_walk).
+// What reads DRAM fastest differs by CPU, measured on the 1B Q4_K_M shape's Q4_K / Q6_K weights with two threads:
+//  - "line" (line_ahead 2048, burst_ahead 0, streams 2): each 64-byte weight line read comes with a prefetch of the
+//    line 2 KiB on, and each thread walks two far-apart groups side by side. On an Intel Xeon (Sapphire Rapids
+//    class) the decode GEMV sequence went 22.3 -> 26.4 GB/s against a burst two super-blocks ahead (1.20x), and
+//    two streams gave another 1.06-1.20x; distances 768 B-3 KiB: 1.06-1.22x, 2 KiB best.
+//  - "burst" (line_ahead 0, burst_ahead 1, streams 1): before each super-block step, the whole super-block after it
+//    is prefetched at once, one group per thread. On an AMD EPYC Zen 5 VM the line walk read Q4_K at ~29 GB/s and
+//    Q6_K at ~14, this one at ~46-52 and ~50-67; bursts 2 and 3 ahead read less (46 / 49, 40 / 40), and a second
+//    stream cost 5-20%.
+// The results are the same bits whatever the walk (prefetches only; every group's sums in one order).
+struct DecodeWalk {
+  int line_ahead = 2048;  // bytes on from each weight line read to the line prefetched with it (0: none)
+  int burst_ahead = 0;    // bytes on from each step to the super-block prefetched whole before it (0: none)
+  int streams = 2;        // groups each thread walks side by side (1 or 2)
+};
+DecodeWalk g_walk;
+
 #if RUNLM_AVX512
 // 16-row groups: the 512-bit K-quant kernels. A 512-bit load of a piece holds 4 codes (4 bytes) of each of the 16
 // rows (lane i: row i), so one vpdpbusd with the activation's 4 codes broadcast from memory gives 16 rows' partial
@@ -1535,17 +1553,19 @@ inline __m512i bcast4(const void* p) {
 inline __m512 f16x16(const uint8_t* p) { return _mm512_cvtph_ps(load256(p)); }
 
 // The 16-row kernels' weight loads (the vector kernels' and the AMX tiles'): each 64-byte line read comes with a
-// prefetch of the line kPrefetchDistance bytes on (the same walk, one super-block or a few blocks ahead), so the
-// prefetches go out spread among the kernel's work, one per line, instead of a whole super-block's at once. A decode GEMV streams its weight from DRAM, and
-// with the burst of a 16-row super-block two blocks ahead before each step it reached ~22 GB/s on two threads of
-// the 1B Q4_K_M shape's weights, where a plain read of the same buffers ran at ~30; spread, 26-27 (a plain read
-// with a little compute per line behaved alike: a burst of 36 lines ran slower than no software prefetch at all).
-// Distances measured there: 768 B 1.06x, 1 KB 1.10x, 1.8 KB 1.19x, 2 KB 1.22x, 2.5 KB 1.18x, 3 KB 1.16x.
-// The tiles' prefill, which had kept the burst, ran as fast with this alone (1.00x / 1.02x, 1B Q4_K_M / Q8_0).
-constexpr int kPrefetchDistance = 2048;
+// prefetch of the line g_walk.line_ahead bytes on where the walk spreads its prefetches that way (DecodeWalk). On
+// the Xeon the tiles' prefill, which had kept a burst, ran as fast with this alone (1.00x / 1.02x, 1B Q4_K_M / Q8_0).
 inline __m512i load_ahead(const uint8_t* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchDistance), _MM_HINT_T0);
+  if (g_walk.line_ahead) _mm_prefetch(reinterpret_cast<const char*>(p + g_walk.line_ahead), _MM_HINT_T0);
   return load512(p);
+}
+
+// The burst walk's prefetch: all of the first 16-row super-block at least g_walk.burst_ahead bytes after blk (of
+// `size` bytes): the next one for the K-quants, a few on for the 32-wide types' small blocks.
+inline void prefetch_burst(const uint8_t* blk, int size) {
+  if (!g_walk.burst_ahead) return;
+  const uint8_t* p = blk + (g_walk.burst_ahead + size - 1) / size * size;
+  for (int o = 0; o < size; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
 }
 
 // 16 rows' super-block sums to float (lane i: weight row i), as kquant_step4 does for 4.
@@ -1576,7 +1596,9 @@ inline void dot16(const uint8_t* const* g, const typename L::Act* const* a, int6
   for (int64_t b = 0; b < nb; ++b) {
 #pragma GCC unroll 1  // one copy of the (large) step: S inlined copies ran slower
     for (int s = 0; s < S; ++s) {
-      L::template block<R>(acc[s], g[s] + b * 16 * L::SIZE, a, b);
+      const uint8_t* blk = g[s] + b * 16 * L::SIZE;
+      prefetch_burst(blk, 16 * L::SIZE);
+      L::template block<R>(acc[s], blk, a, b);
     }
   }
   for (int s = 0; s < S; ++s) L::template finish<R>(acc[s], out[s]);
@@ -2336,10 +2358,10 @@ void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1)
 template <class T>
 concept Streamed = requires { T::kChains; };
 
-// Groups a decode GEMV walks at once per thread. One sequential walk reached ~75% of a plain read's DRAM bandwidth
-// per core (two threads, 1B Q4_K_M shape's weights: 16.3 GB/s against a 25 GB/s read); two far-apart walks keep
-// more reads in flight: 1.06-1.20x on the 1B and 3B shapes' GEMV sequences (alternating rounds). Three and four
-// were no better than two.
+// Groups a decode GEMV walks at once per thread, at most (g_walk.streams). On the Xeon one sequential walk reached
+// ~75% of a plain read's DRAM bandwidth per core (two threads, 1B Q4_K_M shape's weights: 16.3 GB/s against a
+// 25 GB/s read); two far-apart walks keep more reads in flight: 1.06-1.20x on the 1B and 3B shapes' GEMV sequences
+// (alternating rounds). Three and four were no better than two.
 constexpr int kStreams = 2;
 
 // Groups n[0..S) against activation rows [0, R) into c.y.
@@ -2368,11 +2390,11 @@ inline void stream_tile(const Ctx<T>& c, const int64_t* n, int64_t M) {
   }
 }
 
-// Output rows [n0, n1) (whole groups) for M <= 4 activation rows: the range's first and second halves side by side,
-// a group of each at a time (kStreams), and an odd group last on its own.
+// Output rows [n0, n1) (whole groups) for M <= 4 activation rows: with two streams the range's first and second halves
+// side by side, a group of each at a time (kStreams), and an odd group last on its own; with one, group by group.
 template <class T>
 void stream_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t M) {
-  const int64_t groups = (n1 - n0) / 16, len = groups / kStreams;
+  const int64_t groups = (n1 - n0) / 16, len = g_walk.streams == kStreams ? groups / kStreams : 0;
   for (int64_t i = 0; i < len; ++i) {
     int64_t n[kStreams];
     for (int s = 0; s < kStreams; ++s) n[s] = n0 + 16 * (s * len + i);
@@ -2832,6 +2854,17 @@ void gguf_relayout_into(const at::Tensor& w, at::Tensor& out, int64_t type, int6
 }
 
 int64_t gguf_simd() { return RUNLM_AVX2 ? 1 : 0; }
+
+// Sets the decode walk (DecodeWalk) for this process; call it before any kernel runs, not while one does.
+void gguf_set_decode_walk(int64_t line_ahead, int64_t burst_ahead, int64_t streams) {
+  TORCH_CHECK(line_ahead >= 0 && line_ahead <= (1 << 16) && line_ahead % 64 == 0,
+              "line_ahead must be a multiple of 64 bytes from 0 to 65536, got ", line_ahead);
+  TORCH_CHECK(burst_ahead >= 0 && burst_ahead <= (1 << 16), "burst_ahead must be 0 to 65536 bytes, got ", burst_ahead);
+  TORCH_CHECK(streams == 1 || streams == 2, "streams must be 1 or 2, got ", streams);
+  g_walk = DecodeWalk{static_cast<int>(line_ahead), static_cast<int>(burst_ahead), static_cast<int>(streams)};
+}
+
+std::vector<int64_t> gguf_decode_walk() { return {g_walk.line_ahead, g_walk.burst_ahead, g_walk.streams}; }
 
 // The instruction set this build's kernels use (the extension is compiled for the CPU it runs on).
 std::string gguf_isa() {
@@ -3953,6 +3986,8 @@ TORCH_LIBRARY(runlm, m) {
   m.def("gguf_relayout(Tensor w, int type, int out_features, int in_features) -> Tensor");
   m.def("gguf_relayout_into(Tensor w, Tensor(a!) out, int type, int out_features, int in_features) -> ()");
   m.def("gguf_simd() -> int", &gguf_simd);
+  m.def("gguf_set_decode_walk(int line_ahead, int burst_ahead, int streams) -> ()", &gguf_set_decode_walk);
+  m.def("gguf_decode_walk() -> int[]", &gguf_decode_walk);
   m.def("gguf_group_rows(int type) -> int", &group_rows);
   m.def("gguf_isa() -> str", &gguf_isa);
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");

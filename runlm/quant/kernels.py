@@ -29,7 +29,8 @@ With many activation rows (prefill) GGUFLinear switches to dequantize + float32 
 
 Environment: RUNLM_GGUF_KERNELS=0 disables the kernels; RUNLM_GGUF_KERNELS=scalar builds the portable scalar
 path, RUNLM_GGUF_KERNELS=avx2 the AVX2 path without AVX-512 (what an AVX2-only CPU runs), instead of the native
-one (for testing them; one variant per process, since all register `runlm::`).
+one (for testing them; one variant per process, since all register `runlm::`). RUNLM_DECODE_WALK=line|burst picks
+how the 16-row kernels prefetch a decode GEMV's weights instead of the CPU's default (`DECODE_WALKS`).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from torch.utils import cpp_extension
 
 from runlm.errors import InvalidInputError, ModelLoadError
 from runlm.quant.dequant import BLOCK_LAYOUTS, dequantize, normalize_type_name
-from runlm.system import cpu_flags
+from runlm.system import cpu_flags, cpu_vendor
 
 # GGML type name -> type id (gguf.GGMLQuantizationType values), for every type the kernels implement.
 KERNEL_TYPES: dict[str, int] = {
@@ -129,6 +130,13 @@ class WeightRows(Protocol):
 
 
 ENV_VAR = "RUNLM_GGUF_KERNELS"
+WALK_ENV_VAR = "RUNLM_DECODE_WALK"
+# How the 16-row (AVX-512) kernels prefetch and walk a decode GEMV's weights: (line_ahead bytes, burst_ahead bytes,
+# streams per thread); kernels.cpp's DecodeWalk has the measurements. The results do not depend on it.
+DECODE_WALKS: dict[str, tuple[int, int, int]] = {
+    "line": (2048, 0, 2),  # a prefetch 2 KiB on with each weight line, two groups per thread: Intel Xeon's best
+    "burst": (0, 2048, 1),  # the super-block >= 2 KiB on, whole, before each step, one group per thread: AMD Zen 5's
+}
 _SOURCE = Path(__file__).with_name("kernels.cpp")
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 
@@ -136,7 +144,8 @@ _VARIANT_CFLAGS = {"native": [], "scalar": ["-DRUNLM_SCALAR"], "avx2": ["-mno-av
 
 log = logging.getLogger("runlm.kernels")
 _lock = threading.Lock()
-_state: dict[str, object] = {"ok": None, "reason": None, "build_s": None, "simd": None, "isa": None, "name": None}
+_state: dict[str, object] = {"ok": None, "reason": None, "build_s": None, "simd": None, "isa": None, "name": None,
+                             "walk": None}
 
 
 def _variant() -> str:
@@ -204,9 +213,23 @@ def _load() -> None:
         except RuntimeError as exc:  # registered already (e.g. this module was reloaded)
             if "already" not in str(exc):
                 raise
+    _state["walk"] = _decode_walk_name()
+    torch.ops.runlm.gguf_set_decode_walk(*DECODE_WALKS[_state["walk"]])
     _state["simd"] = bool(torch.ops.runlm.gguf_simd())
     _state["isa"] = str(torch.ops.runlm.gguf_isa())
     _state["build_s"] = time.perf_counter() - start
+
+
+def _decode_walk_name() -> str:
+    """RUNLM_DECODE_WALK where it names a walk, else the CPU's: "burst" on AMD (what its hardware prefetchers and
+    DRAM want), "line" elsewhere (measured on Intel)."""
+    asked = os.environ.get(WALK_ENV_VAR, "").strip().lower()
+    if asked in DECODE_WALKS:
+        return asked
+    if asked not in ("", "auto"):
+        log.warning("runlm: %s=%s is not a decode walk (%s, auto); using the CPU's", WALK_ENV_VAR, asked,
+                    ", ".join(DECODE_WALKS))
+    return "burst" if cpu_vendor() == "AuthenticAMD" else "line"
 
 
 def _put_pip_ninja_on_path() -> None:
@@ -286,6 +309,23 @@ def isa() -> str | None:
     return _state["isa"] if available() else None  # type: ignore[return-value]
 
 
+def decode_walk() -> str | None:
+    """How the 16-row kernels walk a decode GEMV's weights in this process ("line" or "burst", `DECODE_WALKS`; None:
+    no kernels). Builds without AVX-512 have no 16-row kernels, so it changes nothing there."""
+    return _state["walk"] if available() else None  # type: ignore[return-value]
+
+
+def decode_walk_summary() -> str:
+    """The decode walk in words, for `runlm info --system`."""
+    if not (isa() or "").startswith("avx512"):
+        return "none: this build has no 16-row kernels"
+    walk = decode_walk()
+    line, burst, streams = DECODE_WALKS[walk]
+    how = f"a prefetch {line} B on with each weight line" if line else f"the super-block >= {burst} B on, whole"
+    groups = "one group per thread" if streams == 1 else f"{streams} groups per thread side by side"
+    return f"{walk} ({how}, {groups}; {WALK_ENV_VAR}={'|'.join(DECODE_WALKS)} to choose)"
+
+
 def build_flags() -> str:
     """The compiler flags of this process's kernel build (RUNLM_GGUF_KERNELS picks the variant)."""
     return " ".join(_CFLAGS + _VARIANT_CFLAGS.get(_variant(), []))
@@ -308,7 +348,7 @@ def unavailable_reason() -> str | None:
 
 
 def build_info() -> dict[str, object]:
-    """ok, reason, build_s (seconds the first load took: compile or cache hit), simd (AVX2 path), isa, name."""
+    """ok, reason, build_s (seconds the first load took: compile or cache hit), simd (AVX2 path), isa, name, walk."""
     return dict(_state)
 
 

@@ -263,6 +263,52 @@ def test_x4_layout_matches_plain_rows(type_name: str):
         kernels.GGUFLinear(type_name, odd.blocks, shape[1], 6, x4=True)
 
 
+@pytest.fixture
+def restore_decode_walk():
+    yield
+    torch.ops.runlm.gguf_set_decode_walk(*kernels.DECODE_WALKS[kernels.decode_walk()])
+
+
+@pytest.mark.parametrize("type_name", kernels.X4_TYPES)
+def test_decode_walks_give_the_same_bits(type_name: str, restore_decode_walk):
+    """How a decode GEMV prefetches and walks its weights (kernels.DECODE_WALKS) moves no result bit: each walk, and
+    prefetches reaching past the weight's end (8 KiB on), give the same outputs for 1-4 activation rows, over five
+    16-row groups (two streams: a pair, a pair, one alone) of three super-blocks."""
+    shape = (80, 768)
+    module = kernel_module(type_name, weight_data(type_name, *shape, seed=11), shape)
+    if kernels.group_rows(type_name) != 16:
+        pytest.skip("no 16-row kernels in this build")
+    assert module.x4
+    x = torch.randn(4, shape[1], generator=torch.Generator().manual_seed(11))
+    outputs = {}
+    for name, walk in {**kernels.DECODE_WALKS, "far": (8192, 8192, 2)}.items():
+        torch.ops.runlm.gguf_set_decode_walk(*walk)
+        assert list(torch.ops.runlm.gguf_decode_walk()) == list(walk)
+        outputs[name] = [module(x[:m]) for m in (1, 2, 3, 4)]
+    first = outputs.pop("line")
+    for name, outs in outputs.items():
+        assert all(torch.equal(a, b) for a, b in zip(first, outs)), f"{type_name}: the {name} walk changed results"
+
+
+def test_decode_walk_follows_the_cpu_or_the_environment(monkeypatch: pytest.MonkeyPatch, caplog, restore_decode_walk):
+    assert kernels.decode_walk() in kernels.DECODE_WALKS
+    monkeypatch.delenv(kernels.WALK_ENV_VAR, raising=False)
+    monkeypatch.setattr(kernels, "cpu_vendor", lambda: "AuthenticAMD")
+    assert kernels._decode_walk_name() == "burst"
+    monkeypatch.setattr(kernels, "cpu_vendor", lambda: "GenuineIntel")
+    assert kernels._decode_walk_name() == "line"
+    monkeypatch.setenv(kernels.WALK_ENV_VAR, " Burst ")
+    assert kernels._decode_walk_name() == "burst"
+    monkeypatch.setenv(kernels.WALK_ENV_VAR, "fastest")
+    assert kernels._decode_walk_name() == "line"
+    assert "RUNLM_DECODE_WALK=fastest is not a decode walk" in caplog.text
+    set_walk = torch.ops.runlm.gguf_set_decode_walk
+    for bad, message in (((2048, 0, 3), "streams must be 1 or 2"), ((100, 0, 1), "multiple of 64"),
+                         ((0, -1, 1), "burst_ahead must be")):
+        with pytest.raises(RuntimeError, match=message):
+            set_walk(*bad)
+
+
 @pytest.mark.parametrize("type_name", kernels.X4_TYPES)
 def test_x4_load_regroups_parts_chunk_by_chunk_into_the_module(type_name: str, monkeypatch: pytest.MonkeyPatch):
     """from_parts regroups through a small scratch straight into the module's buffer: the same bytes as
