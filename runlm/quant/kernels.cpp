@@ -1521,10 +1521,12 @@ struct X4Layout<Q6_K> {
 //    line 2 KiB on, and each thread walks two far-apart groups side by side. On an Intel Xeon (Sapphire Rapids
 //    class) the decode GEMV sequence went 22.3 -> 26.4 GB/s against a burst two super-blocks ahead (1.20x), and
 //    two streams gave another 1.06-1.20x; distances 768 B-3 KiB: 1.06-1.22x, 2 KiB best.
-//  - "burst" (line_ahead 0, burst_ahead 1, streams 1): before each super-block step, the whole super-block after it
-//    is prefetched at once, one group per thread. On an AMD EPYC Zen 5 VM the line walk read Q4_K at ~29 GB/s and
-//    Q6_K at ~14, this one at ~46-52 and ~50-67; bursts 2 and 3 ahead read less (46 / 49, 40 / 40), and a second
-//    stream cost 5-20%.
+//  - "burst" (line_ahead 0, burst_ahead 2048, streams 1): before each super-block step of a decode GEMV, the whole
+//    first super-block at least 2 KiB on (the next one for the K-quants) is prefetched at once, one group per
+//    thread. On an AMD EPYC Zen 5 VM the line walk read Q4_K at ~29 GB/s and Q6_K at ~14, this one at ~46-52 and
+//    ~50-67; bursts 2 and 3 super-blocks ahead read less (46 / 49, 40 / 40), no software prefetch 24 / 17, and a
+//    second stream cost 5-20%. Decode steps there (alternating rounds in one process): 1B Q4_K_M 1.46-1.55x,
+//    Q5_K_M 1.61x, 3B Q4_K_M 1.59x; 1B Q8_0, SmolLM2 and Gemma 3 270M 0.96-1.05x (noise).
 // The results are the same bits whatever the walk (prefetches only; every group's sums in one order).
 struct DecodeWalk {
   int line_ahead = 2048;  // bytes on from each weight line read to the line prefetched with it (0: none)
@@ -1587,8 +1589,10 @@ inline void store_rows16(const __m512* y, float* out) {
 // in flight from one core, which a decode GEMV needs to get near the core's read bandwidth (see stream_rows). A
 // layout L gives its float accumulator chains per activation row (kChains), its super-block step (block: the codes
 // of one super-block against R activation rows into the chains) and how the chains end in R results per row
-// (finish). Each group's sums run in the same order whatever S is, so the results do not depend on it.
-template <class L, int R, int S>
+// (finish). Each group's sums run in the same order whatever S is, so the results do not depend on it. kDecode: a
+// decode GEMV's walk (stream_rows), whose weights come from DRAM once, with the burst walk's prefetch; the tiles of
+// many activation rows re-read their weights from cache and go without it (the burst cost them 0.92-1.00x there).
+template <class L, int R, int S, bool kDecode = false>
 inline void dot16(const uint8_t* const* g, const typename L::Act* const* a, int64_t nb, float* const* out) {
   __m512 acc[S][R * L::kChains];
   for (int s = 0; s < S; ++s)
@@ -1597,7 +1601,7 @@ inline void dot16(const uint8_t* const* g, const typename L::Act* const* a, int6
 #pragma GCC unroll 1  // one copy of the (large) step: S inlined copies ran slower
     for (int s = 0; s < S; ++s) {
       const uint8_t* blk = g[s] + b * 16 * L::SIZE;
-      prefetch_burst(blk, 16 * L::SIZE);
+      if constexpr (kDecode) prefetch_burst(blk, 16 * L::SIZE);
       L::template block<R>(acc[s], blk, a, b);
     }
   }
@@ -2373,7 +2377,7 @@ inline void stream_tile(const Ctx<T>& c, const int64_t* n) {
   const typename T::Act* ap[R];
   for (int s = 0; s < S; ++s) g[s] = c.w + n[s] * c.row_bytes, outs[s] = o[s];
   for (int r = 0; r < R; ++r) ap[r] = c.act + r * c.nba;
-  dot16<T, R, S>(g, ap, c.nbw, outs);
+  dot16<T, R, S, true>(g, ap, c.nbw, outs);
   for (int s = 0; s < S; ++s)
     for (int i = 0; i < 16; ++i)
       for (int r = 0; r < R; ++r) c.y[r * c.N + n[s] + i] = o[s][i * R + r];
