@@ -1517,21 +1517,23 @@ struct X4Layout<Q6_K> {
 
 // How the 16-row kernels prefetch and walk a decode GEMV's weights (set once per process, gguf_set_decode_walk).
 // What reads DRAM fastest differs by CPU, measured on the 1B Q4_K_M shape's Q4_K / Q6_K weights with two threads:
-//  - "line" (line_ahead 2048, burst_ahead 0, streams 2): each 64-byte weight line read comes with a prefetch of the
+//  - "line" (line_ahead 2048, burst_ahead 0, streams 2 / 2): each 64-byte weight line read comes with a prefetch of the
 //    line 2 KiB on, and each thread walks two far-apart groups side by side. On an Intel Xeon (Sapphire Rapids
 //    class) the decode GEMV sequence went 22.3 -> 26.4 GB/s against a burst two super-blocks ahead (1.20x), and
 //    two streams gave another 1.06-1.20x; distances 768 B-3 KiB: 1.06-1.22x, 2 KiB best.
-//  - "burst" (line_ahead 0, burst_ahead 2048, streams 1): before each super-block step of a decode GEMV, the whole
-//    first super-block at least 2 KiB on (the next one for the K-quants) is prefetched at once, one group per
-//    thread. On an AMD EPYC Zen 5 VM the line walk read Q4_K at ~29 GB/s and Q6_K at ~14, this one at ~46-52 and
-//    ~50-67; bursts 2 and 3 super-blocks ahead read less (46 / 49, 40 / 40), no software prefetch 24 / 17, and a
-//    second stream cost 5-20%. Decode steps there (alternating rounds in one process): 1B Q4_K_M 1.46-1.55x,
-//    Q5_K_M 1.61x, 3B Q4_K_M 1.59x; 1B Q8_0, SmolLM2 and Gemma 3 270M 0.96-1.05x (noise).
+//  - "burst" (line_ahead 0, burst_ahead 2048, streams 1 / 2): before each super-block step of a decode GEMV, the
+//    whole first super-block at least 2 KiB on (the next one for the K-quants) is prefetched at once; one group
+//    per thread for the K-quants, two for the 32-wide types. On an AMD EPYC Zen 5 VM the line walk read Q4_K at
+//    ~29 GB/s and Q6_K at ~14, this one at ~46-52 and ~50-67; bursts 2 and 3 super-blocks ahead read less (46 / 49,
+//    40 / 40), no software prefetch 24 / 17. Decode steps there (alternating rounds in one process): 1B Q4_K_M
+//    1.46-1.55x the line walk, Q5_K_M 1.61x, 3B Q4_K_M 1.59x; a second K-quant stream 0.90x. For 1B Q8_0 two
+//    streams beat one (1.07x the line walk against 0.95x, 20 rounds); SmolLM2 and Gemma 3 270M: noise.
 // The results are the same bits whatever the walk (prefetches only; every group's sums in one order).
 struct DecodeWalk {
   int line_ahead = 2048;  // bytes on from each weight line read to the line prefetched with it (0: none)
   int burst_ahead = 0;    // bytes on from each step to the super-block prefetched whole before it (0: none)
-  int streams = 2;        // groups each thread walks side by side (1 or 2)
+  int kquant_streams = 2;  // groups each thread walks side by side (1 or 2): K-quants (256-value super-blocks)
+  int wide32_streams = 2;  // ... the 32-value block types
 };
 DecodeWalk g_walk;
 
@@ -2362,7 +2364,7 @@ void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1)
 template <class T>
 concept Streamed = requires { T::kChains; };
 
-// Groups a decode GEMV walks at once per thread, at most (g_walk.streams). On the Xeon one sequential walk reached
+// Groups a decode GEMV walks at once per thread, at most (DecodeWalk's streams). On the Xeon one sequential walk reached
 // ~75% of a plain read's DRAM bandwidth per core (two threads, 1B Q4_K_M shape's weights: 16.3 GB/s against a
 // 25 GB/s read); two far-apart walks keep more reads in flight: 1.06-1.20x on the 1B and 3B shapes' GEMV sequences
 // (alternating rounds). Three and four were no better than two.
@@ -2398,7 +2400,8 @@ inline void stream_tile(const Ctx<T>& c, const int64_t* n, int64_t M) {
 // side by side, a group of each at a time (kStreams), and an odd group last on its own; with one, group by group.
 template <class T>
 void stream_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t M) {
-  const int64_t groups = (n1 - n0) / 16, len = g_walk.streams == kStreams ? groups / kStreams : 0;
+  const int streams = T::QK == 32 ? g_walk.wide32_streams : g_walk.kquant_streams;
+  const int64_t groups = (n1 - n0) / 16, len = streams == kStreams ? groups / kStreams : 0;
   for (int64_t i = 0; i < len; ++i) {
     int64_t n[kStreams];
     for (int s = 0; s < kStreams; ++s) n[s] = n0 + 16 * (s * len + i);
@@ -2860,15 +2863,19 @@ void gguf_relayout_into(const at::Tensor& w, at::Tensor& out, int64_t type, int6
 int64_t gguf_simd() { return RUNLM_AVX2 ? 1 : 0; }
 
 // Sets the decode walk (DecodeWalk) for this process; call it before any kernel runs, not while one does.
-void gguf_set_decode_walk(int64_t line_ahead, int64_t burst_ahead, int64_t streams) {
+void gguf_set_decode_walk(int64_t line_ahead, int64_t burst_ahead, int64_t kquant_streams, int64_t wide32_streams) {
   TORCH_CHECK(line_ahead >= 0 && line_ahead <= (1 << 16) && line_ahead % 64 == 0,
               "line_ahead must be a multiple of 64 bytes from 0 to 65536, got ", line_ahead);
   TORCH_CHECK(burst_ahead >= 0 && burst_ahead <= (1 << 16), "burst_ahead must be 0 to 65536 bytes, got ", burst_ahead);
-  TORCH_CHECK(streams == 1 || streams == 2, "streams must be 1 or 2, got ", streams);
-  g_walk = DecodeWalk{static_cast<int>(line_ahead), static_cast<int>(burst_ahead), static_cast<int>(streams)};
+  for (const int64_t streams : {kquant_streams, wide32_streams})
+    TORCH_CHECK(streams == 1 || streams == 2, "streams must be 1 or 2, got ", streams);
+  g_walk = DecodeWalk{static_cast<int>(line_ahead), static_cast<int>(burst_ahead), static_cast<int>(kquant_streams),
+                      static_cast<int>(wide32_streams)};
 }
 
-std::vector<int64_t> gguf_decode_walk() { return {g_walk.line_ahead, g_walk.burst_ahead, g_walk.streams}; }
+std::vector<int64_t> gguf_decode_walk() {
+  return {g_walk.line_ahead, g_walk.burst_ahead, g_walk.kquant_streams, g_walk.wide32_streams};
+}
 
 // The instruction set this build's kernels use (the extension is compiled for the CPU it runs on).
 std::string gguf_isa() {
@@ -3990,7 +3997,8 @@ TORCH_LIBRARY(runlm, m) {
   m.def("gguf_relayout(Tensor w, int type, int out_features, int in_features) -> Tensor");
   m.def("gguf_relayout_into(Tensor w, Tensor(a!) out, int type, int out_features, int in_features) -> ()");
   m.def("gguf_simd() -> int", &gguf_simd);
-  m.def("gguf_set_decode_walk(int line_ahead, int burst_ahead, int streams) -> ()", &gguf_set_decode_walk);
+  m.def("gguf_set_decode_walk(int line_ahead, int burst_ahead, int kquant_streams, int wide32_streams) -> ()",
+        &gguf_set_decode_walk);
   m.def("gguf_decode_walk() -> int[]", &gguf_decode_walk);
   m.def("gguf_group_rows(int type) -> int", &group_rows);
   m.def("gguf_isa() -> str", &gguf_isa);

@@ -132,10 +132,11 @@ class WeightRows(Protocol):
 ENV_VAR = "RUNLM_GGUF_KERNELS"
 WALK_ENV_VAR = "RUNLM_DECODE_WALK"
 # How the 16-row (AVX-512) kernels prefetch and walk a decode GEMV's weights: (line_ahead bytes, burst_ahead bytes,
-# streams per thread); kernels.cpp's DecodeWalk has the measurements. The results do not depend on it.
-DECODE_WALKS: dict[str, tuple[int, int, int]] = {
-    "line": (2048, 0, 2),  # a prefetch 2 KiB on with each weight line, two groups per thread: Intel Xeon's best
-    "burst": (0, 2048, 1),  # the super-block >= 2 KiB on, whole, before each step, one group per thread: AMD Zen 5's
+# groups per thread for the K-quants, for the 32-wide types); kernels.cpp's DecodeWalk has the measurements. The
+# results do not depend on it.
+DECODE_WALKS: dict[str, tuple[int, int, int, int]] = {
+    "line": (2048, 0, 2, 2),  # a prefetch 2 KiB on with each weight line, two groups per thread: Intel Xeon's best
+    "burst": (0, 2048, 1, 2),  # the super-block >= 2 KiB on, whole, before each step; one K-quant group: AMD Zen 5's
 }
 _SOURCE = Path(__file__).with_name("kernels.cpp")
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
@@ -320,10 +321,10 @@ def decode_walk_summary() -> str:
     if not (isa() or "").startswith("avx512"):
         return "none: this build has no 16-row kernels"
     walk = decode_walk()
-    line, burst, streams = DECODE_WALKS[walk]
+    line, burst, kquant_streams, wide32_streams = DECODE_WALKS[walk]
     how = f"a prefetch {line} B on with each weight line" if line else f"the super-block >= {burst} B on, whole"
-    groups = "one group per thread" if streams == 1 else f"{streams} groups per thread side by side"
-    return f"{walk} ({how}, {groups}; {WALK_ENV_VAR}={'|'.join(DECODE_WALKS)} to choose)"
+    groups = f"groups per thread side by side: {kquant_streams} (K-quants), {wide32_streams} (32-wide types)"
+    return f"{walk} ({how}; {groups}; {WALK_ENV_VAR}={'|'.join(DECODE_WALKS)} to choose)"
 
 
 def build_flags() -> str:

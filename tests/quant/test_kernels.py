@@ -281,7 +281,7 @@ def test_decode_walks_give_the_same_bits(type_name: str, restore_decode_walk):
     assert module.x4
     x = torch.randn(4, shape[1], generator=torch.Generator().manual_seed(11))
     outputs = {}
-    for name, walk in {**kernels.DECODE_WALKS, "far": (8192, 8192, 2)}.items():
+    for name, walk in {**kernels.DECODE_WALKS, "far": (8192, 8192, 2, 1)}.items():
         torch.ops.runlm.gguf_set_decode_walk(*walk)
         assert list(torch.ops.runlm.gguf_decode_walk()) == list(walk)
         outputs[name] = [module(x[:m]) for m in (1, 2, 3, 4)]
@@ -303,8 +303,8 @@ def test_decode_walk_follows_the_cpu_or_the_environment(monkeypatch: pytest.Monk
     assert kernels._decode_walk_name() == "line"
     assert "RUNLM_DECODE_WALK=fastest is not a decode walk" in caplog.text
     set_walk = torch.ops.runlm.gguf_set_decode_walk
-    for bad, message in (((2048, 0, 3), "streams must be 1 or 2"), ((100, 0, 1), "multiple of 64"),
-                         ((0, -1, 1), "burst_ahead must be")):
+    for bad, message in (((2048, 0, 3, 2), "streams must be 1 or 2"), ((2048, 0, 2, 0), "streams must be 1 or 2"),
+                         ((100, 0, 1, 1), "multiple of 64"), ((0, -1, 1, 1), "burst_ahead must be")):
         with pytest.raises(RuntimeError, match=message):
             set_walk(*bad)
 
