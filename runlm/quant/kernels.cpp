@@ -1588,7 +1588,7 @@ inline void store_rows16(const __m512* y, float* out) {
 
 // The 16-row layouts' dot products over S groups at once (g[s]: a group's first byte; out[s]: its 16 x R results):
 // super-block b of every group, then b + 1. One group is the plain GEMV; two far-apart groups keep two DRAM streams
-// in flight from one core, which a decode GEMV needs to get near the core's read bandwidth (see stream_rows). A
+// in flight from one core, which a decode GEMV needs on some CPUs to get near a core's read bandwidth (stream_rows). A
 // layout L gives its float accumulator chains per activation row (kChains), its super-block step (block: the codes
 // of one super-block against R activation rows into the chains) and how the chains end in R results per row
 // (finish). Each group's sums run in the same order whatever S is, so the results do not depend on it. kDecode: a
@@ -2364,10 +2364,10 @@ void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1)
 template <class T>
 concept Streamed = requires { T::kChains; };
 
-// Groups a decode GEMV walks at once per thread, at most (DecodeWalk's streams). On the Xeon one sequential walk reached
-// ~75% of a plain read's DRAM bandwidth per core (two threads, 1B Q4_K_M shape's weights: 16.3 GB/s against a
-// 25 GB/s read); two far-apart walks keep more reads in flight: 1.06-1.20x on the 1B and 3B shapes' GEMV sequences
-// (alternating rounds). Three and four were no better than two.
+// Groups a decode GEMV walks at once per thread, at most (DecodeWalk's streams). On the Xeon one sequential walk
+// reached ~75% of a plain read's DRAM bandwidth per core (two threads, 1B Q4_K_M shape's weights: 16.3 GB/s against
+// a 25 GB/s read); two far-apart walks keep more reads in flight: 1.06-1.20x on the 1B and 3B shapes' GEMV
+// sequences (alternating rounds). Three and four were no better than two. On the Zen 5 VM two cost the K-quants.
 constexpr int kStreams = 2;
 
 // Groups n[0..S) against activation rows [0, R) into c.y.
