@@ -1521,13 +1521,16 @@ struct X4Layout<Q6_K> {
 //    line 2 KiB on, and each thread walks two far-apart groups side by side. On an Intel Xeon (Sapphire Rapids
 //    class) the decode GEMV sequence went 22.3 -> 26.4 GB/s against a burst two super-blocks ahead (1.20x), and
 //    two streams gave another 1.06-1.20x; distances 768 B-3 KiB: 1.06-1.22x, 2 KiB best.
-//  - "burst" (line_ahead 0, burst_ahead 2048, streams 1 / 2): before each super-block step of a decode GEMV, the
-//    whole first super-block at least 2 KiB on (the next one for the K-quants) is prefetched at once; one group
-//    per thread for the K-quants, two for the 32-wide types. On an AMD EPYC Zen 5 VM the line walk read Q4_K at
-//    ~29 GB/s and Q6_K at ~14, this one at ~46-52 and ~50-67; bursts 2 and 3 super-blocks ahead read less (46 / 49,
-//    40 / 40), no software prefetch 24 / 17. Decode steps there (alternating rounds in one process): 1B Q4_K_M
-//    1.46-1.55x the line walk, Q5_K_M 1.61x, 3B Q4_K_M 1.59x; a second K-quant stream 0.90x. For 1B Q8_0 two
-//    streams beat one (1.07x the line walk against 0.95x, 20 rounds); SmolLM2 and Gemma 3 270M: noise.
+//  - "burst" (line_ahead 2048, burst_ahead 2048, streams 1 / 2): before each super-block step of a decode GEMV (up
+//    to 4 activation rows), the whole first super-block at least 2 KiB on (the next one for the K-quants) is
+//    prefetched at once; one group per thread for the K-quants, two for the 32-wide types; the line prefetch stays
+//    on. On an AMD EPYC Zen 5 VM the line walk read Q4_K at ~29 GB/s and Q6_K at ~14, the burst alone at ~46-52 and
+//    ~50-67; bursts 2 and 3 super-blocks ahead read less (46 / 49, 40 / 40), no software prefetch 24 / 17. Decode
+//    steps there (alternating rounds in one process): 1B Q4_K_M 1.46-1.55x the line walk, Q5_K_M 1.61x, 3B Q4_K_M
+//    1.59x; a second K-quant stream 0.90x. For 1B Q8_0 two streams beat one (1.07x the line walk against 0.95x, 20
+//    rounds); SmolLM2 and Gemma 3 270M: noise. The line prefetch is what the tiles of more rows need from DRAM: a
+//    step of 8 sequences (1B Q4_K_M) ran 0.62-0.66x without it, 1.01x with it; with it, one-row decode ran 1.03x
+//    the burst alone.
 // The results are the same bits whatever the walk (prefetches only; every group's sums in one order).
 struct DecodeWalk {
   int line_ahead = 2048;  // bytes on from each weight line read to the line prefetched with it (0: none)
@@ -1592,8 +1595,8 @@ inline void store_rows16(const __m512* y, float* out) {
 // layout L gives its float accumulator chains per activation row (kChains), its super-block step (block: the codes
 // of one super-block against R activation rows into the chains) and how the chains end in R results per row
 // (finish). Each group's sums run in the same order whatever S is, so the results do not depend on it. kDecode: a
-// decode GEMV's walk (stream_rows), whose weights come from DRAM once, with the burst walk's prefetch; the tiles of
-// many activation rows re-read their weights from cache and go without it (the burst cost them 0.92-1.00x there).
+// decode GEMV's walk (stream_rows) with the burst walk's prefetch; the tiles of more activation rows go without it
+// (prefill re-reads their weights from cache: the burst cost it 0.92-1.00x) and keep the line prefetch.
 template <class L, int R, int S, bool kDecode = false>
 inline void dot16(const uint8_t* const* g, const typename L::Act* const* a, int64_t nb, float* const* out) {
   __m512 acc[S][R * L::kChains];

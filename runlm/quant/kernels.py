@@ -135,8 +135,10 @@ WALK_ENV_VAR = "RUNLM_DECODE_WALK"
 # groups per thread for the K-quants, for the 32-wide types); kernels.cpp's DecodeWalk has the measurements. The
 # results do not depend on it.
 DECODE_WALKS: dict[str, tuple[int, int, int, int]] = {
-    "line": (2048, 0, 2, 2),  # a prefetch 2 KiB on with each weight line, two groups per thread: Intel Xeon's best
-    "burst": (0, 2048, 1, 2),  # the super-block >= 2 KiB on, whole, before each step; one K-quant group: AMD Zen 5's
+    # a prefetch 2 KiB on with each weight line, two groups per thread: Intel Xeon's best
+    "line": (2048, 0, 2, 2),
+    # that, and the super-block >= 2 KiB on, whole, before each decode step; one K-quant group per thread: AMD Zen 5's
+    "burst": (2048, 2048, 1, 2),
 }
 _SOURCE = Path(__file__).with_name("kernels.cpp")
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
@@ -322,7 +324,9 @@ def decode_walk_summary() -> str:
         return "none: this build has no 16-row kernels"
     walk = decode_walk()
     line, burst, kquant_streams, wide32_streams = DECODE_WALKS[walk]
-    how = f"a prefetch {line} B on with each weight line" if line else f"the super-block >= {burst} B on, whole"
+    how = f"a prefetch {line} B on with each weight line" if line else "no line prefetch"
+    if burst:
+        how += f", the super-block >= {burst} B on, whole, before each decode step"
     groups = f"groups per thread side by side: {kquant_streams} (K-quants), {wide32_streams} (32-wide types)"
     return f"{walk} ({how}; {groups}; {WALK_ENV_VAR}={'|'.join(DECODE_WALKS)} to choose)"
 

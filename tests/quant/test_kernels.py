@@ -272,19 +272,20 @@ def restore_decode_walk():
 @pytest.mark.parametrize("type_name", kernels.X4_TYPES)
 def test_decode_walks_give_the_same_bits(type_name: str, restore_decode_walk):
     """How a decode GEMV prefetches and walks its weights (kernels.DECODE_WALKS) moves no result bit: each walk, and
-    prefetches reaching past the weight's end (8 KiB on), give the same outputs for 1-4 activation rows, over five
-    16-row groups (two streams: a pair, a pair, one alone) of three super-blocks."""
+    prefetches reaching past the weight's end (8 KiB on), give the same outputs for 1-4 activation rows (the decode
+    walk, over five 16-row groups of three super-blocks: with two streams a pair, a pair, one alone) and for 8 (the
+    tiles, which keep the line prefetch)."""
     shape = (80, 768)
     module = kernel_module(type_name, weight_data(type_name, *shape, seed=11), shape)
     if kernels.group_rows(type_name) != 16:
         pytest.skip("no 16-row kernels in this build")
     assert module.x4
-    x = torch.randn(4, shape[1], generator=torch.Generator().manual_seed(11))
+    x = torch.randn(8, shape[1], generator=torch.Generator().manual_seed(11))
     outputs = {}
     for name, walk in {**kernels.DECODE_WALKS, "far": (8192, 8192, 2, 1)}.items():
         torch.ops.runlm.gguf_set_decode_walk(*walk)
         assert list(torch.ops.runlm.gguf_decode_walk()) == list(walk)
-        outputs[name] = [module(x[:m]) for m in (1, 2, 3, 4)]
+        outputs[name] = [module(x[:m]) for m in (1, 2, 3, 4, 8)]
     first = outputs.pop("line")
     for name, outs in outputs.items():
         assert all(torch.equal(a, b) for a, b in zip(first, outs)), f"{type_name}: the {name} walk changed results"
