@@ -264,7 +264,7 @@ class PeerWorker:
 
 def machine() -> str:
     isa = kernels.isa() or "off"
-    walk = f" (decode walk {kernels.decode_walk()})" if isa.startswith("avx512") else ""
+    walk = f" (decode walk {kernels.decode_walk()})" if kernels.decode_walk() else ""
     return f"{cpu_name()}, {os.cpu_count()} cores, kernels {isa}{walk}, Python {platform.python_version()}"
 
 

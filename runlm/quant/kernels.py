@@ -313,16 +313,16 @@ def isa() -> str | None:
 
 
 def decode_walk() -> str | None:
-    """How the 16-row kernels walk a decode GEMV's weights in this process ("line" or "burst", `DECODE_WALKS`; None:
-    no kernels). Builds without AVX-512 have no 16-row kernels, so it changes nothing there."""
-    return _state["walk"] if available() else None  # type: ignore[return-value]
+    """How the 16-row kernels walk a decode GEMV's weights in this process ("line" or "burst", `DECODE_WALKS`; None
+    where the build has no 16-row kernels: no kernels, or no AVX-512)."""
+    return _state["walk"] if (isa() or "").startswith("avx512") else None  # type: ignore[return-value]
 
 
 def decode_walk_summary() -> str:
     """The decode walk in words, for `runlm info --system`."""
-    if not (isa() or "").startswith("avx512"):
-        return "none: this build has no 16-row kernels"
     walk = decode_walk()
+    if walk is None:
+        return "none: this build has no 16-row kernels"
     line, burst, kquant_streams, wide32_streams = DECODE_WALKS[walk]
     how = f"a prefetch {line} B on with each weight line" if line else "no line prefetch"
     if burst:

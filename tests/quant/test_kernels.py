@@ -266,7 +266,7 @@ def test_x4_layout_matches_plain_rows(type_name: str):
 @pytest.fixture
 def restore_decode_walk():
     yield
-    torch.ops.runlm.gguf_set_decode_walk(*kernels.DECODE_WALKS[kernels.decode_walk()])
+    torch.ops.runlm.gguf_set_decode_walk(*kernels.DECODE_WALKS[kernels.build_info()["walk"]])
 
 
 @pytest.mark.parametrize("type_name", kernels.X4_TYPES)
@@ -292,7 +292,8 @@ def test_decode_walks_give_the_same_bits(type_name: str, restore_decode_walk):
 
 
 def test_decode_walk_follows_the_cpu_or_the_environment(monkeypatch: pytest.MonkeyPatch, caplog, restore_decode_walk):
-    assert kernels.decode_walk() in kernels.DECODE_WALKS
+    assert kernels.build_info()["walk"] in kernels.DECODE_WALKS
+    assert kernels.decode_walk() == (kernels.build_info()["walk"] if kernels.group_rows("Q4_K") == 16 else None)
     monkeypatch.delenv(kernels.WALK_ENV_VAR, raising=False)
     monkeypatch.setattr(kernels, "cpu_vendor", lambda: "AuthenticAMD")
     assert kernels._decode_walk_name() == "burst"
