@@ -10,8 +10,25 @@ from runlm.errors import (
     UnsupportedArchitectureError,
     UnsupportedOperationError,
 )
-from runlm.loading import LoadedModel, load
-from runlm.runner import ImageInput, LmRunner, Session, SessionSnapshot
+
+# Imported on first use: they bring PyTorch, which runlm.lean's decode process does without.
+_LAZY = {
+    "LoadedModel": "runlm.loading",
+    "load": "runlm.loading",
+    "ImageInput": "runlm.runner",
+    "LmRunner": "runlm.runner",
+    "Session": "runlm.runner",
+    "SessionSnapshot": "runlm.runner",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'runlm' has no attribute {name!r}")
+
 
 __all__ = [
     "CatalogError",

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runlm.quant import kernels
+from runlm.rope import table_block
 
 
 class RMSNorm(nn.Module):
@@ -73,9 +74,6 @@ def rope_inv_freq(spec: RopeSpec, freq_factors: torch.Tensor | None = None) -> t
     raise NotImplementedError(f"rope scaling type {kind!r} is not supported")
 
 
-ROPE_BLOCK = 1024  # positions per block of the RoPE tables
-
-
 class Rope(nn.Module):
     """cos/sin tables grown on demand; applied with the rotate-half convention."""
 
@@ -89,14 +87,12 @@ class Rope(nn.Module):
         """cos and signed sin for positions [T] or [B, T], with a head axis to broadcast over [B, T, H, D]."""
         needed = int(positions.max()) + 1
         while needed > self.cos.shape[0]:
-            # Whole blocks of positions, each computed alike: a position's value never depends on how large the
-            # table was when it was made (vectorized cos / sin treat a tensor's tail differently).
-            first = self.cos.shape[0]
-            ids = torch.arange(first, first + ROPE_BLOCK, dtype=torch.float32, device=self.inv_freq.device)
-            angles = ids[:, None] * self.inv_freq
-            # rotate_half(x) * sin == roll(x, D/2) * [-sin, sin]: one roll instead of slice, negate and cat.
-            self.cos = torch.cat([self.cos, torch.cat([angles.cos(), angles.cos()], dim=-1)])
-            self.sin = torch.cat([self.sin, torch.cat([-angles.sin(), angles.sin()], dim=-1)])
+            # Whole blocks of positions, each computed alike (runlm.rope: numpy's cos / sin, the bits runlm.lean
+            # computes too): a position's value never depends on how large the table was when it was made.
+            cos, sin = table_block(self.inv_freq.cpu().numpy(), self.cos.shape[0])
+            device = self.inv_freq.device
+            self.cos = torch.cat([self.cos, torch.from_numpy(cos).to(device)])
+            self.sin = torch.cat([self.sin, torch.from_numpy(sin).to(device)])
         return self.cos[positions].unsqueeze(-2).to(dtype), self.sin[positions].unsqueeze(-2).to(dtype)
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from runlm.errors import ModelLoadError
+
+if TYPE_CHECKING:  # the GGUF header reader stays importable without torch (runlm.lean)
+    import torch
 
 ShapeRule = Callable[[str], tuple[int, ...] | None]
 

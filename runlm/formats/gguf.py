@@ -9,15 +9,16 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from runlm.errors import ModelLoadError
 from runlm.formats import ShapeRule, WeightSource
-from runlm.quant.dequant import BLOCK_LAYOUTS, dequantize, normalize_type_name
+
+if TYPE_CHECKING:  # the header reader imports without torch (runlm.lean reads tokenizers with it)
+    import torch
 
 GGUF_MAGIC = b"GGUF"
 
@@ -159,6 +160,8 @@ class GGUFFile:
 
 def _dequantized(raw: RawTensor, path: Path) -> torch.Tensor:
     """A float32 copy of a tensor, read without touching the map (see RawTensor)."""
+    from runlm.quant.dequant import dequantize
+
     try:
         return dequantize(raw.type_name, raw.read_rows(0, math.prod(raw.shape[:-1])), raw.shape)
     except ModelLoadError as exc:
@@ -380,6 +383,8 @@ class GGUFSource(WeightSource):
 
     def raw(self, name: str):
         stored_as = self.rename(name)
+        from runlm.quant.dequant import BLOCK_LAYOUTS, normalize_type_name
+
         self.check_shape(name, self.gguf.shape(stored_as), stored_as)  # from the header, before any byte is read
         raw = self.gguf.raw(stored_as)
         if normalize_type_name(raw.type_name) not in BLOCK_LAYOUTS:

@@ -1,18 +1,33 @@
-"""GGML quantized tensors: reference dequantization, runlm's kernels on GGUF blocks, torch's int4 as the fallback."""
+"""GGML quantized tensors: reference dequantization, runlm's kernels on GGUF blocks, torch's int4 as the fallback.
+
+The names below are imported on first use: `runlm.quant.build` (how the kernels are compiled) is read by runlm.lean's
+decode process, which runs without PyTorch.
+"""
 
 from __future__ import annotations
 
-from runlm.quant.dequant import BLOCK_LAYOUTS, SUPPORTED_TYPES, dequantize
-from runlm.quant.int4 import (
-    FAST_INT4_DTYPES,
-    INT4_TYPES,
-    ConcatLinear,
-    DenseLinear,
-    Int4Linear,
-    concat_linears,
-    make_linear,
-    pack_linear,
-)
+import importlib
+
+_LAZY = {
+    "BLOCK_LAYOUTS": "runlm.quant.dequant",
+    "SUPPORTED_TYPES": "runlm.quant.dequant",
+    "dequantize": "runlm.quant.dequant",
+    "FAST_INT4_DTYPES": "runlm.quant.int4",
+    "INT4_TYPES": "runlm.quant.int4",
+    "ConcatLinear": "runlm.quant.int4",
+    "DenseLinear": "runlm.quant.int4",
+    "Int4Linear": "runlm.quant.int4",
+    "concat_linears": "runlm.quant.int4",
+    "make_linear": "runlm.quant.int4",
+    "pack_linear": "runlm.quant.int4",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'runlm.quant' has no attribute {name!r}")
+
 
 __all__ = [
     "BLOCK_LAYOUTS",

@@ -24,6 +24,10 @@
 // scalar path otherwise (or with -DRUNLM_SCALAR). All quantize activations identically, so they agree to float
 // rounding.
 
+// RUNLM_STANDALONE builds the same kernels without PyTorch, as a plain shared library with a C interface (the
+// "C interface" section at the end), for runlm.lean's decode process: threads from OpenMP directly, float16 by its
+// own conversions (IEEE round to nearest even, as c10's), no ops registered.
+#ifndef RUNLM_STANDALONE
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
@@ -32,6 +36,12 @@
 #include <c10/util/Half.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
+#else
+#include <omp.h>
+
+#include <sstream>
+#include <stdexcept>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -80,6 +90,108 @@
 #endif
 
 namespace {
+
+// A failed check: c10::Error (a RuntimeError in Python) in the extension, std::runtime_error in the standalone build
+// (its C interface turns it into an error code and rl_last_error's text).
+#ifndef RUNLM_STANDALONE
+#define RUNLM_CHECK TORCH_CHECK
+#else
+template <class... Parts>
+[[noreturn]] void fail(const Parts&... parts) {
+  std::ostringstream text;
+  (text << ... << parts);
+  throw std::runtime_error(text.str());
+}
+#define RUNLM_CHECK(cond, ...) \
+  do {                         \
+    if (!(cond)) fail(__VA_ARGS__); \
+  } while (0)
+#endif
+
+// Work over [begin, end) split into one contiguous range per thread, at least `grain` items each: torch's intra-op
+// pool (at::parallel_for) in the extension, OpenMP with the same split in the standalone build. Calls from inside
+// a parallel region run inline.
+template <class F>
+inline void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
+#ifndef RUNLM_STANDALONE
+  at::parallel_for(begin, end, grain, f);
+#else
+  if (begin >= end) return;
+  const int64_t most = omp_get_max_threads();
+  if (end - begin <= grain || most == 1 || omp_in_parallel()) {
+    f(begin, end);
+    return;
+  }
+  const int64_t threads = std::min<int64_t>(most, (end - begin + grain - 1) / std::max<int64_t>(grain, 1));
+#pragma omp parallel num_threads(static_cast<int>(threads))
+  {
+    const int64_t n = omp_get_num_threads(), chunk = (end - begin + n - 1) / n;
+    const int64_t b = begin + omp_get_thread_num() * chunk;
+    if (b < end) f(b, std::min(end, b + chunk));
+  }
+#endif
+}
+
+// IEEE float16 <-> float32, round to nearest even: F16C where the build has it, else in integer arithmetic.
+#ifndef RUNLM_STANDALONE
+using Half = c10::Half;
+#else
+struct Half {
+  uint16_t x;
+};
+#endif
+
+inline float half_to_float(uint16_t h) {
+#if RUNLM_AVX2
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // subnormal: shift the leading one into the implicit bit
+    uint32_t m = mantissa, shifts = 0;
+    while (!(m & 0x400u)) m <<= 1, ++shifts;
+    bits = sign | ((113 - shifts) << 23) | ((m & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+inline uint16_t float_to_half(float value) {
+#if RUNLM_AVX2
+  return _cvtss_sh(value, _MM_FROUND_TO_NEAREST_INT);
+#else
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  bits &= 0x7fffffffu;
+  uint16_t out;
+  if (bits >= 0x47800000u) {  // >= 65536 (rounds to infinity), infinity or NaN
+    out = bits > 0x7f800000u ? 0x7e00u : 0x7c00u;
+  } else if (bits < 0x38800000u) {  // below 2^-14: a float add aligns the value to the subnormal grid, rounding
+    const uint32_t magic_bits = 0x3f000000u;  // 0.5: its ulp is 2^-24, the subnormal step
+    float magic, sum;
+    std::memcpy(&magic, &magic_bits, 4);
+    std::memcpy(&sum, &bits, 4);
+    sum += magic;
+    uint32_t sum_bits;
+    std::memcpy(&sum_bits, &sum, 4);
+    out = static_cast<uint16_t>(sum_bits - magic_bits);
+  } else {  // rebias the exponent, round the 13 dropped bits to nearest even
+    const uint32_t odd = (bits >> 13) & 1u;
+    bits += 0xc8000fffu + odd;  // (15 - 127) << 23, plus just under half an ulp
+    out = static_cast<uint16_t>(bits >> 13);
+  }
+  return static_cast<uint16_t>(out | sign);
+#endif
+}
 
 // GGML type ids (gguf.GGMLQuantizationType values).
 enum : int64_t {
@@ -130,7 +242,7 @@ inline float f16(const uint8_t* p) {
 #if RUNLM_AVX2
   return _cvtsh_ss(h);
 #else
-  return c10::detail::fp16_ieee_to_fp32_value(h);
+  return half_to_float(h);
 #endif
 }
 
@@ -2162,7 +2274,7 @@ struct Q8_0Tiles {
   };
   static Arranged arrange(const A32* act, int64_t M, int64_t nba) {
     Arranged a{std::vector<int8_t>(static_cast<size_t>(nba * M * 32)), std::vector<float>(static_cast<size_t>(nba * M)), M};
-    at::parallel_for(0, nba, 1, [&](int64_t b0, int64_t b1) {
+    parallel_for(0, nba, 1, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b)
         for (int64_t m = 0; m < M; ++m) {
           std::memcpy(a.qs.data() + (b * M + m) * 32, act[m * nba + b].qs, 32);
@@ -2452,7 +2564,7 @@ void gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, flo
   std::vector<A> act(static_cast<size_t>(M * nba));
   A* act_p = act.data();
   // ~4K values a piece: the rows of a small batch go over all threads
-  at::parallel_for(0, M, std::max<int64_t>(1, (1 << 12) / K), [&](int64_t m0, int64_t m1) {
+  parallel_for(0, M, std::max<int64_t>(1, (1 << 12) / K), [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) quantize_row(x + m * K, act_p + m * nba, nba);
   });
   Ctx<T> c{w, row_bytes, nbw, act_p, nba, N, y};
@@ -2473,13 +2585,13 @@ void gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, flo
 #if RUNLM_AVX512
   if constexpr (Streamed<T>) {
     if (M <= 4) {
-      at::parallel_for(0, N / unit, std::max<int64_t>(1, grain),
+      parallel_for(0, N / unit, std::max<int64_t>(1, grain),
                        [&](int64_t u0, int64_t u1) { stream_rows<T>(c, u0 * unit, u1 * unit, M); });
       return;
     }
   }
 #endif
-  at::parallel_for(0, N / unit, std::max<int64_t>(1, grain), [&](int64_t u0, int64_t u1) {
+  parallel_for(0, N / unit, std::max<int64_t>(1, grain), [&](int64_t u0, int64_t u1) {
     const int64_t n0 = u0 * unit, n1 = u1 * unit;
     if (tile_rows) {  // AMX: pass by pass over the rows, each pass over all of this thread's weights
       for (int64_t mt = 0; mt < M; mt += tile_rows)
@@ -2656,7 +2768,7 @@ void dequant_span(const uint8_t* w, int64_t nbw, int64_t n0, int64_t n1, float* 
 
 template <class T>
 void dequant(const uint8_t* w, int64_t N, int64_t K, float* out) {
-  at::parallel_for(0, N, std::max<int64_t>(1, (1 << 15) / K), [&](int64_t n0, int64_t n1) {
+  parallel_for(0, N, std::max<int64_t>(1, (1 << 15) / K), [&](int64_t n0, int64_t n1) {
     dequant_span<T>(w, K / T::QK, n0, n1, out + n0 * K);
   });
 }
@@ -2664,7 +2776,7 @@ void dequant(const uint8_t* w, int64_t N, int64_t K, float* out) {
 // Rows ids[0..n) of W to float32 out[i * K + k]: a tied LM head serves the embedding lookup from its own blocks.
 template <class T>
 void dequant_picked(const uint8_t* w, int64_t K, const int64_t* ids, int64_t n, float* out) {
-  at::parallel_for(0, n, std::max<int64_t>(1, (1 << 15) / K), [&](int64_t i0, int64_t i1) {
+  parallel_for(0, n, std::max<int64_t>(1, (1 << 15) / K), [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) dequant_span<T>(w, K / T::QK, ids[i], ids[i] + 1, out + i * K);
   });
 }
@@ -2713,22 +2825,6 @@ int64_t group_rows(int64_t type) {
   }
 }
 
-int64_t check_weight(const char* op, const at::Tensor& w, int64_t type, int64_t out_features, int64_t in_features) {
-  TypeInfo info{};
-  TORCH_CHECK(type_info(type, &info), op, ": unsupported GGML type id ", type);
-  TORCH_CHECK(w.device().is_cpu(), op, ": CPU tensors only");
-  TORCH_CHECK(w.scalar_type() == at::kByte, op, ": w must be uint8 block bytes, got ", w.scalar_type());
-  TORCH_CHECK(in_features > 0 && in_features % info.qk == 0, op, ": in_features ", in_features,
-              " is not a positive multiple of the block size ", info.qk);
-  TORCH_CHECK(out_features >= 0, op, ": negative out_features");
-  TORCH_CHECK(type < X4 || out_features % group_rows(type - X4) == 0, op, ": the interleaved layout needs "
-              "out_features a multiple of ", group_rows(type - X4));
-  const int64_t row_bytes = in_features / info.qk * info.size;
-  TORCH_CHECK(w.numel() == out_features * row_bytes, op, ": w has ", w.numel(), " bytes, expected ", out_features,
-              " rows x ", row_bytes);
-  return row_bytes;
-}
-
 #define RUNLM_DISPATCH(type, FN, ...)                   \
   switch (type) {                                       \
     case T_Q4_0: FN<Q4_0>(__VA_ARGS__); break;          \
@@ -2751,6 +2847,23 @@ int64_t check_weight(const char* op, const at::Tensor& w, int64_t type, int64_t 
     case T_Q6_K + X4: FN<X4Layout<Q6_K>>(__VA_ARGS__); break; \
     default: break;                                     \
   }
+
+#ifndef RUNLM_STANDALONE
+int64_t check_weight(const char* op, const at::Tensor& w, int64_t type, int64_t out_features, int64_t in_features) {
+  TypeInfo info{};
+  TORCH_CHECK(type_info(type, &info), op, ": unsupported GGML type id ", type);
+  TORCH_CHECK(w.device().is_cpu(), op, ": CPU tensors only");
+  TORCH_CHECK(w.scalar_type() == at::kByte, op, ": w must be uint8 block bytes, got ", w.scalar_type());
+  TORCH_CHECK(in_features > 0 && in_features % info.qk == 0, op, ": in_features ", in_features,
+              " is not a positive multiple of the block size ", info.qk);
+  TORCH_CHECK(out_features >= 0, op, ": negative out_features");
+  TORCH_CHECK(type < X4 || out_features % group_rows(type - X4) == 0, op, ": the interleaved layout needs "
+              "out_features a multiple of ", group_rows(type - X4));
+  const int64_t row_bytes = in_features / info.qk * info.size;
+  TORCH_CHECK(w.numel() == out_features * row_bytes, op, ": w has ", w.numel(), " bytes, expected ", out_features,
+              " rows x ", row_bytes);
+  return row_bytes;
+}
 
 // y[..., N] = x[..., K] @ W.T, W given as GGUF blocks uint8 [N, row_bytes], through the 8-bit activation kernels.
 at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_t out_features,
@@ -2806,11 +2919,13 @@ at::Tensor gguf_dequantize_rows(const at::Tensor& w, int64_t type, int64_t out_f
   return out;
 }
 
+#endif  // RUNLM_STANDALONE
+
 template <class T>
 void relayout(const uint8_t* src, int64_t N, int64_t K, uint8_t* dst, bool to_plain) {
   constexpr int ROWS = X4Fields<T>::ROWS;
   const int64_t nbw = K / T::QK, row_bytes = nbw * T::SIZE;
-  at::parallel_for(0, N / ROWS, 64, [&](int64_t g0, int64_t g1) {
+  parallel_for(0, N / ROWS, 64, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g)
       for (int64_t b = 0; b < nbw; ++b)
         for (int i = 0; i < ROWS; ++i) {
@@ -2825,30 +2940,34 @@ void relayout(const uint8_t* src, int64_t N, int64_t K, uint8_t* dst, bool to_pl
   });
 }
 
-// The same weight in the other layout: plain GGUF rows (type) <-> x4 groups (type + X4), written to `out` (as
-// many bytes as w, contiguous); out_features must be a multiple of 4.
+// The same weight in the other layout: plain GGUF rows (`type`) <-> x4 groups (`type` + X4), N x K values from
+// src into dst (as many bytes); N must be a multiple of group_rows.
+void relayout_bytes(const uint8_t* src, int64_t type, int64_t N, int64_t K, uint8_t* dst) {
+  const bool to_plain = type >= X4;
+  switch (to_plain ? type - X4 : type) {
+    case T_Q4_0: relayout<Q4_0>(src, N, K, dst, to_plain); break;
+    case T_Q4_1: relayout<Q4_1>(src, N, K, dst, to_plain); break;
+    case T_Q5_0: relayout<Q5_0>(src, N, K, dst, to_plain); break;
+    case T_Q5_1: relayout<Q5_1>(src, N, K, dst, to_plain); break;
+    case T_Q4_K: relayout<Q4_K>(src, N, K, dst, to_plain); break;
+    case T_Q5_K: relayout<Q5_K>(src, N, K, dst, to_plain); break;
+    case T_Q6_K: relayout<Q6_K>(src, N, K, dst, to_plain); break;
+    default: relayout<Q8_0>(src, N, K, dst, to_plain); break;
+  }
+}
+
+#ifndef RUNLM_STANDALONE
+// relayout_bytes of a weight tensor into `out` (contiguous, as many bytes as w).
 void relayout_to(const char* op, const at::Tensor& w, at::Tensor& out, int64_t type, int64_t out_features,
                  int64_t in_features) {
   check_weight(op, w, type, out_features, in_features);
-  const bool to_plain = type >= X4;
-  const int64_t base = to_plain ? type - X4 : type;
+  const int64_t base = type >= X4 ? type - X4 : type;
   TORCH_CHECK(group_rows(base) > 0, op, ": no interleaved layout for GGML type ", base);
   TORCH_CHECK(out_features % group_rows(base) == 0, op, ": out_features must be a multiple of ", group_rows(base));
   TORCH_CHECK(out.scalar_type() == at::kByte && out.is_contiguous() && out.numel() == w.numel(), op,
               ": out must be contiguous uint8 bytes, as many as the weight's");
   const at::Tensor wc = w.contiguous();
-  const uint8_t* src = wc.data_ptr<uint8_t>();
-  uint8_t* dst = out.data_ptr<uint8_t>();
-  switch (base) {
-    case T_Q4_0: relayout<Q4_0>(src, out_features, in_features, dst, to_plain); break;
-    case T_Q4_1: relayout<Q4_1>(src, out_features, in_features, dst, to_plain); break;
-    case T_Q5_0: relayout<Q5_0>(src, out_features, in_features, dst, to_plain); break;
-    case T_Q5_1: relayout<Q5_1>(src, out_features, in_features, dst, to_plain); break;
-    case T_Q4_K: relayout<Q4_K>(src, out_features, in_features, dst, to_plain); break;
-    case T_Q5_K: relayout<Q5_K>(src, out_features, in_features, dst, to_plain); break;
-    case T_Q6_K: relayout<Q6_K>(src, out_features, in_features, dst, to_plain); break;
-    default: relayout<Q8_0>(src, out_features, in_features, dst, to_plain); break;
-  }
+  relayout_bytes(wc.data_ptr<uint8_t>(), type, out_features, in_features, out.data_ptr<uint8_t>());
 }
 
 at::Tensor gguf_relayout(const at::Tensor& w, int64_t type, int64_t out_features, int64_t in_features) {
@@ -2862,16 +2981,17 @@ void gguf_relayout_into(const at::Tensor& w, at::Tensor& out, int64_t type, int6
                         int64_t in_features) {
   relayout_to("runlm::gguf_relayout_into", w, out, type, out_features, in_features);
 }
+#endif  // RUNLM_STANDALONE
 
 int64_t gguf_simd() { return RUNLM_AVX2 ? 1 : 0; }
 
 // Sets the decode walk (DecodeWalk) for this process; call it before any kernel runs, not while one does.
 void gguf_set_decode_walk(int64_t line_ahead, int64_t burst_ahead, int64_t kquant_streams, int64_t wide32_streams) {
-  TORCH_CHECK(line_ahead >= 0 && line_ahead <= (1 << 16) && line_ahead % 64 == 0,
+  RUNLM_CHECK(line_ahead >= 0 && line_ahead <= (1 << 16) && line_ahead % 64 == 0,
               "line_ahead must be a multiple of 64 bytes from 0 to 65536, got ", line_ahead);
-  TORCH_CHECK(burst_ahead >= 0 && burst_ahead <= (1 << 16), "burst_ahead must be 0 to 65536 bytes, got ", burst_ahead);
+  RUNLM_CHECK(burst_ahead >= 0 && burst_ahead <= (1 << 16), "burst_ahead must be 0 to 65536 bytes, got ", burst_ahead);
   for (const int64_t streams : {kquant_streams, wide32_streams})
-    TORCH_CHECK(streams == 1 || streams == 2, "streams must be 1 or 2, got ", streams);
+    RUNLM_CHECK(streams == 1 || streams == 2, "streams must be 1 or 2, got ", streams);
   g_walk = DecodeWalk{static_cast<int>(line_ahead), static_cast<int>(burst_ahead), static_cast<int>(kquant_streams),
                       static_cast<int>(wide32_streams)};
 }
@@ -3037,7 +3157,7 @@ struct KvQ8Block {
 static_assert(sizeof(KvQ8Block) == 34, "a q8_0 block is GGML's block_q8_0: 34 bytes");
 constexpr int64_t kQ8Values = 32;  // values per q8_0 block
 
-// Storage units of type T (float, c10::Half or KvQ8Block) per row of D values, and that row's bytes.
+// Storage units of type T (float, Half or KvQ8Block) per row of D values, and that row's bytes.
 template <typename T>
 constexpr int64_t kv_row_units(int64_t D) {
   return std::is_same_v<std::remove_const_t<T>, KvQ8Block> ? D / kQ8Values : D;
@@ -3054,15 +3174,15 @@ inline T* kv_row(T* rows, int64_t index, int64_t D) {
 
 // Value i of a row, as float32.
 inline float kv_elem(const float* row, int64_t i) { return row[i]; }
-inline float kv_elem(const c10::Half* row, int64_t i) { return c10::detail::fp16_ieee_to_fp32_value(row[i].x); }
+inline float kv_elem(const Half* row, int64_t i) { return half_to_float(row[i].x); }
 inline float kv_elem(const KvQ8Block* row, int64_t i) {
   const KvQ8Block& b = row[i / kQ8Values];
-  return static_cast<float>(b.qs[i % kQ8Values]) * c10::detail::fp16_ieee_to_fp32_value(b.d);
+  return static_cast<float>(b.qs[i % kQ8Values]) * half_to_float(b.d);
 }
 #if RUNLM_AVX2
 // Values i .. i + 7 of a row (i % 8 == 0), as float32.
 inline __m256 kv_load8(const float* row, int64_t i) { return _mm256_loadu_ps(row + i); }
-inline __m256 kv_load8(const c10::Half* row, int64_t i) {
+inline __m256 kv_load8(const Half* row, int64_t i) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i)));
 }
 inline __m256 kv_load8(const KvQ8Block* row, int64_t i) {
@@ -3074,7 +3194,7 @@ inline __m256 kv_load8(const KvQ8Block* row, int64_t i) {
 #if RUNLM_AVX512
 // Values i .. i + 15 of a row (i % 16 == 0), as float32: the same widening as kv_load8, 16 lanes at a time.
 inline __m512 kv_load16(const float* row, int64_t i) { return _mm512_loadu_ps(row + i); }
-inline __m512 kv_load16(const c10::Half* row, int64_t i) {
+inline __m512 kv_load16(const Half* row, int64_t i) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + i)));
 }
 inline __m512 kv_load16(const KvQ8Block* row, int64_t i) {
@@ -3086,7 +3206,7 @@ inline __m512 kv_load16(const KvQ8Block* row, int64_t i) {
 inline __m512 kv_load8x2(const float* a, const float* b, int64_t i) {
   return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a + i)), _mm256_loadu_ps(b + i), 1);
 }
-inline __m512 kv_load8x2(const c10::Half* a, const c10::Half* b, int64_t i) {
+inline __m512 kv_load8x2(const Half* a, const Half* b, int64_t i) {
   const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i));
   return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo),
                                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)), 1));
@@ -3109,14 +3229,14 @@ inline void kv_widen(const T* row, float* out, int64_t D) {
 // n floats stored as cache elements: copied, or rounded to the nearest half (ties to even; F16C and the scalar
 // conversion agree on every non-NaN value).
 inline void kv_store(const float* x, float* out, int64_t n) { std::memcpy(out, x, sizeof(float) * n); }
-inline void kv_store(const float* x, c10::Half* out, int64_t n) {
+inline void kv_store(const float* x, Half* out, int64_t n) {
   int64_t i = 0;
 #if RUNLM_AVX2
   for (; i + 8 <= n; i += 8)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
                      _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 #endif
-  for (; i < n; ++i) out[i].x = c10::detail::fp16_ieee_from_fp32_value(x[i]);
+  for (; i < n; ++i) out[i].x = float_to_half(x[i]);
 }
 // n floats (n % 32 == 0) as q8_0 blocks, the bytes GGML's reference quantizer makes: d = max |x| / 127 (kept as a
 // half), q = x * (1 / d) rounded half away from zero (all zeros for a block of zeros).
@@ -3126,7 +3246,7 @@ inline void kv_store(const float* x, KvQ8Block* out, int64_t n) {
     float amax = 0.f;
     for (int64_t j = 0; j < kQ8Values; ++j) amax = std::max(amax, std::fabs(v[j]));
     const float d = amax / 127.f, inv = d != 0.f ? 1.f / d : 0.f;
-    out[b].d = c10::detail::fp16_ieee_from_fp32_value(d);
+    out[b].d = float_to_half(d);
     for (int64_t j = 0; j < kQ8Values; ++j) out[b].qs[j] = static_cast<int8_t>(std::round(v[j] * inv));
   }
 }
@@ -3437,6 +3557,83 @@ inline void merge_chunks(const float* part_max, const float* part_sum, const flo
   for (int64_t i = 0; i < D; ++i) o[i] *= inv;
 }
 
+// A KV cache's element type: float32, float16 or q8_0 blocks (KvQ8Block).
+enum KvType : int64_t { kKvF32 = 0, kKvF16 = 1, kKvQ8 = 2 };
+
+// f(T{}) with T the element type of caches of `type`: float, Half or KvQ8Block.
+template <typename F>
+auto with_kv_type(int64_t type, F&& f) {
+  if (type == kKvF16) return f(Half{});
+  if (type == kKvQ8) return f(KvQ8Block{});
+  return f(float{});
+}
+
+// RMSNorm over rows of n values in one pass: x * rsqrt(mean(x^2) + eps) * w, the sum of squares in double. One call
+// instead of the half-dozen small ops (and their dispatch cost) that the decode step would otherwise spend on it.
+void rms_norm_rows(const float* xp, int64_t rows, int64_t n, const float* wp, double eps, float* op) {
+  auto body = [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = xp + r * n;
+      float* orow = op + r * n;
+      double sum = 0.0;
+      for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(xr[i]) * xr[i];
+      const float scale = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(n) + eps));
+      for (int64_t i = 0; i < n; ++i) orow[i] = (xr[i] * scale) * wp[i];
+    }
+  };
+  if (rows >= 64) {
+    parallel_for(0, rows, 16, body);
+  } else {
+    body(0, rows);
+  }
+}
+
+// A GGUF weight as the blocks take it: `rows` rows of blocks of GGML type `type` (+ X4 for the interleaved layout).
+struct Weight {
+  const uint8_t* data = nullptr;
+  int64_t type = 0, rows = 0;
+};
+
+// y [M, N] = x [M, K] @ W.T on the 8-bit activation kernels.
+void linear_rows(const float* x, int64_t M, int64_t K, const Weight& w, float* y) {
+  if (M == 0 || w.rows == 0) return;
+  RUNLM_DISPATCH(w.type, gemm, x, M, K, w.data, w.rows, y)
+}
+
+// x @ [W_0; W_1; ...].T into y [M, sum of rows] for weights kept as separate GGUF tensors (Gemma mixes Q5_0 and
+// Q8_0 inside its QKV).
+void linear_parts_rows(const float* x, int64_t M, int64_t K, const std::vector<Weight>& ws, float* y) {
+  if (ws.size() == 1) return linear_rows(x, M, K, ws[0], y);
+  int64_t width = 0, offset = 0;
+  for (const Weight& w : ws) width += w.rows;
+  std::vector<float> part;
+  for (const Weight& w : ws) {
+    part.resize(M * w.rows);
+    linear_rows(x, M, K, w, part.data());
+    for (int64_t m = 0; m < M; ++m)
+      std::memcpy(y + m * width + offset, part.data() + m * w.rows, sizeof(float) * w.rows);
+    offset += w.rows;
+  }
+}
+
+#ifndef RUNLM_STANDALONE
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "runlm::rms_norm: float32 only");
+  const int64_t n = w.numel();
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == n, "runlm::rms_norm: last dim ", x.size(-1), " != weight size ", n);
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor wc = w.contiguous();
+  at::Tensor out = at::empty(xc.sizes(), xc.options());
+  rms_norm_rows(xc.data_ptr<float>(), n == 0 ? 0 : xc.numel() / n, n, wc.data_ptr<float>(), eps, out.data_ptr<float>());
+  return out;
+}
+
+// The element type of a cache tensor (kv_cache_type_ok).
+inline int64_t kv_type_of(const at::Tensor& cache) {
+  const at::ScalarType type = cache.scalar_type();
+  return type == at::kHalf ? kKvF16 : type == at::kByte ? kKvQ8 : kKvF32;
+}
+
 // One decode step of attention for one sequence: RoPE on the new query and key, the new key / value written into
 // the pre-allocated cache at `pos`, then softmax(q K^T * scale) V over positions 0..pos for every query head (GQA:
 // query head h reads kv head h / (n_heads / n_kv_heads)). qkv: float32 [n_heads + 2 * n_kv_heads, D] (queries, keys,
@@ -3480,7 +3677,7 @@ at::Tensor attend_cache(const at::Tensor& x, const float* cp, const float* sp, T
     }
   };
   if (len * n_heads * D >= (1 << 16) && items > 1) {
-    at::parallel_for(0, items, 1, work);
+    parallel_for(0, items, 1, work);
   } else {
     work(0, items);
   }
@@ -3505,13 +3702,6 @@ inline int64_t kv_cache_row(const at::Tensor& cache, int64_t D) {
   return cache.scalar_type() == at::kByte ? D / kQ8Values * static_cast<int64_t>(sizeof(KvQ8Block)) : D;
 }
 
-// f(T{}) with T the element type of caches of `type` (kv_cache_type_ok): float, c10::Half or KvQ8Block.
-template <typename F>
-auto with_kv_type(at::ScalarType type, F&& f) {
-  if (type == at::kHalf) return f(c10::Half{});
-  if (type == at::kByte) return f(KvQ8Block{});
-  return f(float{});
-}
 
 at::Tensor attend_one(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
                       at::Tensor& v_cache, int64_t pos, int64_t len, int64_t n_heads, int64_t n_kv_heads,
@@ -3535,7 +3725,7 @@ at::Tensor attend_one(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
   const at::Tensor x = qkv.contiguous(), c = cos.contiguous(), sn = sin.contiguous();
   const float* cp = c.data_ptr<float>();
   const float* sp = sn.data_ptr<float>();
-  return with_kv_type(k_cache.scalar_type(), [&](auto element) {
+  return with_kv_type(kv_type_of(k_cache), [&](auto element) {
     using T = decltype(element);
     return attend_cache(x, cp, sp, static_cast<T*>(k_cache.data_ptr()), static_cast<T*>(v_cache.data_ptr()), D, cap,
                         pos, len, n_heads, n_kv_heads, scale);
@@ -3547,45 +3737,7 @@ at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const 
   return attend_one(qkv, cos, sin, k_cache, v_cache, pos, pos + 1, n_heads, n_kv_heads, scale);
 }
 
-// RMSNorm over the last dim in one pass: float32 x [..., n] * rsqrt(mean(x^2) + eps) * w [n]. One call instead of
-// the half-dozen small ops (and their dispatch cost) that the decode step would otherwise spend on every norm.
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "runlm::rms_norm: float32 only");
-  const int64_t n = w.numel();
-  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == n, "runlm::rms_norm: last dim ", x.size(-1), " != weight size ", n);
-  const at::Tensor xc = x.contiguous();
-  const at::Tensor wc = w.contiguous();
-  at::Tensor out = at::empty(xc.sizes(), xc.options());
-  const int64_t rows = n == 0 ? 0 : xc.numel() / n;
-  const float* xp = xc.data_ptr<float>();
-  const float* wp = wc.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  auto body = [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* xr = xp + r * n;
-      float* orow = op + r * n;
-      double sum = 0.0;
-      for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(xr[i]) * xr[i];
-      const float scale = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(n) + eps));
-      for (int64_t i = 0; i < n; ++i) orow[i] = (xr[i] * scale) * wp[i];
-    }
-  };
-  if (rows >= 64) {
-    at::parallel_for(0, rows, 16, body);
-  } else {
-    body(0, rows);
-  }
-  return out;
-}
-
-// x @ [W_0; W_1; ...].T for weights kept as separate GGUF tensors (Gemma mixes Q5_0 and Q8_0 inside its QKV).
-at::Tensor linear_parts(const at::Tensor& x, at::TensorList ws, at::IntArrayRef types, at::IntArrayRef rows,
-                        int64_t in_features) {
-  if (ws.size() == 1) return gguf_linear(x, ws[0], types[0], rows[0], in_features);
-  std::vector<at::Tensor> outs;
-  for (size_t i = 0; i < ws.size(); ++i) outs.push_back(gguf_linear(x, ws[i], types[i], rows[i], in_features));
-  return at::cat(outs, -1);
-}
+#endif  // RUNLM_STANDALONE
 
 // ------------------------------------------------------------------------------------------------------------
 // Route-invariant blocks: rows of one or more sequences through a whole transformer block in one call.
@@ -3608,7 +3760,7 @@ constexpr int64_t kRowBlock = 16; // prompt rows of one sequence that share each
 // [first_pos, first_pos + count); earlier positions are in the sequence's cache.
 struct SeqRows {
   int64_t first_row = -1, first_pos = 0, count = 0;
-  void* k = nullptr;  // the caches' elements: float, c10::Half or KvQ8Block
+  void* k = nullptr;  // the caches' elements: float, Half or KvQ8Block
   void* v = nullptr;
   int64_t cap = 0;
 };
@@ -3746,11 +3898,11 @@ void attention_rows(const float* q, const T* knew, const T* vnew, const std::vec
       }
     };
     if (block_work > 1 && items * rep * kKeyChunk * D >= (1 << 16)) {
-      at::parallel_for(0, block_work, 1, work);
+      parallel_for(0, block_work, 1, work);
     } else {
       work(0, block_work);
     }
-    at::parallel_for(r0, r1, 16, [&](int64_t b0, int64_t b1) {
+    parallel_for(r0, r1, 16, [&](int64_t b0, int64_t b1) {
       for (int64_t r = b0; r < b1; ++r) {
         const int64_t k = r - r0;
         for (int64_t h = 0; h < n_heads; ++h) {
@@ -3781,7 +3933,7 @@ void attend_and_store(const float* q, const std::vector<float>& knew, const std:
     kt = knew.data(), vt = vnew.data();
   } else {
     k_typed.resize(R * n_kv * kv_row_units<T>(D)), v_typed.resize(R * n_kv * kv_row_units<T>(D));
-    at::parallel_for(0, R, 64, [&](int64_t r0, int64_t r1) {
+    parallel_for(0, R, 64, [&](int64_t r0, int64_t r1) {
       kv_store(knew.data() + r0 * kv_width, kv_row(k_typed.data(), r0 * n_kv, D), (r1 - r0) * kv_width);
       kv_store(vnew.data() + r0 * kv_width, kv_row(v_typed.data(), r0 * n_kv, D), (r1 - r0) * kv_width);
     });
@@ -3801,10 +3953,8 @@ void attend_and_store(const float* q, const std::vector<float>& knew, const std:
 }
 
 // Rows [R, width] viewed as [R * heads, D]: RMSNorm of every head row (Qwen3 / Gemma q and k norms), in place.
-void norm_heads(float* x, int64_t R, int64_t stride, int64_t offset, int64_t heads, int64_t D, const at::Tensor& w,
+void norm_heads(float* x, int64_t R, int64_t stride, int64_t offset, int64_t heads, int64_t D, const float* wp,
                 double eps) {
-  const at::Tensor wc = w.contiguous();
-  const float* wp = wc.data_ptr<float>();
   for (int64_t r = 0; r < R; ++r)
     for (int64_t h = 0; h < heads; ++h) {
       float* row = x + r * stride + (offset + h) * D;
@@ -3815,78 +3965,74 @@ void norm_heads(float* x, int64_t R, int64_t stride, int64_t offset, int64_t hea
     }
 }
 
-// A whole transformer block for R rows (see the section comment), in one call:
-//   pre-norm (norms = [attn, ffn]):        h += o(attn(qkv(n0(h))));       h += down(act(gate_up(n1(h))))
-//   sandwich (norms = [pre_attn, post_attn, pre_mlp, post_mlp], Gemma):
-//                                          h += n1(o(attn(qkv(n0(h)))));   h += n3(down(act(gate_up(n2(h)))))
-// with optional per-head q / k norms before RoPE, act = SiLU or tanh-GELU gated. Row r belongs to sequence
-// row_seq[r] (its caches: k_caches / v_caches[row_seq[r]]) at position row_pos[r]; a sequence's rows are
-// consecutive, with consecutive positions that continue its cache. cos / sin: [R, D] (rotate-half, sign in sin).
-// The caches (float32, float16 or q8_0, all alike) take the new keys / values after attention (attend_and_store).
-at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double eps, const c10::optional<at::Tensor>& q_norm,
-                      const c10::optional<at::Tensor>& k_norm, at::TensorList qkv_ws, at::IntArrayRef qkv_types,
-                      at::IntArrayRef qkv_rows, const at::Tensor& o_w, int64_t o_type, at::TensorList gate_up_ws,
-                      at::IntArrayRef gate_up_types, at::IntArrayRef gate_up_rows, const at::Tensor& down_w,
-                      int64_t down_type, bool gelu, const at::Tensor& cos, const at::Tensor& sin,
-                      at::TensorList k_caches, at::TensorList v_caches, int64_t window, bool ring,
-                      at::IntArrayRef row_seq,
-                      at::IntArrayRef row_pos, int64_t n_heads, int64_t n_kv_heads, double scale) {
-  const char* op = "runlm::transformer_block";
-  TORCH_CHECK(norms.size() == 2 || norms.size() == 4, op, ": two (pre-norm) or four (sandwich) norms expected");
-  const bool sandwich = norms.size() == 4;
-  const int64_t R = h.size(0), hidden = norms[0].numel(), D = cos.size(-1);
-  TORCH_CHECK(h.scalar_type() == at::kFloat && h.dim() == 2 && h.size(1) == hidden, op, ": h must be float [R, hidden]");
-  TORCH_CHECK(static_cast<int64_t>(row_seq.size()) == R && static_cast<int64_t>(row_pos.size()) == R, op,
-              ": one sequence index and position per row");
-  TORCH_CHECK(cos.numel() == R * D && sin.numel() == R * D && D % 8 == 0, op,
-              ": cos / sin must be [R, D], D a multiple of 8");
-  TORCH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, op, ": heads must group evenly");
-  TORCH_CHECK(k_caches.size() == v_caches.size() && !k_caches.empty(), op, ": one k and v cache per sequence");
-  const int64_t n_seq = static_cast<int64_t>(k_caches.size()), q_width = n_heads * D, kv_width = n_kv_heads * D;
-  const at::ScalarType cache_type = k_caches[0].scalar_type();
-  TORCH_CHECK(cache_type != at::kByte || D % kQ8Values == 0, op, ": a q8_0 cache needs a head dim that is a multiple "
-              "of 32, got ", D);
+// One block's weights and shape, as block_rows reads them: the torch op and BlockStack point them into tensors, the
+// C interface into the lean image.
+struct BlockWeights {
+  std::vector<const float*> norms;  // [attn, ffn] (pre-norm) or [pre_attn, post_attn, pre_mlp, post_mlp] (sandwich)
+  int64_t hidden = 0;
+  double eps = 0, scale = 0;
+  const float* q_norm = nullptr;  // per-head norms of head_dim values, or none
+  const float* k_norm = nullptr;
+  int64_t head_dim = 0;
+  std::vector<Weight> qkv, gate_up;
+  Weight o, down;
+  bool gelu = false;
+  int64_t window = 0, n_heads = 0, n_kv_heads = 0;
+};
+
+// Where each sequence's rows sit (row r: sequence row_seq[r] at position row_pos[r]), checked: a sequence's rows are
+// consecutive, at consecutive positions that fit its cache (k / v / cap per sequence).
+std::vector<SeqRows> seq_rows(const char* op, const std::vector<int64_t>& row_seq, const std::vector<int64_t>& row_pos,
+                              const std::vector<void*>& k, const std::vector<void*>& v, const std::vector<int64_t>& caps,
+                              int64_t window, bool ring) {
+  const int64_t n_seq = static_cast<int64_t>(k.size()), R = static_cast<int64_t>(row_seq.size());
+  RUNLM_CHECK(static_cast<int64_t>(row_pos.size()) == R, op, ": one sequence index and position per row");
   std::vector<SeqRows> seqs(n_seq);
-  std::vector<int64_t> rseq(row_seq.begin(), row_seq.end()), rpos(row_pos.begin(), row_pos.end());
   for (int64_t r = 0; r < R; ++r) {
-    TORCH_CHECK(0 <= rseq[r] && rseq[r] < n_seq && rpos[r] >= 0, op, ": bad row sequence / position");
-    SeqRows& sq = seqs[rseq[r]];
+    RUNLM_CHECK(0 <= row_seq[r] && row_seq[r] < n_seq && row_pos[r] >= 0, op, ": bad row sequence / position");
+    SeqRows& sq = seqs[row_seq[r]];
     if (sq.first_row < 0) {
-      sq.first_row = r, sq.first_pos = rpos[r];
+      sq.first_row = r, sq.first_pos = row_pos[r];
     } else {
-      TORCH_CHECK(sq.first_row + sq.count == r && sq.first_pos + sq.count == rpos[r], op,
+      RUNLM_CHECK(sq.first_row + sq.count == r && sq.first_pos + sq.count == row_pos[r], op,
                   ": a sequence's rows must be consecutive, at consecutive positions");
     }
     ++sq.count;
   }
   for (int64_t s = 0; s < n_seq; ++s) {
-    const at::Tensor& kc = k_caches[s];
-    const at::Tensor& vc = v_caches[s];
-    TORCH_CHECK(kv_cache_type_ok(kc, vc) && kc.scalar_type() == cache_type, op, ": cache ", s,
-                " must be float32, float16 or q8_0 (uint8), as every other cache of the call");
-    TORCH_CHECK(kc.is_contiguous() && vc.is_contiguous() && kc.dim() == 4 && kc.size(1) == n_kv_heads &&
-                    kc.size(3) == kv_cache_row(kc, D) && kc.sizes() == vc.sizes(),
-                op, ": cache ", s, " must be [1, n_kv_heads, capacity, head_dim] (q8_0: head_dim / 32 * 34 bytes), "
-                "contiguous");
     SeqRows& sq = seqs[s];
-    sq.k = kc.data_ptr(), sq.v = vc.data_ptr(), sq.cap = kc.size(2);
-    TORCH_CHECK(ring ? window > 0 && sq.cap == window : sq.first_pos + sq.count <= sq.cap, op, ": cache ", s,
+    sq.k = k[s], sq.v = v[s], sq.cap = caps[s];
+    RUNLM_CHECK(ring ? window > 0 && sq.cap == window : sq.first_pos + sq.count <= sq.cap, op, ": cache ", s,
                 " is too small for its positions");
   }
-  at::Tensor out = h.contiguous().clone();
-  float* hp = out.data_ptr<float>();
-  at::Tensor qkv = linear_parts(rms_norm(out, norms[0], eps), qkv_ws, qkv_types, qkv_rows, hidden).contiguous();
-  TORCH_CHECK(qkv.size(1) == q_width + 2 * kv_width, op, ": qkv projection width does not match the heads");
-  float* xp = qkv.data_ptr<float>();
-  const int64_t stride = q_width + 2 * kv_width;
-  if (q_norm.has_value()) norm_heads(xp, R, stride, 0, n_heads, D, *q_norm, eps);
-  if (k_norm.has_value()) norm_heads(xp, R, stride, n_heads, n_kv_heads, D, *k_norm, eps);
-  const at::Tensor cc = cos.contiguous(), sc = sin.contiguous();
-  const float* cp = cc.data_ptr<float>();
-  const float* sp = sc.data_ptr<float>();
+  return seqs;
+}
+
+// A whole transformer block for R rows (see the section comment), in place on h [R, hidden]:
+//   pre-norm (2 norms):        h += o(attn(qkv(n0(h))));       h += down(act(gate_up(n1(h))))
+//   sandwich (4 norms, Gemma): h += n1(o(attn(qkv(n0(h)))));   h += n3(down(act(gate_up(n2(h)))))
+// with optional per-head q / k norms before RoPE, act = SiLU or tanh-GELU gated. cos / sin: [R, D] (rotate-half,
+// sign in sin). The caches (elements of kv_type, all alike) take the new keys / values after attention.
+void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, const float* sp, int64_t D,
+                const std::vector<SeqRows>& seqs, int64_t kv_type, bool ring, const std::vector<int64_t>& rseq,
+                const std::vector<int64_t>& rpos) {
+  const bool sandwich = b.norms.size() == 4;
+  const int64_t hidden = b.hidden, n_heads = b.n_heads, n_kv_heads = b.n_kv_heads;
+  const int64_t q_width = n_heads * D, kv_width = n_kv_heads * D, stride = q_width + 2 * kv_width;
+  int64_t qkv_rows = 0, gate_up_rows = 0;
+  for (const Weight& w : b.qkv) qkv_rows += w.rows;
+  for (const Weight& w : b.gate_up) gate_up_rows += w.rows;
+  RUNLM_CHECK(qkv_rows == stride, "runlm block: qkv projection width does not match the heads");
+  std::vector<float> normed(R * hidden), xqkv(R * stride);
+  rms_norm_rows(hp, R, hidden, b.norms[0], b.eps, normed.data());
+  linear_parts_rows(normed.data(), R, hidden, b.qkv, xqkv.data());
+  float* xp = xqkv.data();
+  if (b.q_norm != nullptr) norm_heads(xp, R, stride, 0, n_heads, D, b.q_norm, b.eps);
+  if (b.k_norm != nullptr) norm_heads(xp, R, stride, n_heads, n_kv_heads, D, b.k_norm, b.eps);
   std::vector<float> q(R * q_width), knew(R * kv_width), vnew(R * kv_width);
   const int64_t half = D / 2;
-  at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+  const float scale = static_cast<float>(b.scale);
+  parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* c = cp + r * D;
       const float* sn = sp + r * D;
@@ -3902,36 +4048,136 @@ at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double e
       }
     }
   });
-  at::Tensor attended = at::empty({R, q_width}, out.options());
-  with_kv_type(cache_type, [&](auto element) {
-    attend_and_store<decltype(element)>(q.data(), knew, vnew, seqs, rseq, rpos, window, ring, n_heads, n_kv_heads, D,
-                                        attended.data_ptr<float>());
+  std::vector<float> attended(R * q_width), projected(R * hidden);
+  with_kv_type(kv_type, [&](auto element) {
+    attend_and_store<decltype(element)>(q.data(), knew, vnew, seqs, rseq, rpos, b.window, ring, n_heads, n_kv_heads,
+                                        D, attended.data());
   });
-  at::Tensor projected = gguf_linear(attended, o_w, o_type, hidden, q_width);
-  if (sandwich) projected = rms_norm(projected, norms[1], eps);
-  const float* pp = projected.data_ptr<float>();
-  for (int64_t i = 0; i < R * hidden; ++i) hp[i] += pp[i];
-  const at::Tensor gate_up =
-      linear_parts(rms_norm(out, norms[sandwich ? 2 : 1], eps), gate_up_ws, gate_up_types, gate_up_rows, hidden)
-          .contiguous();
-  const int64_t ffn = gate_up.size(-1) / 2;
-  at::Tensor act = at::empty({R, ffn}, out.options());
-  const float* gu = gate_up.data_ptr<float>();
-  float* ap = act.data_ptr<float>();
-  at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+  linear_rows(attended.data(), R, q_width, b.o, projected.data());
+  if (sandwich) rms_norm_rows(projected.data(), R, hidden, b.norms[1], b.eps, projected.data());
+  for (int64_t i = 0; i < R * hidden; ++i) hp[i] += projected[i];
+  std::vector<float> gate_up(R * gate_up_rows);
+  rms_norm_rows(hp, R, hidden, b.norms[sandwich ? 2 : 1], b.eps, normed.data());
+  linear_parts_rows(normed.data(), R, hidden, b.gate_up, gate_up.data());
+  const int64_t ffn = gate_up_rows / 2;
+  std::vector<float> act(R * ffn);
+  const float* gu = gate_up.data();
+  float* ap = act.data();
+  parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      if (gelu) {
+      if (b.gelu) {
         gated_activation<true>(gu + r * 2 * ffn, gu + r * 2 * ffn + ffn, ap + r * ffn, ffn);
       } else {
         gated_activation<false>(gu + r * 2 * ffn, gu + r * 2 * ffn + ffn, ap + r * ffn, ffn);
       }
     }
   });
-  at::Tensor down = gguf_linear(act, down_w, down_type, hidden, ffn);
-  if (sandwich) down = rms_norm(down, norms[3], eps);
-  const float* dp = down.data_ptr<float>();
-  for (int64_t i = 0; i < R * hidden; ++i) hp[i] += dp[i];
+  linear_rows(act.data(), R, ffn, b.down, projected.data());
+  if (sandwich) rms_norm_rows(projected.data(), R, hidden, b.norms[3], b.eps, projected.data());
+  for (int64_t i = 0; i < R * hidden; ++i) hp[i] += projected[i];
+}
+
+#ifndef RUNLM_STANDALONE
+std::vector<Weight> weights_of(at::TensorList ws, at::IntArrayRef types, at::IntArrayRef rows, int64_t in_features) {
+  TORCH_CHECK(ws.size() == types.size() && ws.size() == rows.size() && !ws.empty(),
+              "runlm::transformer_block: one type and row count per weight part");
+  std::vector<Weight> out;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    check_weight("runlm::transformer_block", ws[i], types[i], rows[i], in_features);
+    TORCH_CHECK(ws[i].is_contiguous(), "runlm::transformer_block: weights must be contiguous");
+    out.push_back(Weight{ws[i].data_ptr<uint8_t>(), types[i], rows[i]});
+  }
   return out;
+}
+
+const float* float_values(const at::Tensor& t, int64_t n, const char* what) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == n, "runlm::transformer_block: ",
+              what, " must be ", n, " contiguous float32 values");
+  return t.data_ptr<float>();
+}
+
+// A block's weight tensors as block_rows reads them (pointers into the tensors: they must outlive the result).
+BlockWeights block_weights(at::TensorList norms, double eps, const c10::optional<at::Tensor>& q_norm,
+                           const c10::optional<at::Tensor>& k_norm, at::TensorList qkv_ws, at::IntArrayRef qkv_types,
+                           at::IntArrayRef qkv_rows, const at::Tensor& o_w, int64_t o_type, at::TensorList gate_up_ws,
+                           at::IntArrayRef gate_up_types, at::IntArrayRef gate_up_rows, const at::Tensor& down_w,
+                           int64_t down_type, bool gelu, int64_t window, int64_t n_heads, int64_t n_kv_heads,
+                           double scale) {
+  const char* op = "runlm::transformer_block";
+  TORCH_CHECK(norms.size() == 2 || norms.size() == 4, op, ": two (pre-norm) or four (sandwich) norms expected");
+  TORCH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, op, ": heads must group evenly");
+  int64_t qkv_width = 0;
+  for (const int64_t rows : qkv_rows) qkv_width += rows;
+  const int64_t D = qkv_width / (n_heads + 2 * n_kv_heads);
+  TORCH_CHECK(D > 0 && qkv_width == (n_heads + 2 * n_kv_heads) * D, op, ": qkv projection width does not match the "
+              "heads");
+  BlockWeights b;
+  b.hidden = norms[0].numel();
+  for (const at::Tensor& n : norms) b.norms.push_back(float_values(n, b.hidden, "the norms"));
+  b.eps = eps, b.scale = scale, b.gelu = gelu, b.window = window, b.n_heads = n_heads, b.n_kv_heads = n_kv_heads;
+  b.head_dim = D;
+  if (q_norm.has_value()) b.q_norm = float_values(*q_norm, D, "q_norm");
+  if (k_norm.has_value()) b.k_norm = float_values(*k_norm, D, "k_norm");
+  b.qkv = weights_of(qkv_ws, qkv_types, qkv_rows, b.hidden);
+  b.o = weights_of({o_w}, {o_type}, {b.hidden}, n_heads * D)[0];
+  b.gate_up = weights_of(gate_up_ws, gate_up_types, gate_up_rows, b.hidden);
+  int64_t ffn = 0;
+  for (const Weight& w : b.gate_up) ffn += w.rows;
+  TORCH_CHECK(ffn % 2 == 0, op, ": gate_up must be gate and up rows alike");
+  b.down = weights_of({down_w}, {down_type}, {b.hidden}, ffn / 2)[0];
+  return b;
+}
+
+// block_rows over tensors: h [R, hidden] float32; the caches of the call's sequences (float32, float16 or q8_0, all
+// alike, [1, n_kv_heads, capacity, row]: see kv_cache_row).
+at::Tensor run_block(const BlockWeights& b, const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
+                     at::TensorList k_caches, at::TensorList v_caches, bool ring, const std::vector<int64_t>& rseq,
+                     const std::vector<int64_t>& rpos) {
+  const char* op = "runlm::transformer_block";
+  const int64_t R = h.size(0), D = cos.size(-1);
+  TORCH_CHECK(h.scalar_type() == at::kFloat && h.dim() == 2 && h.size(1) == b.hidden, op,
+              ": h must be float [R, hidden]");
+  TORCH_CHECK(static_cast<int64_t>(rseq.size()) == R, op, ": one sequence index and position per row");
+  TORCH_CHECK(cos.numel() == R * D && sin.numel() == R * D && D % 8 == 0, op,
+              ": cos / sin must be [R, D], D a multiple of 8");
+  TORCH_CHECK(b.head_dim == D, op, ": heads of ", b.head_dim, " values (the qkv projection's), RoPE tables of ", D);
+  TORCH_CHECK(k_caches.size() == v_caches.size() && !k_caches.empty(), op, ": one k and v cache per sequence");
+  const int64_t kv_type = kv_type_of(k_caches[0]);
+  TORCH_CHECK(kv_type != kKvQ8 || D % kQ8Values == 0, op, ": a q8_0 cache needs a head dim that is a multiple "
+              "of 32, got ", D);
+  std::vector<void*> ks, vs;
+  std::vector<int64_t> caps;
+  for (size_t s = 0; s < k_caches.size(); ++s) {
+    const at::Tensor& kc = k_caches[s];
+    const at::Tensor& vc = v_caches[s];
+    TORCH_CHECK(kv_cache_type_ok(kc, vc) && kv_type_of(kc) == kv_type, op, ": cache ", s,
+                " must be float32, float16 or q8_0 (uint8), as every other cache of the call");
+    TORCH_CHECK(kc.is_contiguous() && vc.is_contiguous() && kc.dim() == 4 && kc.size(1) == b.n_kv_heads &&
+                    kc.size(3) == kv_cache_row(kc, D) && kc.sizes() == vc.sizes(),
+                op, ": cache ", s, " must be [1, n_kv_heads, capacity, head_dim] (q8_0: head_dim / 32 * 34 bytes), "
+                "contiguous");
+    ks.push_back(kc.data_ptr()), vs.push_back(vc.data_ptr()), caps.push_back(kc.size(2));
+  }
+  const std::vector<SeqRows> seqs = seq_rows(op, rseq, rpos, ks, vs, caps, b.window, ring);
+  at::Tensor out = h.contiguous().clone();
+  const at::Tensor cc = cos.contiguous(), sc = sin.contiguous();
+  block_rows(b, out.data_ptr<float>(), R, cc.data_ptr<float>(), sc.data_ptr<float>(), D, seqs, kv_type, ring, rseq,
+             rpos);
+  return out;
+}
+
+at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double eps, const c10::optional<at::Tensor>& q_norm,
+                      const c10::optional<at::Tensor>& k_norm, at::TensorList qkv_ws, at::IntArrayRef qkv_types,
+                      at::IntArrayRef qkv_rows, const at::Tensor& o_w, int64_t o_type, at::TensorList gate_up_ws,
+                      at::IntArrayRef gate_up_types, at::IntArrayRef gate_up_rows, const at::Tensor& down_w,
+                      int64_t down_type, bool gelu, const at::Tensor& cos, const at::Tensor& sin,
+                      at::TensorList k_caches, at::TensorList v_caches, int64_t window, bool ring,
+                      at::IntArrayRef row_seq,
+                      at::IntArrayRef row_pos, int64_t n_heads, int64_t n_kv_heads, double scale) {
+  const BlockWeights b = block_weights(norms, eps, q_norm, k_norm, qkv_ws, qkv_types, qkv_rows, o_w, o_type,
+                                       gate_up_ws, gate_up_types, gate_up_rows, down_w, down_type, gelu, window,
+                                       n_heads, n_kv_heads, scale);
+  return run_block(b, h, cos, sin, k_caches, v_caches, ring, row_seq.vec(), row_pos.vec());
 }
 
 // Every block of a model in one call. The blocks' weight arguments are kept here once, at load: a small model's
@@ -3940,13 +4186,9 @@ at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double e
 // it, so the results are its results.
 struct BlockStack : torch::CustomClassHolder {
   struct Block {
-    std::vector<at::Tensor> norms, qkv_ws, gate_up_ws;
-    double eps = 0, scale = 0;
-    c10::optional<at::Tensor> q_norm, k_norm;
-    std::vector<int64_t> qkv_types, qkv_rows, gate_up_types, gate_up_rows;
-    at::Tensor o_w, down_w;
-    int64_t o_type = 0, down_type = 0, rope = 0, window = 0, n_heads = 0, n_kv_heads = 0;
-    bool gelu = false;
+    std::vector<at::Tensor> tensors;  // what `weights` points into, held
+    BlockWeights weights;
+    int64_t rope = 0;
   };
   std::vector<Block> blocks;
 
@@ -3956,10 +4198,16 @@ struct BlockStack : torch::CustomClassHolder {
                  std::vector<int64_t> gate_up_types, std::vector<int64_t> gate_up_rows, at::Tensor down_w,
                  int64_t down_type, bool gelu, int64_t rope, int64_t window, int64_t n_heads, int64_t n_kv_heads,
                  double scale) {
-    blocks.push_back(Block{std::move(norms), std::move(qkv_ws), std::move(gate_up_ws), eps, scale, std::move(q_norm),
-                           std::move(k_norm), std::move(qkv_types), std::move(qkv_rows), std::move(gate_up_types),
-                           std::move(gate_up_rows), std::move(o_w), std::move(down_w), o_type, down_type, rope, window,
-                           n_heads, n_kv_heads, gelu});
+    Block block;
+    block.weights = block_weights(norms, eps, q_norm, k_norm, qkv_ws, qkv_types, qkv_rows, o_w, o_type, gate_up_ws,
+                                  gate_up_types, gate_up_rows, down_w, down_type, gelu, window, n_heads, n_kv_heads,
+                                  scale);
+    block.rope = rope;
+    for (auto* list : {&norms, &qkv_ws, &gate_up_ws}) block.tensors.insert(block.tensors.end(), list->begin(), list->end());
+    for (const auto& t : {q_norm, k_norm})
+      if (t.has_value()) block.tensors.push_back(*t);
+    block.tensors.push_back(o_w), block.tensors.push_back(down_w);
+    blocks.push_back(std::move(block));
   }
 
   // h [R, hidden] through every block. cos / sin: one table pair per RoPE (a block's `rope` indexes them); k / v
@@ -3978,16 +4226,157 @@ struct BlockStack : torch::CustomClassHolder {
       TORCH_CHECK(k.rope >= 0 && k.rope < static_cast<int64_t>(cos.size()), "runlm::BlockStack.run: block ", b,
                   " has no RoPE table");
       const at::TensorList ks(k_caches.data() + b * seqs, seqs), vs(v_caches.data() + b * seqs, seqs);
-      h = transformer_block(h, k.norms, k.eps, k.q_norm, k.k_norm, k.qkv_ws, k.qkv_types, k.qkv_rows, k.o_w,
-                            k.o_type, k.gate_up_ws, k.gate_up_types, k.gate_up_rows, k.down_w, k.down_type, k.gelu,
-                            cos[k.rope], sin[k.rope], ks, vs, k.window, rings[b] != 0, row_seq, row_pos, k.n_heads,
-                            k.n_kv_heads, k.scale);
+      h = run_block(k.weights, h, cos[k.rope], sin[k.rope], ks, vs, rings[b] != 0, row_seq, row_pos);
     }
     return h;
   }
 };
+#endif  // RUNLM_STANDALONE
 
 }  // namespace
+
+#ifdef RUNLM_STANDALONE
+// ------------------------------------------------------------------------------------------------------------
+// C interface of the standalone build (runlm.lean calls it through ctypes). Pointers are the caller's, valid for the
+// call (a stack's weights: for the stack's life). Each function returns 0, or -1 with rl_last_error() saying why.
+
+namespace {
+thread_local std::string g_error;
+
+template <class F>
+int guarded(F&& f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    g_error = e.what();
+    return -1;
+  }
+}
+
+std::vector<Weight> weight_parts(const uint8_t* const* data, const int64_t* types, const int64_t* rows, int64_t n) {
+  std::vector<Weight> parts;
+  for (int64_t i = 0; i < n; ++i) {
+    TypeInfo info{};
+    RUNLM_CHECK(type_info(types[i], &info), "unsupported GGML type id ", types[i]);
+    parts.push_back(Weight{data[i], types[i], rows[i]});
+  }
+  return parts;
+}
+}  // namespace
+
+extern "C" {
+
+const char* rl_last_error() { return g_error.c_str(); }
+
+const char* rl_isa() {
+  static const std::string isa = gguf_isa();
+  return isa.c_str();
+}
+
+int64_t rl_group_rows(int64_t type) { return group_rows(type); }
+
+int rl_set_threads(int threads) {
+  return guarded([&] {
+    RUNLM_CHECK(threads > 0, "threads must be positive, got ", threads);
+    omp_set_num_threads(threads);
+  });
+}
+
+int rl_set_decode_walk(int64_t line_ahead, int64_t burst_ahead, int64_t kquant_streams, int64_t wide32_streams) {
+  return guarded([&] { gguf_set_decode_walk(line_ahead, burst_ahead, kquant_streams, wide32_streams); });
+}
+
+int rl_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t type, int64_t N, float* y) {
+  return guarded([&] {
+    TypeInfo info{};
+    RUNLM_CHECK(type_info(type, &info) && K % info.qk == 0, "unsupported GGML type id ", type, " or width ", K);
+    linear_rows(x, M, K, Weight{w, type, N}, y);
+  });
+}
+
+int rl_dequantize_rows(const uint8_t* w, int64_t type, int64_t N, int64_t K, const int64_t* ids, int64_t n,
+                       float* out) {
+  return guarded([&] {
+    for (int64_t i = 0; i < n; ++i) RUNLM_CHECK(ids[i] >= 0 && ids[i] < N, "row ", ids[i], " is out of range for ", N);
+    RUNLM_DISPATCH(type, dequant_picked, w, K, ids, n, out)
+  });
+}
+
+int rl_rms_norm(const float* x, int64_t rows, int64_t n, const float* w, double eps, float* out) {
+  return guarded([&] { rms_norm_rows(x, rows, n, w, eps, out); });
+}
+
+int rl_relayout(const uint8_t* src, int64_t type, int64_t N, int64_t K, uint8_t* dst) {
+  return guarded([&] {
+    const int64_t base = type >= X4 ? type - X4 : type;
+    RUNLM_CHECK(group_rows(base) > 0 && N % group_rows(base) == 0, "no interleaved layout of ", N, " rows for type ",
+                base);
+    relayout_bytes(src, type, N, K, dst);
+  });
+}
+
+struct RlStack {
+  std::vector<BlockWeights> blocks;
+  std::vector<int64_t> ropes;
+};
+
+void* rl_stack_new() { return new RlStack(); }
+
+void rl_stack_free(void* stack) { delete static_cast<RlStack*>(stack); }
+
+int rl_stack_add_block(void* stack, const float* const* norms, int64_t n_norms, int64_t hidden, double eps,
+                       const float* q_norm, const float* k_norm, const uint8_t* const* qkv, const int64_t* qkv_types,
+                       const int64_t* qkv_rows, int64_t n_qkv, const uint8_t* o, int64_t o_type,
+                       const uint8_t* const* gate_up, const int64_t* gate_up_types, const int64_t* gate_up_rows,
+                       int64_t n_gate_up, const uint8_t* down, int64_t down_type, int gelu, int64_t rope,
+                       int64_t window, int64_t n_heads, int64_t n_kv_heads, double scale) {
+  return guarded([&] {
+    RUNLM_CHECK(n_norms == 2 || n_norms == 4, "two (pre-norm) or four (sandwich) norms expected");
+    RUNLM_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "heads must group evenly");
+    BlockWeights b;
+    b.norms.assign(norms, norms + n_norms);
+    b.hidden = hidden, b.eps = eps, b.q_norm = q_norm, b.k_norm = k_norm, b.scale = scale;
+    b.qkv = weight_parts(qkv, qkv_types, qkv_rows, n_qkv);
+    b.o = Weight{o, o_type, hidden};
+    b.gate_up = weight_parts(gate_up, gate_up_types, gate_up_rows, n_gate_up);
+    b.down = Weight{down, down_type, hidden};
+    b.gelu = gelu != 0, b.window = window, b.n_heads = n_heads, b.n_kv_heads = n_kv_heads;
+    int64_t qkv_width = 0;
+    for (const Weight& w : b.qkv) qkv_width += w.rows;
+    b.head_dim = qkv_width / (n_heads + 2 * n_kv_heads);
+    RUNLM_CHECK(b.head_dim > 0 && qkv_width == (n_heads + 2 * n_kv_heads) * b.head_dim,
+                "qkv projection width does not match the heads");
+    static_cast<RlStack*>(stack)->blocks.push_back(std::move(b));
+    static_cast<RlStack*>(stack)->ropes.push_back(rope);
+  });
+}
+
+// h [R, hidden] through every block, in place. cos / sin [R, D] per RoPE; k / v caches block-major (block b's caches
+// of the n_seqs sequences at b * n_seqs ...), capacities per sequence and rings per block.
+int rl_stack_run(void* stack, float* h, int64_t R, const float* const* cos, const float* const* sin, int64_t n_ropes,
+                 int64_t D, void* const* k_caches, void* const* v_caches, const int64_t* caps, const int64_t* rings,
+                 int64_t n_seqs, int64_t kv_type, const int64_t* row_seq, const int64_t* row_pos) {
+  return guarded([&] {
+    const RlStack& s = *static_cast<RlStack*>(stack);
+    RUNLM_CHECK(D % 8 == 0 && (kv_type != kKvQ8 || D % kQ8Values == 0), "bad head dim ", D, " for cache type ",
+                kv_type);
+    const std::vector<int64_t> rseq(row_seq, row_seq + R), rpos(row_pos, row_pos + R);
+    for (size_t b = 0; b < s.blocks.size(); ++b) {
+      RUNLM_CHECK(s.ropes[b] >= 0 && s.ropes[b] < n_ropes, "block ", b, " has no RoPE table");
+      RUNLM_CHECK(s.blocks[b].head_dim == D, "block ", b, " has heads of ", s.blocks[b].head_dim, " values, not ", D);
+      const std::vector<void*> ks(k_caches + b * n_seqs, k_caches + (b + 1) * n_seqs);
+      const std::vector<void*> vs(v_caches + b * n_seqs, v_caches + (b + 1) * n_seqs);
+      const std::vector<int64_t> cs(caps + b * n_seqs, caps + (b + 1) * n_seqs);
+      const bool ring = rings[b] != 0;
+      const std::vector<SeqRows> seqs = seq_rows("rl_stack_run", rseq, rpos, ks, vs, cs, s.blocks[b].window, ring);
+      block_rows(s.blocks[b], h, R, cos[s.ropes[b]], sin[s.ropes[b]], D, seqs, kv_type, ring, rseq, rpos);
+    }
+  });
+}
+
+}  // extern "C"
+#else
 
 TORCH_LIBRARY(runlm, m) {
   m.class_<BlockStack>("BlockStack")
@@ -4028,3 +4417,4 @@ TORCH_LIBRARY_IMPL(runlm, CPU, m) {
   m.impl("decode_attention", &decode_attention);
   m.impl("transformer_block", &transformer_block);
 }
+#endif  // RUNLM_STANDALONE

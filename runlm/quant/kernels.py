@@ -46,7 +46,6 @@ import threading
 import time
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -56,28 +55,11 @@ from torch import nn
 from torch.utils import cpp_extension
 
 from runlm.errors import InvalidInputError, ModelLoadError
+from runlm.quant import build
 from runlm.quant.dequant import BLOCK_LAYOUTS, dequantize, normalize_type_name
-from runlm.system import cpu_flags, cpu_vendor
+from runlm.system import cpu_flags
 
-# GGML type name -> type id (gguf.GGMLQuantizationType values), for every type the kernels implement.
-KERNEL_TYPES: dict[str, int] = {
-    "Q4_0": 2,
-    "Q4_1": 3,
-    "Q5_0": 6,
-    "Q5_1": 7,
-    "Q8_0": 8,
-    "Q2_K": 10,
-    "Q3_K": 11,
-    "Q4_K": 12,
-    "Q5_K": 13,
-    "Q6_K": 14,
-}
-
-# Types with the interleaved ("x4") layout (type id + X4 in kernels.cpp): same bytes, regrouped once at load so that
-# a GEMV reads one stream and decodes 4 rows' scales and 2 rows' codes per instruction (32-wide types 1.1-1.5x faster;
-# Q4_K / Q5_K ~2-2.5x at one activation row, ~1.5-2x at many; Q6_K ~1.1-1.2x; all bit-identical to the row layout).
-# Groups are 4 rows, except in an AVX-512 build: 16 rows, for the 512-bit kernels (`group_rows`).
-X4_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+KERNEL_TYPES, X4_TYPES = build.KERNEL_TYPES, build.X4_TYPES
 X4 = 256
 
 # From this many activation rows on, forward dequantizes W in C++ (runlm::gguf_dequantize) and runs a float32
@@ -129,33 +111,13 @@ class WeightRows(Protocol):
         ...
 
 
-ENV_VAR = "RUNLM_GGUF_KERNELS"
-WALK_ENV_VAR = "RUNLM_DECODE_WALK"
-# How the 16-row (AVX-512) kernels prefetch and walk a decode GEMV's weights: (line_ahead bytes, burst_ahead bytes,
-# groups per thread for the K-quants, for the 32-wide types); kernels.cpp's DecodeWalk has the measurements. The
-# results do not depend on it.
-DECODE_WALKS: dict[str, tuple[int, int, int, int]] = {
-    # a prefetch 2 KiB on with each weight line, two groups per thread: Intel Xeon's best
-    "line": (2048, 0, 2, 2),
-    # that, and the super-block >= 2 KiB on, whole, before each decode step; one K-quant group per thread: AMD Zen 5's
-    "burst": (2048, 2048, 1, 2),
-}
-_SOURCE = Path(__file__).with_name("kernels.cpp")
-_CFLAGS = ["-O3", "-march=native", "-fopenmp"]
-
-_VARIANT_CFLAGS = {"native": [], "scalar": ["-DRUNLM_SCALAR"], "avx2": ["-mno-avx512f", "-mno-avxvnni"]}
+# the build's settings, shared with runlm.lean's build (runlm.quant.build), named here for callers of this module
+ENV_VAR, WALK_ENV_VAR, DECODE_WALKS = build.ENV_VAR, build.WALK_ENV_VAR, build.DECODE_WALKS
 
 log = logging.getLogger("runlm.kernels")
 _lock = threading.Lock()
 _state: dict[str, object] = {"ok": None, "reason": None, "build_s": None, "simd": None, "isa": None, "name": None,
                              "walk": None}
-
-
-def _variant() -> str:
-    value = os.environ.get(ENV_VAR, "").strip().lower()
-    if value in ("0", "off", "false", "no"):
-        return "off"
-    return value if value in _VARIANT_CFLAGS else "native"
 
 
 def _build_key(cflags: Sequence[str]) -> str:
@@ -164,7 +126,7 @@ def _build_key(cflags: Sequence[str]) -> str:
     then keep builds of their own, instead of rebuilding over (and loading) each other's in one directory."""
     flags = cpu_flags()
     key = hashlib.sha1(f"{platform.machine()}|{platform.processor()}|{flags}|{cflags}|{torch.__version__}".encode())
-    key.update(_SOURCE.read_bytes())
+    key.update(build.SOURCE.read_bytes())
     return key.hexdigest()[:12]
 
 
@@ -177,14 +139,14 @@ def _op_registered() -> bool:
 
 
 def _load() -> None:
-    variant = _variant()
+    variant = build.variant()
     if variant == "off":
         raise RuntimeError(f"disabled by {ENV_VAR}={os.environ.get(ENV_VAR)}")
     start = time.perf_counter()
     if not _op_registered():
-        if not _SOURCE.is_file():
-            raise FileNotFoundError(f"kernel source {_SOURCE} is missing")
-        cflags = list(_CFLAGS) + _VARIANT_CFLAGS[variant]
+        if not build.SOURCE.is_file():
+            raise FileNotFoundError(f"kernel source {build.SOURCE} is missing")
+        cflags = list(build.CFLAGS) + build.VARIANT_CFLAGS[variant]
         name = f"runlm_gguf_{variant}_{_build_key(cflags)}"
         _put_pip_ninja_on_path()
         torch_log = logging.getLogger("torch.utils.cpp_extension")
@@ -193,7 +155,7 @@ def _load() -> None:
         try:
             cpp_extension.load(
                 name=name,
-                sources=[str(_SOURCE)],
+                sources=[str(build.SOURCE)],
                 extra_cflags=cflags,
                 extra_ldflags=["-fopenmp"],
                 is_python_module=False,
@@ -216,23 +178,11 @@ def _load() -> None:
         except RuntimeError as exc:  # registered already (e.g. this module was reloaded)
             if "already" not in str(exc):
                 raise
-    _state["walk"] = _decode_walk_name()
+    _state["walk"] = build.decode_walk_name()
     torch.ops.runlm.gguf_set_decode_walk(*DECODE_WALKS[_state["walk"]])
     _state["simd"] = bool(torch.ops.runlm.gguf_simd())
     _state["isa"] = str(torch.ops.runlm.gguf_isa())
     _state["build_s"] = time.perf_counter() - start
-
-
-def _decode_walk_name() -> str:
-    """RUNLM_DECODE_WALK where it names a walk, else the CPU's: "burst" on AMD (what its hardware prefetchers and
-    DRAM want), "line" elsewhere (measured on Intel)."""
-    asked = os.environ.get(WALK_ENV_VAR, "").strip().lower()
-    if asked in DECODE_WALKS:
-        return asked
-    if asked not in ("", "auto"):
-        log.warning("runlm: %s=%s is not a decode walk (%s, auto); using the CPU's", WALK_ENV_VAR, asked,
-                    ", ".join(DECODE_WALKS))
-    return "burst" if cpu_vendor() == "AuthenticAMD" else "line"
 
 
 def _put_pip_ninja_on_path() -> None:
@@ -296,7 +246,7 @@ def available() -> bool:
                         message = message[:2000] + " ..."
                     _state["reason"] = f"runlm GGUF kernels unavailable: {type(exc).__name__}: {message}"
                     _state["ok"] = False
-                    if _variant() != "off":  # asked for: nothing to warn about
+                    if build.variant() != "off":  # asked for: nothing to warn about
                         log.warning(_fallback_warning(exc))
     return bool(_state["ok"])
 
@@ -333,7 +283,7 @@ def decode_walk_summary() -> str:
 
 def build_flags() -> str:
     """The compiler flags of this process's kernel build (RUNLM_GGUF_KERNELS picks the variant)."""
-    return " ".join(_CFLAGS + _VARIANT_CFLAGS.get(_variant(), []))
+    return " ".join(build.variant_cflags())
 
 
 def amx_absence() -> str:
@@ -342,8 +292,8 @@ def amx_absence() -> str:
         return "not on this CPU (the vector kernels run prefill)"
     if os.environ.get("RUNLM_AMX", "").strip() == "0":
         return "on this CPU, off by RUNLM_AMX=0"
-    if _variant() != "native":
-        return f"on this CPU, not in the {_variant()} build"
+    if build.variant() != "native":
+        return f"on this CPU, not in the {build.variant()} build"
     return "on this CPU, but the kernel did not grant the process the tile state"
 
 

@@ -36,7 +36,7 @@ from reference.quant_blocks import random_blocks, rel_err
 from runlm.errors import InvalidInputError, ModelLoadError
 from runlm.formats.gguf import GGUFFile
 from runlm.nn import FullKVCache
-from runlm.quant import dequantize, kernels
+from runlm.quant import build, dequantize, kernels
 
 EXACT_TOL = 2e-6
 TOL_32 = 1.5e-2
@@ -295,14 +295,14 @@ def test_decode_walk_follows_the_cpu_or_the_environment(monkeypatch: pytest.Monk
     assert kernels.build_info()["walk"] in kernels.DECODE_WALKS
     assert kernels.decode_walk() == (kernels.build_info()["walk"] if kernels.group_rows("Q4_K") == 16 else None)
     monkeypatch.delenv(kernels.WALK_ENV_VAR, raising=False)
-    monkeypatch.setattr(kernels, "cpu_vendor", lambda: "AuthenticAMD")
-    assert kernels._decode_walk_name() == "burst"
-    monkeypatch.setattr(kernels, "cpu_vendor", lambda: "GenuineIntel")
-    assert kernels._decode_walk_name() == "line"
+    monkeypatch.setattr(build, "cpu_vendor", lambda: "AuthenticAMD")
+    assert build.decode_walk_name() == "burst"
+    monkeypatch.setattr(build, "cpu_vendor", lambda: "GenuineIntel")
+    assert build.decode_walk_name() == "line"
     monkeypatch.setenv(kernels.WALK_ENV_VAR, " Burst ")
-    assert kernels._decode_walk_name() == "burst"
+    assert build.decode_walk_name() == "burst"
     monkeypatch.setenv(kernels.WALK_ENV_VAR, "fastest")
-    assert kernels._decode_walk_name() == "line"
+    assert build.decode_walk_name() == "line"
     assert "RUNLM_DECODE_WALK=fastest is not a decode walk" in caplog.text
     set_walk = torch.ops.runlm.gguf_set_decode_walk
     for bad, message in (((2048, 0, 3, 2), "streams must be 1 or 2"), ((2048, 0, 2, 0), "streams must be 1 or 2"),

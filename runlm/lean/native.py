@@ -1,0 +1,160 @@
+"""runlm's C++ kernels without PyTorch: kernels.cpp compiled with -DRUNLM_STANDALONE into a plain shared library
+(cached per CPU, source and flags under $RUNLM_HOME/lean, ~35 s the first time), called through ctypes on numpy
+arrays. The flags, the variant (RUNLM_GGUF_KERNELS) and the decode walk are the extension's (runlm.quant.build), so
+both builds compute the same bits."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from runlm.catalog import runlm_home
+from runlm.errors import ModelLoadError, RunlmError
+from runlm.quant import build
+from runlm.system import cpu_flags
+
+_i64, _f64, _ptr = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
+_PP = ctypes.POINTER(ctypes.c_void_p)
+_PI = ctypes.POINTER(ctypes.c_int64)
+_SIGNATURES = {
+    "rl_last_error": ([], ctypes.c_char_p),
+    "rl_isa": ([], ctypes.c_char_p),
+    "rl_group_rows": ([_i64], _i64),
+    "rl_set_threads": ([ctypes.c_int], ctypes.c_int),
+    "rl_set_decode_walk": ([_i64, _i64, _i64, _i64], ctypes.c_int),
+    "rl_linear": ([_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr], ctypes.c_int),
+    "rl_dequantize_rows": ([_ptr, _i64, _i64, _i64, _PI, _i64, _ptr], ctypes.c_int),
+    "rl_rms_norm": ([_ptr, _i64, _i64, _ptr, _f64, _ptr], ctypes.c_int),
+    "rl_relayout": ([_ptr, _i64, _i64, _i64, _ptr], ctypes.c_int),
+    "rl_stack_new": ([], _ptr),
+    "rl_stack_free": ([_ptr], None),
+    "rl_stack_add_block": (
+        [_ptr, _PP, _i64, _i64, _f64, _ptr, _ptr, _PP, _PI, _PI, _i64, _ptr, _i64, _PP, _PI, _PI, _i64, _ptr, _i64,
+         ctypes.c_int, _i64, _i64, _i64, _i64, _f64],
+        ctypes.c_int,
+    ),
+    "rl_stack_run": (
+        [_ptr, _ptr, _i64, _PP, _PP, _i64, _i64, _PP, _PP, _PI, _PI, _i64, _i64, _PI, _PI],
+        ctypes.c_int,
+    ),
+}
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None
+
+
+class KernelError(RunlmError):
+    """The standalone kernels refused a call (their message says why)."""
+
+
+def _library_path() -> Path:
+    """Where this CPU's build of this source with these flags lives."""
+    flags = build.variant_cflags()
+    key = hashlib.sha1(f"{platform.machine()}|{platform.processor()}|{cpu_flags()}|{flags}".encode())
+    key.update(build.SOURCE.read_bytes())
+    return runlm_home() / "lean" / f"runlm_kernels_{build.variant()}_{key.hexdigest()[:12]}.so"
+
+
+def _compile(target: Path) -> None:
+    compiler = os.environ.get("CXX", "g++").split()[0]
+    if shutil.which(compiler) is None:
+        raise ModelLoadError(f"runlm lean: no C++ compiler ({compiler} not found): install g++ or set CXX")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = Path(scratch) / target.name
+        command = [compiler, "-std=c++20", *build.variant_cflags(), "-shared", "-fPIC", "-DRUNLM_STANDALONE",
+                   str(build.SOURCE), "-o", str(built)]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            first = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr[:300])
+            raise ModelLoadError(f"runlm lean: building the kernels failed: {first.strip()}")
+        os.replace(built, target)  # atomic: a concurrent build never loads a half-written file
+
+
+def library() -> ctypes.CDLL:
+    """The standalone kernels, built on first use; the decode walk and its signatures set."""
+    global _library
+    with _lock:
+        if _library is None:
+            if build.variant() == "off":
+                raise ModelLoadError(f"runlm lean needs runlm's C++ kernels, which {build.ENV_VAR}=0 turns off")
+            path = _library_path()
+            if not path.is_file():
+                _compile(path)
+            lib = ctypes.CDLL(str(path))
+            for name, (args, result) in _SIGNATURES.items():
+                function = getattr(lib, name)
+                function.argtypes, function.restype = args, result
+            _library = lib
+            check(lib.rl_set_decode_walk(*build.DECODE_WALKS[build.decode_walk_name()]))
+    return _library
+
+
+def check(status: int) -> None:
+    """Raise the library's error for a failed call."""
+    if status != 0:
+        raise KernelError(library().rl_last_error().decode(errors="replace"))
+
+
+def isa() -> str:
+    return library().rl_isa().decode()
+
+
+def group_rows(type_id: int) -> int:
+    return int(library().rl_group_rows(type_id))
+
+
+def set_threads(threads: int) -> None:
+    check(library().rl_set_threads(threads))
+
+
+def address(array: np.ndarray) -> int:
+    """A C-contiguous array's data pointer."""
+    if not array.flags.c_contiguous:
+        raise ValueError("the kernels take C-contiguous arrays")
+    return array.ctypes.data
+
+
+def pointers(values: list[int]) -> ctypes.Array:
+    """An array of void* for the C side (kept alive by the caller as long as the C side reads it)."""
+    return (ctypes.c_void_p * max(len(values), 1))(*values)
+
+
+def int64s(values: list[int]) -> ctypes.Array:
+    return (ctypes.c_int64 * max(len(values), 1))(*values)
+
+
+def linear(x: np.ndarray, blocks: np.ndarray, type_id: int, out_features: int) -> np.ndarray:
+    """x [M, K] float32 @ W.T for GGUF blocks W (type id, + X4 for the interleaved layout): [M, out_features]."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    y = np.empty((x.shape[0], out_features), dtype=np.float32)
+    check(library().rl_linear(address(x), x.shape[0], x.shape[1], address(blocks), type_id, out_features, address(y)))
+    return y
+
+
+def dequantize_rows(blocks: np.ndarray, type_id: int, rows: int, width: int, ids: np.ndarray) -> np.ndarray:
+    """The rows `ids` of GGUF blocks W [rows, width] as float32 [len(ids), width]."""
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    out = np.empty((ids.size, width), dtype=np.float32)
+    check(library().rl_dequantize_rows(address(blocks), type_id, rows, width,
+                                       ids.ctypes.data_as(_PI), ids.size, address(out)))
+    return out
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty_like(x)
+    check(library().rl_rms_norm(address(x), x.size // weight.size, weight.size, address(weight), eps, address(out)))
+    return out
+
+
+__all__ = ["KernelError", "check", "dequantize_rows", "group_rows", "isa", "library", "linear", "rms_norm",
+           "set_threads"]

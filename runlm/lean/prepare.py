@@ -1,0 +1,73 @@
+"""Making a lean image: once per model file and kernel build, in a child process that loads the model with PyTorch
+(so the caller never imports it), cached under $RUNLM_HOME/lean/images.
+
+    python -m runlm.lean.prepare MODEL IMAGE     (what `image_for` runs)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from runlm.catalog import runlm_home
+from runlm.errors import ModelLoadError
+from runlm.lean import image, native
+from runlm.quant import build
+
+
+def image_path(model: Path) -> Path:
+    """Where the image of `model` for this process's kernel build is cached."""
+    stat = model.stat()
+    stamp = {
+        "path": str(model.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+        "version": image.VERSION, "variant": build.variant(), "isa": native.isa(),
+        "group_rows": [native.group_rows(build.KERNEL_TYPES[t]) for t in build.X4_TYPES],
+    }  # fmt: skip
+    key = hashlib.sha1(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:16]
+    return runlm_home() / "lean" / "images" / f"{model.stem}-{key}.lean"
+
+
+def image_for(model: Path, log=None) -> Path:
+    """The cached image of `model`, made first where there is none (`log`: called with a line of progress)."""
+    if not model.is_file():
+        raise ModelLoadError(f"{model}: runlm lean runs GGUF files (not a file)")
+    target = image_path(model)
+    if target.is_file():
+        return target
+    if log is not None:
+        log(f"runlm lean: preparing {model.name} once for this CPU's kernels (a process with PyTorch loads it) ...")
+    started = time.perf_counter()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    result = subprocess.run([sys.executable, "-m", "runlm.lean.prepare", str(model), str(target)],
+                            capture_output=True, text=True, env=env)
+    if result.returncode != 0 or not target.is_file():
+        lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+        raise ModelLoadError(lines[-1] if lines else f"{model}: preparing the lean image failed")
+    if log is not None:
+        log(f"runlm lean: image ready in {time.perf_counter() - started:.1f} s: {target}")
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m runlm.lean.prepare MODEL IMAGE", file=sys.stderr)
+        return 2
+    from runlm.errors import RunlmError
+    from runlm.loading import load
+
+    try:
+        image.write(load(args[0]), Path(args[1]))
+    except RunlmError as exc:
+        print(f"runlm lean: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""How runlm's C++ kernels (kernels.cpp) are compiled and tuned, for both of their builds: the PyTorch extension
+(runlm.quant.kernels) and the standalone library of the decode process without torch (runlm.lean.native). Importing
+this module does not import torch.
+
+Environment: RUNLM_GGUF_KERNELS=0 disables the kernels; =scalar builds the portable scalar path, =avx2 the AVX2 path
+without AVX-512 (what an AVX2-only CPU runs), instead of the native one. RUNLM_DECODE_WALK=line|burst picks how the
+16-row kernels prefetch a decode GEMV's weights instead of the CPU's default (`DECODE_WALKS`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from runlm.system import cpu_vendor
+
+# GGML type name -> type id (gguf.GGMLQuantizationType values), for every type the kernels implement.
+KERNEL_TYPES: dict[str, int] = {
+    "Q4_0": 2,
+    "Q4_1": 3,
+    "Q5_0": 6,
+    "Q5_1": 7,
+    "Q8_0": 8,
+    "Q2_K": 10,
+    "Q3_K": 11,
+    "Q4_K": 12,
+    "Q5_K": 13,
+    "Q6_K": 14,
+}
+
+# Types with the interleaved ("x4") layout (type id + X4 in kernels.cpp): same bytes, regrouped once at load so that
+# a GEMV reads one stream and decodes 4 rows' scales and 2 rows' codes per instruction (32-wide types 1.1-1.5x faster;
+# Q4_K / Q5_K ~2-2.5x at one activation row, ~1.5-2x at many; Q6_K ~1.1-1.2x; all bit-identical to the row layout).
+# Groups are 4 rows, except in an AVX-512 build: 16 rows, for the 512-bit kernels (`group_rows`).
+X4_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+SOURCE = Path(__file__).with_name("kernels.cpp")
+CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+VARIANT_CFLAGS = {"native": [], "scalar": ["-DRUNLM_SCALAR"], "avx2": ["-mno-avx512f", "-mno-avxvnni"]}
+ENV_VAR = "RUNLM_GGUF_KERNELS"
+WALK_ENV_VAR = "RUNLM_DECODE_WALK"
+# How the 16-row (AVX-512) kernels prefetch and walk a decode GEMV's weights: (line_ahead bytes, burst_ahead bytes,
+# groups per thread for the K-quants, for the 32-wide types); kernels.cpp's DecodeWalk has the measurements. The
+# results do not depend on it.
+DECODE_WALKS: dict[str, tuple[int, int, int, int]] = {
+    # a prefetch 2 KiB on with each weight line, two groups per thread: Intel Xeon's best
+    "line": (2048, 0, 2, 2),
+    # that, and the super-block >= 2 KiB on, whole, before each decode step; one K-quant group per thread: AMD Zen 5's
+    "burst": (2048, 2048, 1, 2),
+}
+
+log = logging.getLogger("runlm.kernels")
+
+
+def variant() -> str:
+    """The build RUNLM_GGUF_KERNELS asks for: "native" (default), "scalar", "avx2", or "off"."""
+    value = os.environ.get(ENV_VAR, "").strip().lower()
+    if value in ("0", "off", "false", "no"):
+        return "off"
+    return value if value in VARIANT_CFLAGS else "native"
+
+
+def variant_cflags() -> list[str]:
+    """The compiler flags of this process's build (the variant's on top of CFLAGS)."""
+    return CFLAGS + VARIANT_CFLAGS.get(variant(), [])
+
+
+def decode_walk_name() -> str:
+    """RUNLM_DECODE_WALK where it names a walk, else the CPU's: "burst" on AMD (what its hardware prefetchers and
+    DRAM want), "line" elsewhere (measured on Intel)."""
+    asked = os.environ.get(WALK_ENV_VAR, "").strip().lower()
+    if asked in DECODE_WALKS:
+        return asked
+    if asked not in ("", "auto"):
+        log.warning("runlm: %s=%s is not a decode walk (%s, auto); using the CPU's", WALK_ENV_VAR, asked,
+                    ", ".join(DECODE_WALKS))
+    return "burst" if cpu_vendor() == "AuthenticAMD" else "line"
+
+
+__all__ = [
+    "CFLAGS", "DECODE_WALKS", "ENV_VAR", "KERNEL_TYPES", "SOURCE", "VARIANT_CFLAGS", "WALK_ENV_VAR", "X4_TYPES",
+    "decode_walk_name", "variant", "variant_cflags",
+]
