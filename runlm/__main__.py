@@ -1,5 +1,5 @@
 import sys
 
-from runlm.cli import main
+from runlm.launch import main
 
 sys.exit(main())

@@ -32,10 +32,11 @@ import torch
 import torch.nn.functional as F
 
 from runlm import bench_worker
+from runlm.catalog import resolve_model
 from runlm.engine import Engine, GenerationRequest, Scheduler
-from runlm.errors import InvalidInputError
+from runlm.errors import InvalidInputError, RunlmError
 from runlm.formats.gguf import GGUFFile
-from runlm.loading import load, resolve_model
+from runlm.loading import load
 from runlm.quant import kernels
 from runlm.quant.int4 import pack_linear
 from runlm.sampling import SamplingParams
@@ -43,7 +44,7 @@ from runlm.shapes import ensure_shape
 from runlm.system import cpu_name
 from runlm.text import Tokenizer
 
-PEERS = ("runlm", "runlm-f32", "llama.cpp", "transformers")
+PEERS = ("runlm", "runlm-f32", "runlm-lean", "llama.cpp", "transformers")
 GREEDY = SamplingParams(temperature=0.0)
 
 
@@ -98,7 +99,7 @@ def run_bench(args) -> int:
     state = "ready" if kernels.available() else f"unavailable ({kernels.unavailable_reason()})"
     print(f"bench: runlm's kernels {state} in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     for peer in peers:  # loaded one after the other: each load is timed alone
-        reason = missing_peer(peer)
+        reason = missing_peer(peer, path)
         if reason:
             skipped.append((peer, reason))
             continue
@@ -207,7 +208,17 @@ def load_tokenizer(path: Path):
     return Tokenizer.from_gguf(GGUFFile(path).metadata)
 
 
-def missing_peer(peer: str) -> str | None:
+def missing_peer(peer: str, path: Path) -> str | None:
+    """Why `peer` cannot run here (None when it can). runlm-lean's image of the model is made here, so its worker's
+    timed load only maps it."""
+    if peer == "runlm-lean":
+        from runlm.lean.prepare import image_for
+
+        try:
+            image_for(path, log=lambda line: print(f"bench: {line}", file=sys.stderr, flush=True))
+        except RunlmError as exc:
+            return str(exc)
+        return None
     module = {"llama.cpp": "llama_cpp", "transformers": "transformers"}.get(peer)
     if module and importlib.util.find_spec(module) is None:
         return f"not installed (pip install {'llama-cpp-python' if module == 'llama_cpp' else module})"

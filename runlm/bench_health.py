@@ -111,7 +111,7 @@ def probe_attack(base_url: str, name: str, model: str) -> tuple[list[float], lis
 
 def run_health_bench(args: Any) -> int:
     from runlm.bench import machine, percentile, served_process
-    from runlm.loading import resolve_model
+    from runlm.catalog import resolve_model
 
     path = resolve_model(args.model)
     threads = args.threads or 2

@@ -86,6 +86,46 @@ class RunlmPeer:
         return total
 
 
+class LeanPeer:
+    """runlm.lean: the default path's kernels and blocks in a process without torch, on an image the bench prepared
+    before starting this worker (its load is mapping the image and building the tokenizer, as runlm's includes)."""
+
+    def __init__(self, path: str, threads: int, positions: int, kv_type: str = "auto"):
+        from runlm.formats.gguf import GGUFFile
+        from runlm.lean.engine import LeanModel
+        from runlm.lean.prepare import image_path
+        from runlm.text import Tokenizer
+
+        self.libraries_rss_mb = rss_mb()
+        self.model = LeanModel.open(image_path(Path(path)), kv_type="f16" if kv_type == "auto" else kv_type,
+                                    threads=threads)
+        self.tokenizer = Tokenizer.from_gguf(GGUFFile(path).metadata)
+        self.positions, self.session = positions, None
+
+    def kv_mb(self, positions: int) -> float | None:
+        return self.model.kv_bytes(self.model.new_session(positions)) / 2**20
+
+    def prefill(self, ids: list[int]) -> int:
+        self.session = self.model.new_session(self.positions)
+        return int(self.model.extend(self.session, ids).argmax())
+
+    def decode(self, token: int) -> int:
+        return int(self.model.extend(self.session, [token]).argmax())
+
+    def nll(self, ids: list[int]) -> float:
+        """Total negative log-likelihood of ids[1:], in chunks on one session (as RunlmPeer)."""
+        total, prev = 0.0, None
+        session = self.model.new_session(len(ids))
+        for start in range(0, len(ids), PPL_CHUNK):
+            chunk = ids[start : start + PPL_CHUNK]
+            logits = self.model.extend(session, chunk, all_positions=True)
+            if prev is not None:
+                total += nll_of(prev[None], chunk[:1])
+            total += nll_of(logits[:-1], chunk[1:])
+            prev = logits[-1]
+        return total
+
+
 # llama.cpp's KV cache for each --kv-type (GGML type ids; "auto" is llama.cpp's default f16). A quantized V cache
 # needs its flash attention, so q8_0 turns that on.
 LLAMA_CPP_KV = {"auto": {}, "f16": {}, "f32": {"type_k": 0, "type_v": 0},
@@ -189,6 +229,9 @@ class Measured:
         started = time.perf_counter()
         if name in ("runlm", "runlm-f32"):
             self.peer = RunlmPeer(path, threads, packed=name == "runlm", kv_type=spec.get("kv_type", "auto"))
+        elif name == "runlm-lean":
+            self.peer = LeanPeer(path, threads, positions=max(len(prompt) + gen, 16) + 16,
+                                 kv_type=spec.get("kv_type", "auto"))
         elif name == "llama.cpp":
             self.peer = LlamaCppPeer(path, threads, n_ctx=max(len(prompt) + gen, len(ppl_ids)) + 16,
                                      kv_type=spec.get("kv_type", "auto"))

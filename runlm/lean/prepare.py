@@ -32,11 +32,12 @@ def image_path(model: Path) -> Path:
     return runlm_home() / "lean" / "images" / f"{model.stem}-{key}.lean"
 
 
-def image_for(model: Path, log=None) -> Path:
-    """The cached image of `model`, made first where there is none (`log`: called with a line of progress)."""
+def image_for(model: Path, log=None, target: Path | None = None) -> Path:
+    """The image of `model` at `target` (default: the cache's, `image_path`), made first where there is none
+    (`log`: called with a line of progress)."""
     if not model.is_file():
         raise ModelLoadError(f"{model}: runlm lean runs GGUF files (not a file)")
-    target = image_path(model)
+    target = target or image_path(model)
     if target.is_file():
         return target
     if log is not None:

@@ -1,0 +1,62 @@
+"""The command line's shared arguments, without PyTorch: `runlm generate --lean` parses them in runlm.lean."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-m", "--model", default=None, help="catalog name or path (GGUF file or HF directory)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "f32", "bf16"],
+        help="auto: GGUF weights kept as stored, run by runlm's kernels; f32: the float32 reference",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    parser.add_argument("--ctx", "--ctx-size", type=int, default=None,
+                        help="context length: no prompt + reply runs past it (default: the model's)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when PyTorch sees a GPU)")
+    parser.add_argument("--chat-template-file", default=None, metavar="FILE",
+                        help="a Jinja chat template to use instead of the model's own (or for a model without one)")
+    parser.add_argument(
+        "--swa-full", action="store_true",
+        help="keep every position in sliding-window layers' caches (more memory; prompt-cache reuse at any length)",
+    )
+    parser.add_argument("--kv-type", default="auto", choices=["auto", "f32", "f16", "q8_0"],
+                        help="KV cache element type (auto: f16 for quantized GGUF weights on the default path, "
+                             "else as --dtype; q8_0: 8-bit blocks, 17/32 of f16's memory, default path only)")
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None)
+
+
+def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
+    add_model_arguments(gen)
+    add_sampling_arguments(gen)
+    gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    gen.add_argument("--system", default=None, help="system prompt (chat models)")
+    gen.add_argument("--image", default=None, help="an image file (PNG, JPEG...) for vision models; greedy decoding")
+    gen.add_argument("--mmproj", default=None, help="llama.cpp vision projector GGUF for a GGUF model")
+    gen.add_argument("--lean", action="store_true",
+                     help="decode in a process without PyTorch (runlm.lean: ~200 MiB less memory; GGUF models whose "
+                          "blocks all run on runlm's kernels; prepared once per model)")
+    gen.add_argument("prompt")
+
+
+# C0 controls but tab, newline and carriage return, DEL, and C1 controls: what starts or ends an ANSI / OSC
+# escape sequence (colours, cursor moves, window titles, clipboard writes, hyperlinks), rings or backspaces.
+_TERMINAL_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F,
+                                                   *range(0x80, 0xA0)]}
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with every terminal control character written out (ESC as \\x1b): model output and names read
+    from model files reach the terminal as text, never as escape sequences. Per character, so a sequence
+    split across streamed pieces is caught too."""
+    return text.translate(_TERMINAL_CONTROLS)
