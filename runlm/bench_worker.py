@@ -48,6 +48,20 @@ def nll_of(logits, targets) -> float:
     return float((logz - rows[np.arange(len(targets)), np.asarray(targets)]).sum())
 
 
+def chunked_nll(extend_all, ids: list[int]) -> float:
+    """Total negative log-likelihood of ids[1:], PPL_CHUNK tokens at a time on one KV cache: `extend_all(chunk)`
+    returns every position's logits for the chunk after the ones before it."""
+    total, prev = 0.0, None
+    for start in range(0, len(ids), PPL_CHUNK):
+        chunk = ids[start : start + PPL_CHUNK]
+        logits = extend_all(chunk)
+        if prev is not None:
+            total += nll_of(prev[None], chunk[:1])
+        total += nll_of(logits[:-1], chunk[1:])
+        prev = logits[-1]
+    return total
+
+
 # -- one adapter per peer: load, prefill, decode step, perplexity -----------------------------
 
 
@@ -73,17 +87,8 @@ class RunlmPeer:
         return int(self.runner.decode_logits(token).argmax())
 
     def nll(self, ids: list[int]) -> float:
-        """Total negative log-likelihood of ids[1:], chunk by chunk on the KV cache."""
-        total, prev = 0.0, None
         session = self.runner.new_session()
-        for start in range(0, len(ids), PPL_CHUNK):
-            chunk = ids[start : start + PPL_CHUNK]
-            logits = self.runner.extend(session, chunk, all_positions=True)
-            if prev is not None:
-                total += nll_of(prev[None], chunk[:1])
-            total += nll_of(logits[:-1], chunk[1:])
-            prev = logits[-1]
-        return total
+        return chunked_nll(lambda chunk: self.runner.extend(session, chunk, all_positions=True), ids)
 
 
 class LeanPeer:
@@ -113,17 +118,8 @@ class LeanPeer:
         return int(self.model.extend(self.session, [token]).argmax())
 
     def nll(self, ids: list[int]) -> float:
-        """Total negative log-likelihood of ids[1:], in chunks on one session (as RunlmPeer)."""
-        total, prev = 0.0, None
         session = self.model.new_session(len(ids))
-        for start in range(0, len(ids), PPL_CHUNK):
-            chunk = ids[start : start + PPL_CHUNK]
-            logits = self.model.extend(session, chunk, all_positions=True)
-            if prev is not None:
-                total += nll_of(prev[None], chunk[:1])
-            total += nll_of(logits[:-1], chunk[1:])
-            prev = logits[-1]
-        return total
+        return chunked_nll(lambda chunk: self.model.extend(session, chunk, all_positions=True), ids)
 
 
 # llama.cpp's KV cache for each --kv-type (GGML type ids; "auto" is llama.cpp's default f16). A quantized V cache

@@ -15,7 +15,13 @@ import torch
 
 from runlm import catalog
 from runlm.bench import run_bench
-from runlm.cli_args import add_generate_arguments, add_model_arguments, add_sampling_arguments, terminal_safe
+from runlm.cli_args import (
+    add_generate_arguments,
+    add_model_arguments,
+    add_sampling_arguments,
+    exit_status,
+    terminal_safe,
+)
 from runlm.cluster.simulate import add_arguments as add_simulation_arguments
 from runlm.cluster.simulate import run_from_args as run_simulation_from_args
 from runlm.engine import Engine, GenerationRequest, ImageInput
@@ -404,18 +410,7 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return COMMANDS[args.command](args)
-    except RunlmError as exc:
-        print(f"runlm: error: {terminal_safe(str(exc))}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # the reader went away (`runlm generate ... | head`): stop quietly, as Unix tools do
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # Python's own flush of stdout at exit would raise again
-        return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by it
+    return exit_status(lambda: COMMANDS[args.command](args))
 
 
 if __name__ == "__main__":

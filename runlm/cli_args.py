@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from collections.abc import Callable
+
+from runlm.errors import RunlmError
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,3 +65,19 @@ def terminal_safe(text: str) -> str:
     from model files reach the terminal as text, never as escape sequences. Per character, so a sequence
     split across streamed pieces is caught too."""
     return text.translate(_TERMINAL_CONTROLS)
+
+
+def exit_status(command: Callable[[], int]) -> int:
+    """Run a command: its status, or for a runlm error one line on stderr and 1 (never a traceback); Ctrl-C 130."""
+    try:
+        return command()
+    except RunlmError as exc:
+        print(f"runlm: error: {terminal_safe(str(exc))}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (`runlm generate ... | head`): stop quietly, as Unix tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's own flush of stdout at exit would raise again
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by it

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from runlm import catalog
-from runlm.cli_args import add_generate_arguments, terminal_safe
+from runlm.cli_args import add_generate_arguments, exit_status, terminal_safe
 from runlm.errors import InvalidInputError, RunlmError, TokenizerError
 from runlm.formats.gguf import GGUFFile
 from runlm.lean.engine import LeanModel
@@ -130,14 +130,7 @@ def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="runlm generate")
     add_generate_arguments(parser)
     args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except RunlmError as exc:
-        print(f"runlm: error: {terminal_safe(str(exc))}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return 130
+    return exit_status(lambda: run(args))
 
 
 __all__ = ["Sampler", "generate", "main", "run"]
