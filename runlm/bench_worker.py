@@ -111,6 +111,7 @@ class LeanPeer:
         return self.model.kv_bytes(self.model.new_session(positions)) / 2**20
 
     def prefill(self, ids: list[int]) -> int:
+        self.session = None  # the last round's caches go before this round's come (one session's KV at a time)
         self.session = self.model.new_session(self.positions)
         return int(self.model.extend(self.session, ids).argmax())
 

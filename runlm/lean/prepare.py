@@ -21,15 +21,35 @@ from runlm.quant import build
 
 
 def image_path(model: Path) -> Path:
-    """Where the image of `model` for this process's kernel build is cached."""
+    """Where the image of `model` for this process's kernel build and this runlm's code is cached: named by the
+    model's path, and keyed by the file's size and time, the kernels (their build and their source: the regrouped
+    layout) and the code that builds models (families, formats, layers), so a change to any makes a new image."""
     stat = model.stat()
     stamp = {
-        "path": str(model.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-        "version": image.VERSION, "variant": build.variant(), "isa": native.isa(),
-        "group_rows": [native.group_rows(build.KERNEL_TYPES[t]) for t in build.X4_TYPES],
+        "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "version": image.VERSION, "variant": build.variant(),
+        "isa": native.isa(), "group_rows": [native.group_rows(build.KERNEL_TYPES[t]) for t in build.X4_TYPES],
     }  # fmt: skip
-    key = hashlib.sha1(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:16]
-    return runlm_home() / "lean" / "images" / f"{model.stem}-{key}.lean"
+    key = hashlib.sha1(json.dumps(stamp, sort_keys=True).encode())
+    for source in _BUILDING_CODE:
+        key.update(source.read_bytes())
+    return _images() / f"{_model_prefix(model)}{key.hexdigest()[:12]}.lean"
+
+
+def _images() -> Path:
+    return runlm_home() / "lean" / "images"
+
+
+def _model_prefix(model: Path) -> str:
+    """The start of every image name of `model` (its stem, and a hash of its full path)."""
+    return f"{model.stem}-{hashlib.sha1(str(model.resolve()).encode()).hexdigest()[:8]}-"
+
+
+# What an image's bytes depend on besides the model file: the kernels' layout and the code that builds the model.
+_PACKAGE = Path(__file__).resolve().parents[1]
+_BUILDING_CODE = sorted(
+    [build.SOURCE, _PACKAGE / "nn.py", _PACKAGE / "rope.py", _PACKAGE / "lean" / "image.py"]
+    + [f for folder in ("models", "formats", "quant") for f in (_PACKAGE / folder).glob("*.py")]
+)
 
 
 def image_for(model: Path, log=None, target: Path | None = None) -> Path:
@@ -51,6 +71,10 @@ def image_for(model: Path, log=None, target: Path | None = None) -> Path:
         raise ModelLoadError(lines[-1] if lines else f"{model}: preparing the lean image failed")
     if log is not None:
         log(f"runlm lean: image ready in {time.perf_counter() - started:.1f} s: {target}")
+    if target.parent == _images():  # older images of this model file (another version of it, or of runlm)
+        for old in target.parent.glob(f"{_model_prefix(model)}*.lean"):
+            if old != target:
+                old.unlink(missing_ok=True)
     return target
 
 
@@ -64,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         image.write(load(args[0]), Path(args[1]))
-    except RunlmError as exc:
+    except (RunlmError, OSError) as exc:
         print(f"runlm lean: {exc}", file=sys.stderr)
         return 1
     return 0

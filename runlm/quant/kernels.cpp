@@ -4056,6 +4056,7 @@ void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, co
   linear_rows(attended.data(), R, q_width, b.o, projected.data());
   if (sandwich) rms_norm_rows(projected.data(), R, hidden, b.norms[1], b.eps, projected.data());
   for (int64_t i = 0; i < R * hidden; ++i) hp[i] += projected[i];
+  for (auto* done : {&xqkv, &q, &knew, &vnew, &attended}) std::vector<float>().swap(*done);  // before the MLP's own
   std::vector<float> gate_up(R * gate_up_rows);
   rms_norm_rows(hp, R, hidden, b.norms[sandwich ? 2 : 1], b.eps, normed.data());
   linear_parts_rows(normed.data(), R, hidden, b.gate_up, gate_up.data());

@@ -9,6 +9,7 @@ A float (unquantized) LM head, as the tiny models have, runs as numpy's GEMV: wi
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -106,3 +107,18 @@ def test_the_standalone_kernels_report_bad_calls():
     with pytest.raises(native.KernelError, match="out of range"):
         native.dequantize_rows(np.zeros(34, dtype=np.uint8), 8, 1, 32, np.array([3]))
     assert native.isa() == kernels.isa()  # one CPU, one instruction set
+
+
+def test_images_are_cached_per_file_version_and_replaced(smollm2_gguf, tmp_path, monkeypatch):
+    from runlm.lean import prepare
+
+    monkeypatch.setattr(prepare, "_images", lambda: tmp_path / "images")
+    model = tmp_path / "model.gguf"
+    model.write_bytes(smollm2_gguf.read_bytes())
+    first = image_for(model)
+    assert first == prepare.image_path(model) and first.parent == tmp_path / "images"
+    assert image_for(model).stat().st_mtime_ns == first.stat().st_mtime_ns  # found, not made again
+    os.utime(model, ns=(model.stat().st_atime_ns, model.stat().st_mtime_ns + 10**9))  # the file changed
+    second = image_for(model)
+    assert second != first and second.is_file() and not first.exists()  # the stale image is gone
+    assert [p.name for p in (tmp_path / "images").iterdir()] == [second.name]
