@@ -16,9 +16,9 @@ import torch
 from runlm import catalog
 from runlm.bench import run_bench
 from runlm.cli_args import (
+    add_chat_arguments,
     add_generate_arguments,
     add_model_arguments,
-    add_sampling_arguments,
     exit_status,
     terminal_safe,
 )
@@ -41,12 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_generate_arguments(sub.add_parser("generate", help="stream a completion for one prompt"))
 
-    chat = sub.add_parser("chat", help="interactive multi-turn chat")
-    add_model_arguments(chat)
-    add_sampling_arguments(chat)
-    chat.add_argument("--system", default=None)
-    chat.add_argument("--web", action="store_true", help="serve the chat page and open it in a browser")
-    chat.add_argument("--port", type=int, default=8000)
+    add_chat_arguments(sub.add_parser("chat", help="interactive multi-turn chat"))
 
     info = sub.add_parser("info", help="family, format, quantization, context, vocabulary")
     add_model_arguments(info)
@@ -222,6 +217,10 @@ def _stream_reply(engine, text: str, args: argparse.Namespace, image=None) -> st
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    if args.lean:  # as in cmd_generate: the `runlm` command routes these before torch is imported
+        from runlm.lean.cli import run_chat
+
+        return run_chat(args)
     if args.web:
         return _chat_web(args)
     loaded = _load(args)

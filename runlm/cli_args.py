@@ -48,10 +48,23 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--system", default=None, help="system prompt (chat models)")
     gen.add_argument("--image", default=None, help="an image file (PNG, JPEG...) for vision models; greedy decoding")
     gen.add_argument("--mmproj", default=None, help="llama.cpp vision projector GGUF for a GGUF model")
-    gen.add_argument("--lean", action="store_true",
-                     help="decode in a process without PyTorch (runlm.lean: ~200 MiB less memory; GGUF models whose "
-                          "blocks all run on runlm's kernels; prepared once per model)")
+    _add_lean(gen)
     gen.add_argument("prompt")
+
+
+def add_chat_arguments(chat: argparse.ArgumentParser) -> None:
+    add_model_arguments(chat)
+    add_sampling_arguments(chat)
+    chat.add_argument("--system", default=None)
+    chat.add_argument("--web", action="store_true", help="serve the chat page and open it in a browser")
+    chat.add_argument("--port", type=int, default=8000)
+    _add_lean(chat)
+
+
+def _add_lean(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--lean", action="store_true",
+                        help="decode in a process without PyTorch (runlm.lean: ~200 MiB less memory; GGUF models whose "
+                             "blocks all run on runlm's kernels; prepared once per model)")
 
 
 # C0 controls but tab, newline and carriage return, DEL, and C1 controls: what starts or ends an ANSI / OSC

@@ -1,6 +1,6 @@
-"""`runlm generate --lean`: one completion from a process that never imports PyTorch (runlm.launch sends the command
-here first). The model is prepared once into a lean image (a child process with PyTorch does it); this process
-maps the image, builds the tokenizer from the GGUF, and streams the reply."""
+"""`runlm generate --lean` and `runlm chat --lean`: replies from a process that never imports PyTorch (runlm.launch
+sends these commands here first). The model is prepared once into a lean image (a child process with PyTorch does
+it); this process maps the image, builds the tokenizer from the GGUF, and streams the replies."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from runlm import catalog
-from runlm.cli_args import add_generate_arguments, exit_status, terminal_safe
-from runlm.errors import InvalidInputError, RunlmError, TokenizerError
+from runlm.cli_args import add_chat_arguments, add_generate_arguments, exit_status, terminal_safe
+from runlm.errors import ContextOverflowError, InvalidInputError, RunlmError, TokenizerError
 from runlm.formats.gguf import GGUFFile
-from runlm.lean.engine import LeanModel
+from runlm.lean.engine import LeanModel, LeanSession
 from runlm.lean.prepare import image_for
 from runlm.text import ChatTemplate, StreamingDetokenizer, Tokenizer
 
@@ -52,63 +52,103 @@ class Sampler:
         return int(self.rng.choice(probs.size, p=probs))
 
 
-def generate(model: LeanModel, prompt_ids: list[int], max_tokens: int, sampler: Sampler,
-             stop_ids: frozenset[int]) -> Iterator[int]:
-    """Token ids of the reply, one at a time, until a stop id (not yielded) or max_tokens."""
-    positions = min(len(prompt_ids) + max_tokens, model.context)
-    if len(prompt_ids) >= positions:
-        raise InvalidInputError(f"the prompt's {len(prompt_ids)} tokens leave no room in the context of {positions}")
-    session = model.new_session(positions)
-    logits = model.extend(session, prompt_ids)
+def reply(model: LeanModel, session: LeanSession, prompt_ids: list[int], max_tokens: int, sampler: Sampler,
+          stop_ids: frozenset[int]) -> Iterator[int]:
+    """Token ids of the reply to `prompt_ids`, one at a time, until a stop id (not yielded) or max_tokens. The
+    session keeps what it already holds of the prompt (the turns before, in a chat) and runs only the rest; the
+    reply's tokens stay in it."""
+    if len(prompt_ids) >= session.capacity:
+        raise ContextOverflowError(f"the prompt's {len(prompt_ids)} tokens leave no room in the context of "
+                                   f"{session.capacity}")
+    kept = min(model.reusable(session, prompt_ids), len(prompt_ids) - 1)  # the last prompt token gives the logits
+    del session.tokens[kept:]
+    logits = model.extend(session, prompt_ids[kept:])
     for produced in range(max_tokens):
         token = sampler(logits)
         if token in stop_ids:
             return
         yield token
-        if produced + 1 == max_tokens or len(session.tokens) == positions:
+        if produced + 1 == max_tokens or len(session.tokens) == session.capacity:
             return
         logits = model.extend(session, [token])
 
 
 def _refuse_options(args: argparse.Namespace) -> None:
     refused = {
-        "--image": args.image is not None, "--mmproj": args.mmproj is not None,
-        "--dtype": args.dtype != "auto", "--device": args.device not in (None, "cpu"), "--swa-full": args.swa_full,
+        "--image": getattr(args, "image", None) is not None, "--mmproj": getattr(args, "mmproj", None) is not None,
+        "--web": getattr(args, "web", False), "--dtype": args.dtype != "auto",
+        "--device": args.device not in (None, "cpu"), "--swa-full": args.swa_full,
     }  # fmt: skip
     named = [name for name, given in refused.items() if given]
     if named:
         raise InvalidInputError(f"{', '.join(named)}: not with --lean (it runs GGUF text models on the CPU kernels)")
-
-
-def run(args: argparse.Namespace) -> int:
-    """`runlm generate --lean` with parsed arguments."""
-    _refuse_options(args)
     if args.max_tokens < 1:
-        raise RunlmError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+        raise InvalidInputError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if args.ctx is not None and args.ctx < 1:
+        raise InvalidInputError(f"--ctx must be positive, got {args.ctx}")
+
+
+def _open(args: argparse.Namespace) -> tuple[LeanModel, Tokenizer, ChatTemplate | None]:
+    """The model (its image made first where there is none), its tokenizer and chat template."""
+    _refuse_options(args)
     path = catalog.resolve_model(args.model)
     image = image_for(path, log=lambda line: print(line, file=sys.stderr))
     model = LeanModel.open(image, kv_type=_KV_TYPES[args.kv_type], threads=args.threads)
     if args.ctx is not None:
-        if args.ctx < 1:
-            raise InvalidInputError(f"--ctx must be positive, got {args.ctx}")
         model.context = min(model.context, args.ctx)
     tokenizer = Tokenizer.from_gguf(GGUFFile(path).metadata)
-    template = _chat_template(args, model, tokenizer)
+    return model, tokenizer, _chat_template(args, model, tokenizer)
+
+
+def _stream(model: LeanModel, session: LeanSession, tokenizer: Tokenizer, text: str, args: argparse.Namespace,
+            sampler: Sampler) -> str:
+    """Print the reply to a rendered prompt as it is produced; return its text."""
+    detok = StreamingDetokenizer(tokenizer, continuation=True)
+    shown = terminal_safe if sys.stdout.isatty() else str
+    pieces = []
+    for token in reply(model, session, tokenizer.encode_prompt(text), args.max_tokens, sampler, tokenizer.stop_ids):
+        pieces.append(detok.push(token))
+        sys.stdout.write(shown(pieces[-1]))
+        sys.stdout.flush()
+    pieces.append(detok.flush())
+    sys.stdout.write(shown(pieces[-1]) + "\n")
+    return "".join(pieces)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`runlm generate --lean` with parsed arguments."""
+    model, tokenizer, template = _open(args)
     if args.raw or template is None:
         text = args.prompt
     else:
         system = [{"role": "system", "content": args.system}] if args.system else []
         text = template.render([*system, {"role": "user", "content": args.prompt}])
+    positions = min(len(tokenizer.encode_prompt(text)) + args.max_tokens, model.context)
     sampler = Sampler(args.temperature, args.top_k, args.top_p, args.seed)
-    detok = StreamingDetokenizer(tokenizer, continuation=True)
-    shown = terminal_safe if sys.stdout.isatty() else str
-    for token in generate(model, tokenizer.encode_prompt(text), args.max_tokens, sampler, tokenizer.stop_ids):
-        piece = detok.push(token)
-        if piece:
-            sys.stdout.write(shown(piece))
-            sys.stdout.flush()
-    sys.stdout.write(shown(detok.flush()) + "\n")
+    _stream(model, model.new_session(positions), tokenizer, text, args, sampler)
     return 0
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    """`runlm chat --lean`: the turns share one session, so each turn runs only what the session does not hold."""
+    model, tokenizer, template = _open(args)
+    if template is None:
+        raise RunlmError(f"{args.model or 'the model'}: the model has no chat template; use `runlm generate --raw`")
+    session = model.new_session(model.context)  # its caches take memory as positions are written, not before
+    sampler = Sampler(args.temperature, args.top_k, args.top_p, args.seed)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    print(f"runlm chat --lean: {model.image.path.name}. Empty line or Ctrl-D to quit.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        if not line.strip():
+            return 0
+        messages.append({"role": "user", "content": line})
+        answer = _stream(model, session, tokenizer, template.render(messages), args, sampler)
+        messages.append({"role": "assistant", "content": answer})
 
 
 def _chat_template(args: argparse.Namespace, model: LeanModel, tokenizer: Tokenizer) -> ChatTemplate | None:
@@ -126,11 +166,12 @@ def _chat_template(args: argparse.Namespace, model: LeanModel, tokenizer: Tokeni
 
 
 def main(argv: Sequence[str]) -> int:
-    """`runlm generate --lean ...` (argv after "generate")."""
-    parser = argparse.ArgumentParser(prog="runlm generate")
-    add_generate_arguments(parser)
-    args = parser.parse_args(argv)
-    return exit_status(lambda: run(args))
+    """`runlm generate --lean ...` or `runlm chat --lean ...` (argv from the command's name on)."""
+    command = argv[0]
+    parser = argparse.ArgumentParser(prog=f"runlm {command}")
+    (add_generate_arguments if command == "generate" else add_chat_arguments)(parser)
+    args = parser.parse_args(argv[1:])
+    return exit_status(lambda: (run if command == "generate" else run_chat)(args))
 
 
-__all__ = ["Sampler", "generate", "main", "run"]
+__all__ = ["Sampler", "main", "reply", "run", "run_chat"]

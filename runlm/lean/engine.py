@@ -104,6 +104,20 @@ class LeanModel:
             session.values.append(np.zeros(shape, dtype=self.kv_dtype))
         return session
 
+    def reusable(self, session: LeanSession, ids: list[int]) -> int:
+        """How many leading tokens of `ids` the session holds and can keep: their common prefix with its tokens, or 0
+        where that cuts the session short after a sliding-window ring has wrapped (the ring then holds later
+        positions in the slots the kept ones would need)."""
+        common = 0
+        for held, wanted in zip(session.tokens, ids):
+            if held != wanted:
+                break
+            common += 1
+        windows = [block["window"] for block in self.header["blocks"] if block["ring"]]
+        if common < len(session.tokens) and windows and len(session.tokens) > min(windows):
+            return 0
+        return common
+
     def kv_bytes(self, session: LeanSession) -> int:
         return sum(k.nbytes + v.nbytes for k, v in zip(session.keys, session.values))
 

@@ -57,3 +57,13 @@ def test_the_sampler():
     assert len(set(draws)) == 1  # one seed, one draw
     with pytest.raises(Exception, match="top_p"):
         Sampler(1.0, 0, 0.0, None)
+
+
+def test_lean_chat_answers_each_turn_as_the_default_path(smollm2_gguf):
+    turns = "Hi, who are you?\nWhat is 2+2?\n"
+    lean = subprocess.run([sys.executable, "-m", "runlm", "chat", "--lean", "-m", str(smollm2_gguf), "--max-tokens",
+                           "20"], input=turns, capture_output=True, text=True, timeout=300)
+    default = subprocess.run([sys.executable, "-m", "runlm", "chat", "-m", str(smollm2_gguf), "--max-tokens", "20"],
+                             input=turns, capture_output=True, text=True, timeout=300)
+    assert lean.returncode == 0, lean.stderr
+    assert lean.stdout == default.stdout and lean.stdout.count("> ") == 3

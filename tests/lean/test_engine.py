@@ -122,3 +122,18 @@ def test_images_are_cached_per_file_version_and_replaced(smollm2_gguf, tmp_path,
     second = image_for(model)
     assert second != first and second.is_file() and not first.exists()  # the stale image is gone
     assert [p.name for p in (tmp_path / "images").iterdir()] == [second.name]
+
+
+def test_a_session_keeps_what_it_can_of_the_next_prompt(smollm2_gguf, gemma3_gguf, tmp_path):
+    smol = LeanModel.open(image_for(smollm2_gguf, target=tmp_path / "smol.lean"))
+    session = smol.new_session(64)
+    smol.extend(session, [5, 6, 7, 8])
+    assert smol.reusable(session, [5, 6, 7, 8, 9]) == 4  # an extension keeps everything
+    assert smol.reusable(session, [5, 6, 1, 8]) == 2  # a full cache can be cut back to the common prefix
+    gemma = LeanModel.open(image_for(gemma3_gguf, target=tmp_path / "gemma.lean"))
+    window = min(block["window"] for block in gemma.header["blocks"] if block["ring"])
+    session = gemma.new_session(window + 40)
+    ids = list(range(10, 10 + window + 8))
+    gemma.extend(session, ids)
+    assert gemma.reusable(session, [*ids, 3]) == len(ids)
+    assert gemma.reusable(session, [*ids[:-2], 3]) == 0  # its rings wrapped: the cut positions' slots are gone
