@@ -7,9 +7,9 @@
 // vpdpwssd, the same integers) that is scaled into a f32 FMA accumulator. Offsets/mins of the weight format (-8,
 // -16, -32, -4, or the per-block min) are applied through the activation block sums instead of per element.
 //
-// Work split: output rows N in parallel (at::parallel_for, torch's intra-op threads); inside a thread, tiles of
-// weight rows (~32 KiB) x up to 64 activation rows; each weight block is unpacked once for up to 4 activation
-// rows, and with 1-2 activation rows (decode) 4-2 weight rows run together so 4 accumulator chains are in flight
+// Work split: output rows N in parallel (parallel_for: torch's intra-op threads, or OpenMP's in the standalone
+// build); inside a thread, tiles of weight rows (~32 KiB) x up to 64 activation rows; each weight block is unpacked
+// once for up to 4 activation rows, and with 1-2 activation rows (decode) 4-2 weight rows run together so 4 accumulator chains are in flight
 // (32-wide types, 1 row: the 4 rows' integer dots are reduced into one vector, so the f16 scales, the int->float
 // conversion and the FMA run once per block for all 4).
 //
@@ -19,7 +19,9 @@
 // (RoPE + cache write + attention for one new token of one sequence, the float32 reference path), transformer_block
 // (a whole block for rows of one or more sequences, route-invariant: see "Route-invariant blocks").
 //
-// Built with -march=native for the CPU it runs on (runlm.quant.kernels caches one build per CPU model and source):
+// Two builds of this file: the PyTorch extension (runlm.quant.kernels: the ops above) and, with -DRUNLM_STANDALONE,
+// a plain library with a C interface (runlm.lean.native: the same kernels and blocks, no torch in the process).
+// Built with -march=native for the CPU it runs on (each build cached per CPU model and source):
 // the AVX2/FMA/F16C path when the compiler targets it, with AVX-512 VNNI dot products where the CPU has them, the
 // scalar path otherwise (or with -DRUNLM_SCALAR). All quantize activations identically, so they agree to float
 // rounding.
