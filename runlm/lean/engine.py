@@ -7,7 +7,6 @@ PREFILL_CHUNK rows, as on the PyTorch path.
 
 from __future__ import annotations
 
-import ctypes
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +56,6 @@ class LeanModel:
             raise InvalidInputError(f"kv_type q8_0 needs a head dim that is a multiple of 32, not {self.head_dim}")
         self.vocab_size, self.context = self.header["vocab_size"], self.header["context"]
         arrays = image.arrays
-        self._keep: list[object] = []  # ctypes arrays the C side points into
         self.stack = lib.rl_stack_new()
         weakref.finalize(self, lib.rl_stack_free, self.stack)
         for block in self.header["blocks"]:
@@ -72,22 +70,21 @@ class LeanModel:
         return cls(read(Path(path)), kv_type, threads)
 
     def _add_block(self, lib, block: dict, arrays: dict[str, np.ndarray]) -> None:
-        def parts(entries: list[dict]):
-            data = native.pointers([native.address(arrays[e["tensor"]]) for e in entries])
-            types = native.int64s([e["type"] for e in entries])
-            rows = native.int64s([e["rows"] for e in entries])
-            self._keep.extend((data, types, rows))
-            return data, types, rows, len(entries)
+        """One block onto the C stack (which copies the pointers; the image keeps what they point at)."""
+
+        def parts(entries: list[dict]) -> tuple:
+            return (native.pointers([native.address(arrays[e["tensor"]]) for e in entries]),
+                    native.int64s([e["type"] for e in entries]), native.int64s([e["rows"] for e in entries]),
+                    len(entries))  # fmt: skip
 
         norms = native.pointers([native.address(arrays[name]) for name in block["norms"]])
-        self._keep.append(norms)
         optional = [native.address(arrays[block[k]]) if block[k] else None for k in ("q_norm", "k_norm")]
         o, down = block["o"], block["down"]
         native.check(lib.rl_stack_add_block(
-            self.stack, ctypes.cast(norms, native._PP), len(block["norms"]), self.hidden, block["eps"], *optional,
-            *_as_args(parts(block["qkv"])), native.address(arrays[o["tensor"]]), o["type"],
-            *_as_args(parts(block["gate_up"])), native.address(arrays[down["tensor"]]), down["type"],
-            int(block["gelu"]), block["rope"], block["window"], block["n_heads"], block["n_kv_heads"], block["scale"],
+            self.stack, norms, len(block["norms"]), self.hidden, block["eps"], *optional, *parts(block["qkv"]),
+            native.address(arrays[o["tensor"]]), o["type"], *parts(block["gate_up"]),
+            native.address(arrays[down["tensor"]]), down["type"], int(block["gelu"]), block["rope"], block["window"],
+            block["n_heads"], block["n_kv_heads"], block["scale"],
         ))  # fmt: skip
 
     # -- sessions ----------------------------------------------------------------------------------------------
@@ -175,19 +172,13 @@ class LeanModel:
         positions = np.arange(start, start + rows, dtype=np.int64)
         cos, sin = self._tables(positions)
         blocks = self.header["blocks"]
-        args = (
-            native.pointers([native.address(c) for c in cos]), native.pointers([native.address(s) for s in sin]),
+        native.check(native.library().rl_stack_run(
+            self.stack, native.address(h), rows, native.pointers([native.address(c) for c in cos]),
+            native.pointers([native.address(s) for s in sin]), len(cos), self.head_dim,
             native.pointers([native.address(k) for k in session.keys]),
             native.pointers([native.address(v) for v in session.values]),
             native.int64s([k.shape[2] for k in session.keys]), native.int64s([int(b["ring"]) for b in blocks]),
-            native.int64s([0] * rows), native.int64s(positions.tolist()),
-        )  # fmt: skip
-        cos_p, sin_p, keys, values, caps, rings, row_seq, row_pos = args
-        native.check(native.library().rl_stack_run(
-            self.stack, native.address(h), rows, ctypes.cast(cos_p, native._PP), ctypes.cast(sin_p, native._PP),
-            len(cos), self.head_dim, ctypes.cast(keys, native._PP), ctypes.cast(values, native._PP),
-            ctypes.cast(caps, native._PI), ctypes.cast(rings, native._PI), 1, self.kv_code,
-            ctypes.cast(row_seq, native._PI), ctypes.cast(row_pos, native._PI),
+            1, self.kv_code, native.int64s([0] * rows), native.int64s(positions.tolist()),
         ))  # fmt: skip
         return h
 
@@ -203,11 +194,6 @@ class LeanModel:
         if cap is not None:
             logits = (np.tanh(logits / np.float32(cap)) * np.float32(cap)).astype(np.float32)
         return logits
-
-
-def _as_args(parts: tuple) -> tuple:
-    data, types, rows, count = parts
-    return ctypes.cast(data, native._PP), ctypes.cast(types, native._PI), ctypes.cast(rows, native._PI), count
 
 
 __all__ = ["KV_TYPES", "LeanModel", "LeanSession", "PREFILL_CHUNK"]

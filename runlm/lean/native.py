@@ -23,8 +23,8 @@ from runlm.quant import build
 from runlm.system import cpu_flags
 
 _i64, _f64, _ptr = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
-_PP = ctypes.POINTER(ctypes.c_void_p)
-_PI = ctypes.POINTER(ctypes.c_int64)
+_PP = ctypes.POINTER(ctypes.c_void_p)  # takes a `pointers` array
+_PI = ctypes.POINTER(ctypes.c_int64)  # takes an `int64s` array
 _SIGNATURES = {
     "rl_last_error": ([], ctypes.c_char_p),
     "rl_isa": ([], ctypes.c_char_p),
@@ -123,8 +123,8 @@ def address(array: np.ndarray) -> int:
     return array.ctypes.data
 
 
-def pointers(values: list[int]) -> ctypes.Array:
-    """An array of void* for the C side (kept alive by the caller as long as the C side reads it)."""
+def pointers(values: list[int | None]) -> ctypes.Array:
+    """An array of void* for a call (the C side copies what it keeps)."""
     return (ctypes.c_void_p * max(len(values), 1))(*values)
 
 
