@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -137,7 +138,8 @@ def run_chat(args: argparse.Namespace) -> int:
     session = model.new_session(model.context)  # its caches take memory as positions are written, not before
     sampler = Sampler(args.temperature, args.top_k, args.top_p, args.seed)
     messages = [{"role": "system", "content": args.system}] if args.system else []
-    print(f"runlm chat --lean: {model.image.path.name}. Empty line or Ctrl-D to quit.", file=sys.stderr)
+    source, family = Path(model.header["source"]["path"]).name, model.header["family"]
+    print(f"runlm chat --lean: {source} ({family}). Empty line or Ctrl-D to quit.", file=sys.stderr)
     while True:
         try:
             line = input("> ")
