@@ -19,6 +19,7 @@ from runlm.cli_args import (
     add_chat_arguments,
     add_generate_arguments,
     add_model_arguments,
+    chat_loop,
     exit_status,
     terminal_safe,
 )
@@ -226,20 +227,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
     loaded = _load(args)
     if loaded.chat_template is None:
         raise RunlmError(f"{loaded.path}: the model has no chat template; use `runlm generate --raw`")
-    messages = [{"role": "system", "content": args.system}] if args.system else []
     engine = _engine(loaded)  # its prompt cache makes each turn prefill only the new text
     print(f"runlm chat: {loaded.path.name} ({loaded.family}). Empty line or Ctrl-D to quit.", file=sys.stderr)
-    while True:
-        try:
-            line = input("> ")
-        except EOFError:
-            print(file=sys.stderr)
-            return 0
-        if not line.strip():
-            return 0
-        messages.append({"role": "user", "content": line})
-        reply = _stream_reply(engine, loaded.chat_template.render(messages), args)
-        messages.append({"role": "assistant", "content": reply})
+    return chat_loop(args.system, lambda messages: _stream_reply(engine, loaded.chat_template.render(messages), args))
 
 
 def _chat_web(args: argparse.Namespace) -> int:

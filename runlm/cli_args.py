@@ -94,3 +94,19 @@ def exit_status(command: Callable[[], int]) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # Python's own flush of stdout at exit would raise again
         return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by it
+
+
+def chat_loop(system: str | None, answer: Callable[[list[dict]], str]) -> int:
+    """The chat REPL both chats run: a user line per turn (an empty line or end of input ends it), `answer` prints
+    the reply to the conversation so far and returns its text."""
+    messages = [{"role": "system", "content": system}] if system else []
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        if not line.strip():
+            return 0
+        messages.append({"role": "user", "content": line})
+        messages.append({"role": "assistant", "content": answer(messages)})

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from runlm import catalog
-from runlm.cli_args import add_chat_arguments, add_generate_arguments, exit_status, terminal_safe
+from runlm.cli_args import add_chat_arguments, add_generate_arguments, chat_loop, exit_status, terminal_safe
 from runlm.errors import ContextOverflowError, InvalidInputError, RunlmError, TokenizerError
 from runlm.formats.gguf import GGUFFile
 from runlm.lean.engine import LeanModel, LeanSession
@@ -137,20 +137,10 @@ def run_chat(args: argparse.Namespace) -> int:
         raise RunlmError(f"{args.model or 'the model'}: the model has no chat template; use `runlm generate --raw`")
     session = model.new_session(model.context)  # its caches take memory as positions are written, not before
     sampler = Sampler(args.temperature, args.top_k, args.top_p, args.seed)
-    messages = [{"role": "system", "content": args.system}] if args.system else []
     source, family = Path(model.header["source"]["path"]).name, model.header["family"]
     print(f"runlm chat --lean: {source} ({family}). Empty line or Ctrl-D to quit.", file=sys.stderr)
-    while True:
-        try:
-            line = input("> ")
-        except EOFError:
-            print(file=sys.stderr)
-            return 0
-        if not line.strip():
-            return 0
-        messages.append({"role": "user", "content": line})
-        answer = _stream(model, session, tokenizer, template.render(messages), args, sampler)
-        messages.append({"role": "assistant", "content": answer})
+    return chat_loop(args.system,
+                     lambda messages: _stream(model, session, tokenizer, template.render(messages), args, sampler))
 
 
 def _chat_template(args: argparse.Namespace, model: LeanModel, tokenizer: Tokenizer) -> ChatTemplate | None:
