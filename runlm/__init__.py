@@ -1,5 +1,7 @@
 """runlm: run open language models locally, behind one runner contract."""
 
+import importlib
+
 from runlm.errors import (
     CatalogError,
     ContextOverflowError,
@@ -11,24 +13,27 @@ from runlm.errors import (
     UnsupportedOperationError,
 )
 
-# Imported on first use: they bring PyTorch, which runlm.lean's decode process does without.
-_LAZY = {
+
+def lazy_exports(package: str, names: dict[str, str]):
+    """A module `__getattr__` that imports each of `names` (name -> the module defining it) on first use: what
+    brings PyTorch is not imported by a process that does without it (runlm.lean)."""
+
+    def __getattr__(name: str):
+        if name in names:
+            return getattr(importlib.import_module(names[name]), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
+__getattr__ = lazy_exports(__name__, {
     "LoadedModel": "runlm.loading",
     "load": "runlm.loading",
     "ImageInput": "runlm.runner",
     "LmRunner": "runlm.runner",
     "Session": "runlm.runner",
     "SessionSnapshot": "runlm.runner",
-}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'runlm' has no attribute {name!r}")
-
+})  # fmt: skip
 
 __all__ = [
     "CatalogError",

@@ -108,7 +108,7 @@ class LeanPeer:
         self.positions, self.session = positions, None
 
     def kv_mb(self, positions: int) -> float | None:
-        return self.model.kv_bytes(self.model.new_session(positions)) / 2**20
+        return self.model.kv_bytes(positions) / 2**20
 
     def prefill(self, ids: list[int]) -> int:
         self.session = None  # the last round's caches go before this round's come (one session's KV at a time)

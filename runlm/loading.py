@@ -16,8 +16,8 @@ from runlm.formats.safetensors import SafetensorsSource
 from runlm.models.base import WeightLoader
 from runlm.models.config import ModelConfig, check_config, expected_shapes
 from runlm.models.registry import Family, family_for_gguf, family_for_hf
-from runlm.nn import Q8_0_VALUES
 from runlm.quant import kernels
+from runlm.quant.build import Q8_0_VALUES
 from runlm.quant.int4 import Int4Linear
 from runlm.quant.kernels import GGUFLinear
 from runlm.runner import LmRunner

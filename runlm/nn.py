@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runlm.quant import kernels
+from runlm.quant.build import Q8_0_BYTES, Q8_0_VALUES
 from runlm.rope import table_block
 
 
@@ -104,8 +105,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
 # -- KV caches --------------------------------------------------------------------
 
 # A q8_0 cache (element type torch.uint8) holds each head row of D values as D / 32 of GGML's block_q8_0: a float16
-# scale and 32 int8 values, 34 bytes. Only runlm's fused C++ blocks read and write it (kernels.cpp, KvQ8Block).
-Q8_0_VALUES, Q8_0_BYTES = 32, 34
+# scale and 32 int8 values, 34 bytes (build.Q8_0_VALUES, Q8_0_BYTES). Only runlm's fused C++ blocks read and write
+# it (kernels.cpp, KvQ8Block).
 
 
 def kv_row_width(head_dim: int, dtype: torch.dtype) -> int:

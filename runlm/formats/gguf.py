@@ -382,9 +382,9 @@ class GGUFSource(WeightSource):
         return self.gguf.has(self.rename(name))
 
     def raw(self, name: str):
-        stored_as = self.rename(name)
         from runlm.quant.dequant import BLOCK_LAYOUTS, normalize_type_name
 
+        stored_as = self.rename(name)
         self.check_shape(name, self.gguf.shape(stored_as), stored_as)  # from the header, before any byte is read
         raw = self.gguf.raw(stored_as)
         if normalize_type_name(raw.type_name) not in BLOCK_LAYOUTS:

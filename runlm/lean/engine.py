@@ -16,13 +16,12 @@ import numpy as np
 from runlm.errors import ContextOverflowError, InvalidInputError, ModelLoadError
 from runlm.lean import native
 from runlm.lean.image import Image, read
-from runlm.quant.build import KERNEL_TYPES, X4_TYPES
+from runlm.quant.build import KERNEL_TYPES, Q8_0_BYTES, Q8_0_VALUES, X4_TYPES
 from runlm.rope import table_block
 
 PREFILL_CHUNK = 256
 # KV cache element types: numpy dtype of a row element, and kernels.cpp's KvType
 KV_TYPES = {"f16": (np.float16, 1), "f32": (np.float32, 0), "q8_0": (np.uint8, 2)}
-_Q8_VALUES, _Q8_BYTES = 32, 34  # a q8_0 block: 32 values in 34 bytes (f16 scale + 32 int8)
 
 
 @dataclass
@@ -52,7 +51,7 @@ class LeanModel:
                                  f"this one is {native.isa()}: prepare the image again")
         self.kv_dtype, self.kv_code = KV_TYPES[kv_type]
         self.head_dim, self.hidden = self.header["head_dim"], self.header["hidden"]
-        if kv_type == "q8_0" and self.head_dim % _Q8_VALUES:
+        if kv_type == "q8_0" and self.head_dim % Q8_0_VALUES:
             raise InvalidInputError(f"kv_type q8_0 needs a head dim that is a multiple of 32, not {self.head_dim}")
         self.vocab_size, self.context = self.header["vocab_size"], self.header["context"]
         arrays = image.arrays
@@ -92,14 +91,17 @@ class LeanModel:
         """A session with room for `positions` tokens (sliding-window blocks keep a ring of their window)."""
         if not 0 < positions <= self.context:
             raise ContextOverflowError(f"{positions} positions do not fit the context of {self.context}")
-        row = self.head_dim // _Q8_VALUES * _Q8_BYTES if self.kv_code == 2 else self.head_dim
         session = LeanSession(capacity=positions)
-        for block in self.header["blocks"]:
-            slots = block["window"] if block["ring"] else positions
-            shape = (1, block["n_kv_heads"], slots, row)
+        for shape in self._cache_shapes(positions):
             session.keys.append(np.zeros(shape, dtype=self.kv_dtype))
             session.values.append(np.zeros(shape, dtype=self.kv_dtype))
         return session
+
+    def _cache_shapes(self, positions: int) -> list[tuple[int, int, int, int]]:
+        """Each block's key (and value) cache shape for a session of `positions`."""
+        row = self.head_dim // Q8_0_VALUES * Q8_0_BYTES if self.kv_code == 2 else self.head_dim
+        return [(1, block["n_kv_heads"], block["window"] if block["ring"] else positions, row)
+                for block in self.header["blocks"]]
 
     def reusable(self, session: LeanSession, ids: list[int]) -> int:
         """How many leading tokens of `ids` the session holds and can keep: their common prefix with its tokens, or 0
@@ -115,8 +117,10 @@ class LeanModel:
             return 0
         return common
 
-    def kv_bytes(self, session: LeanSession) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in zip(session.keys, session.values))
+    def kv_bytes(self, positions: int) -> int:
+        """Bytes of the key and value caches of a session of `positions`."""
+        elements = sum(2 * int(np.prod(shape)) for shape in self._cache_shapes(positions))
+        return elements * np.dtype(self.kv_dtype).itemsize
 
     # -- forward -----------------------------------------------------------------------------------------------
     def extend(self, session: LeanSession, ids: list[int], all_positions: bool = False) -> np.ndarray:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from runlm.errors import ModelLoadError
+from runlm.quant.build import KERNEL_TYPES
 
 if TYPE_CHECKING:
     import torch
@@ -76,15 +77,9 @@ def refusal(loaded: LoadedModel) -> str | None:
     if loaded.runner.supports_multimodal():
         return "it has a vision tower, which runs on PyTorch"
     embed: Embedding = model.embed
-    if embed.table is None and embed.head is None and _kernel_type(embed.raw.type_name) is None:
+    if embed.table is None and embed.head is None and embed.raw.type_name not in KERNEL_TYPES:
         return f"its token embedding is stored as {embed.raw.type_name}, which runlm's kernels do not read"
     return None
-
-
-def _kernel_type(type_name: str) -> int | None:
-    from runlm.quant.kernels import KERNEL_TYPES
-
-    return KERNEL_TYPES.get(type_name)
 
 
 def write(loaded: LoadedModel, path: Path) -> None:
@@ -141,7 +136,7 @@ def write(loaded: LoadedModel, path: Path) -> None:
     else:
         raw = embed.raw
         blocks_of_file = torch.from_numpy(np.ascontiguousarray(raw.data))
-        embed_entry = {"kind": "blocks", **out.weight(blocks_of_file, _kernel_type(raw.type_name), raw.shape[0],
+        embed_entry = {"kind": "blocks", **out.weight(blocks_of_file, KERNEL_TYPES[raw.type_name], raw.shape[0],
                                                       "embed")}
     chat_template = loaded.chat_template
     header = {

@@ -6,9 +6,7 @@ both builds compute the same bits."""
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
@@ -20,7 +18,6 @@ import numpy as np
 from runlm.catalog import runlm_home
 from runlm.errors import ModelLoadError, RunlmError
 from runlm.quant import build
-from runlm.system import cpu_flags
 
 _i64, _f64, _ptr = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
 _PP = ctypes.POINTER(ctypes.c_void_p)  # takes a `pointers` array
@@ -57,10 +54,7 @@ class KernelError(RunlmError):
 
 def _library_path() -> Path:
     """Where this CPU's build of this source with these flags lives."""
-    flags = build.variant_cflags()
-    key = hashlib.sha1(f"{platform.machine()}|{platform.processor()}|{cpu_flags()}|{flags}".encode())
-    key.update(build.SOURCE.read_bytes())
-    return runlm_home() / "lean" / f"runlm_kernels_{build.variant()}_{key.hexdigest()[:12]}.so"
+    return runlm_home() / "lean" / f"runlm_kernels_{build.variant()}_{build.build_key()}.so"
 
 
 def _compile(target: Path) -> None:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from runlm.catalog import runlm_home
-from runlm.errors import ModelLoadError
+from runlm.errors import ModelLoadError, RunlmError
 from runlm.lean import image, native
 from runlm.quant import build
 
@@ -83,8 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2:
         print("usage: python -m runlm.lean.prepare MODEL IMAGE", file=sys.stderr)
         return 2
-    from runlm.errors import RunlmError
-    from runlm.loading import load
+    from runlm.loading import load  # the child process: torch is wanted here
 
     try:
         image.write(load(args[0]), Path(args[1]))

@@ -6,9 +6,9 @@ decode process, which runs without PyTorch.
 
 from __future__ import annotations
 
-import importlib
+from runlm import lazy_exports
 
-_LAZY = {
+__getattr__ = lazy_exports(__name__, {
     "BLOCK_LAYOUTS": "runlm.quant.dequant",
     "SUPPORTED_TYPES": "runlm.quant.dequant",
     "dequantize": "runlm.quant.dequant",
@@ -20,14 +20,7 @@ _LAZY = {
     "concat_linears": "runlm.quant.int4",
     "make_linear": "runlm.quant.int4",
     "pack_linear": "runlm.quant.int4",
-}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'runlm.quant' has no attribute {name!r}")
-
+})  # fmt: skip
 
 __all__ = [
     "BLOCK_LAYOUTS",

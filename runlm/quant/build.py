@@ -9,11 +9,13 @@ without AVX-512 (what an AVX2-only CPU runs), instead of the native one. RUNLM_D
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import platform
 from pathlib import Path
 
-from runlm.system import cpu_vendor
+from runlm.system import cpu_flags, cpu_vendor
 
 # GGML type name -> type id (gguf.GGMLQuantizationType values), for every type the kernels implement.
 KERNEL_TYPES: dict[str, int] = {
@@ -49,6 +51,9 @@ DECODE_WALKS: dict[str, tuple[int, int, int, int]] = {
     "burst": (2048, 2048, 1, 2),
 }
 
+# A q8_0 KV cache row: blocks of 32 values in 34 bytes (f16 scale + 32 int8), kernels.cpp's KvQ8Block.
+Q8_0_VALUES, Q8_0_BYTES = 32, 34
+
 log = logging.getLogger("runlm.kernels")
 
 
@@ -65,6 +70,16 @@ def variant_cflags() -> list[str]:
     return CFLAGS + VARIANT_CFLAGS.get(variant(), [])
 
 
+def build_key(*extra: str) -> str:
+    """A short hash of what a build depends on: the CPU's features (a -march=native build is only reused on the same
+    kind of CPU), the kernel source, this process's flags and `extra` (torch's version, for the extension). Two
+    checkouts or versions of runlm on one machine then keep builds of their own, instead of rebuilding over (and
+    loading) each other's in one directory."""
+    key = hashlib.sha1(f"{platform.machine()}|{platform.processor()}|{cpu_flags()}|{variant_cflags()}|{extra}".encode())
+    key.update(SOURCE.read_bytes())
+    return key.hexdigest()[:12]
+
+
 def decode_walk_name() -> str:
     """RUNLM_DECODE_WALK where it names a walk, else the CPU's: "burst" on AMD (what its hardware prefetchers and
     DRAM want), "line" elsewhere (measured on Intel)."""
@@ -78,6 +93,6 @@ def decode_walk_name() -> str:
 
 
 __all__ = [
-    "CFLAGS", "DECODE_WALKS", "ENV_VAR", "KERNEL_TYPES", "SOURCE", "VARIANT_CFLAGS", "WALK_ENV_VAR", "X4_TYPES",
-    "decode_walk_name", "variant", "variant_cflags",
+    "CFLAGS", "DECODE_WALKS", "ENV_VAR", "KERNEL_TYPES", "Q8_0_BYTES", "Q8_0_VALUES", "SOURCE", "VARIANT_CFLAGS",
+    "WALK_ENV_VAR", "X4_TYPES", "build_key", "decode_walk_name", "variant", "variant_cflags",
 ]

@@ -35,10 +35,8 @@ how the 16-row kernels prefetch a decode GEMV's weights instead of the CPU's def
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import platform
 import re
 import shutil
 import sysconfig
@@ -120,16 +118,6 @@ _state: dict[str, object] = {"ok": None, "reason": None, "build_s": None, "simd"
                              "walk": None}
 
 
-def _build_key(cflags: Sequence[str]) -> str:
-    """A short hash of what a build depends on: the CPU's features (a -march=native build is only reused on the same
-    kind of CPU), the kernel source, the flags and torch's version. Two checkouts or versions of runlm on one machine
-    then keep builds of their own, instead of rebuilding over (and loading) each other's in one directory."""
-    flags = cpu_flags()
-    key = hashlib.sha1(f"{platform.machine()}|{platform.processor()}|{flags}|{cflags}|{torch.__version__}".encode())
-    key.update(build.SOURCE.read_bytes())
-    return key.hexdigest()[:12]
-
-
 def _op_registered() -> bool:
     try:
         torch.ops.runlm.gguf_linear  # noqa: B018 - attribute lookup raises when the op is not registered
@@ -146,8 +134,8 @@ def _load() -> None:
     if not _op_registered():
         if not build.SOURCE.is_file():
             raise FileNotFoundError(f"kernel source {build.SOURCE} is missing")
-        cflags = list(build.CFLAGS) + build.VARIANT_CFLAGS[variant]
-        name = f"runlm_gguf_{variant}_{_build_key(cflags)}"
+        cflags = build.variant_cflags()
+        name = f"runlm_gguf_{variant}_{build.build_key(torch.__version__)}"
         _put_pip_ninja_on_path()
         torch_log = logging.getLogger("torch.utils.cpp_extension")
         level = torch_log.level

@@ -75,6 +75,7 @@ def test_the_lean_modules_import_no_torch():
 def test_sessions_refuse_what_does_not_fit(smollm2_gguf, tmp_path):
     model = LeanModel.open(image_for(smollm2_gguf, target=tmp_path / "smol.lean"))
     session = model.new_session(8)
+    assert model.kv_bytes(8) == sum(k.nbytes + v.nbytes for k, v in zip(session.keys, session.values))
     with pytest.raises(ContextOverflowError):
         model.extend(session, list(range(9)))
     with pytest.raises(InvalidInputError):
