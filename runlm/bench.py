@@ -109,21 +109,25 @@ def run_bench(args) -> int:
             skipped.append((peer, worker.finish()["error"]))  # finish: the process reaped, its log file closed
         else:
             workers.append(worker)
-    bandwidths: list[float] = []  # probed between rounds: the limit is read at the same moments as the peers
+    # Read bandwidth is probed before the first round and after every peer's round, so each round sits between two
+    # probes: on a shared VM it moves by half within a minute, and a round is judged against the probes beside it.
+    probing = path.is_file() and bool(workers)
+    bandwidths: list[float] = [probe_bandwidth(threads)] if probing else []
+    beside: dict[str, list[float]] = {worker.peer: [] for worker in workers}  # per peer, the mean probe per round
     for index in range(args.repeat):  # the peers take turns, round by round
         print(f"bench: round {index + 1} of {args.repeat} ...", file=sys.stderr, flush=True)
         for worker in workers:
             time.sleep(ROUND_PAUSE_S)
             worker.round()
-        if path.is_file() and workers:
-            time.sleep(ROUND_PAUSE_S)
-            bandwidths.append(read_bandwidth_gbs(threads))
+            if probing:
+                bandwidths.append(probe_bandwidth(threads))
+                beside[worker.peer].append((bandwidths[-2] + bandwidths[-1]) / 2)
     for worker in workers:
         outcome = worker.finish()
         if "error" in outcome:
             skipped.append((worker.peer, outcome["error"]))
         else:
-            results.append(outcome)
+            results.append({**outcome, "round_bandwidths_gb_s": beside[worker.peer]})
     print_table(path, threads, args, results, skipped)
     limit = print_decode_limit(path, threads, results, bandwidths)
     print_memory(path, results, len(spec["prompt_ids"]) + args.gen_tokens)
@@ -164,24 +168,44 @@ def weights_bytes_per_token(path: Path) -> int:
     return total
 
 
+def probe_bandwidth(threads: int) -> float:
+    """One read-bandwidth probe between rounds, after the pause that lets the last peer's threads go idle."""
+    time.sleep(ROUND_PAUSE_S)
+    return read_bandwidth_gbs(threads, budget_s=0.5)
+
+
 def print_decode_limit(path: Path, threads: int, results: list[dict], bandwidths: list[float]) -> dict | None:
     """Print the decode ceiling memory bandwidth sets (bytes of weights per token / read bandwidth) and each
-    peer's decode rate as a share of it. The bandwidth is the best of the probes taken between rounds (a shared
-    VM's reads vary by half from minute to minute; the best round of each peer meets the best probe)."""
+    peer's decode rate as a share of it, two ways: the best round against the best probe (a fast minute for one and a
+    slow one for the other can meet there), and each round against the probes just before and after it (the median
+    over rounds: what the peer read of what the machine gave at that moment)."""
     if path.is_dir() or not results:
         return None
     bandwidth = max(bandwidths) if bandwidths else read_bandwidth_gbs(threads)
     per_token = weights_bytes_per_token(path)
     limit = bandwidth * 1e9 / per_token
-    probes = f"best of {len(bandwidths)} probes between rounds, {min(bandwidths):.1f}-{bandwidth:.1f}" if len(
+    probes = f"best of {len(bandwidths)} probes, {min(bandwidths):.1f}-{bandwidth:.1f}" if len(
         bandwidths) > 1 else "one probe"
     print(f"memory read bandwidth ({threads} threads, {probes}): {bandwidth:.1f} GB/s; weights read per decoded "
           f"token: {per_token / 1e6:.0f} MB; decode limit: {limit:.1f} tok/s")
+    shares = {}
     for row in results:
         rate = row["decode_tok_s"]
-        print(f"  {row['peer']}: decode {rate:.1f} tok/s = {rate / limit:.0%} of the limit")
+        share = round_shares(row, per_token)
+        shares[row["peer"]] = share
+        beside = "" if share is None else (f"; round by round against the probes beside each: median "
+                                           f"{share['median']:.0%} ({share['min']:.0%}-{share['max']:.0%})")
+        print(f"  {row['peer']}: decode {rate:.1f} tok/s = {rate / limit:.0%} of the limit{beside}")
     return {"bandwidth_gb_s": bandwidth, "bandwidth_probes_gb_s": bandwidths, "weights_bytes_per_token": per_token,
-            "decode_limit_tok_s": limit}
+            "decode_limit_tok_s": limit, "round_shares": shares}
+
+
+def round_shares(row: dict, per_token: int) -> dict | None:
+    """Each round's decode rate as a share of the limit the probes beside that round set: median, min, max."""
+    pairs = list(zip(row.get("rounds", []), row.get("round_bandwidths_gb_s", [])))
+    if not pairs:
+        return None
+    return spread([r["decode_tok_s"] * per_token / (gb_s * 1e9) for r, gb_s in pairs])
 
 
 def print_memory(path: Path, results: list[dict], positions: int) -> None:
@@ -308,9 +332,17 @@ def paired_ratios(ours: dict, theirs: dict) -> dict | None:
         return None
     paired: dict = {"rounds": len(pairs)}
     for key, _ in ROUND_KEYS:
-        values = sorted(a[key] / b[key] for a, b in pairs)
-        paired[key] = {"median": statistics.median(values), "min": values[0], "max": values[-1]}
+        paired[key] = spread([a[key] / b[key] for a, b in pairs])
+    ours_gb_s, theirs_gb_s = ours.get("round_bandwidths_gb_s", []), theirs.get("round_bandwidths_gb_s", [])
+    if len(ours_gb_s) == len(theirs_gb_s) == len(pairs):  # each round's decode per GB/s the machine gave beside it
+        paired["decode_per_bandwidth"] = spread([a["decode_tok_s"] / ours_gb / (b["decode_tok_s"] / theirs_gb)
+                                                 for (a, b), ours_gb, theirs_gb in zip(pairs, ours_gb_s, theirs_gb_s)])
     return paired
+
+
+def spread(values: list[float]) -> dict:
+    values = sorted(values)
+    return {"median": statistics.median(values), "min": values[0], "max": values[-1]}
 
 
 def paired_with_runlm(results: list[dict]) -> dict:
@@ -342,9 +374,11 @@ def print_table(path: Path, threads: int, args, results: list[dict], skipped: li
             print(f"| {'runlm/' + row['peer']:<14} | {ratios} |")
         for peer, paired in paired_with_runlm(results).items():
             if paired:
-                spread = ", ".join(f"{title} median {paired[key]['median']:.2f}x ({paired[key]['min']:.2f}x-"
-                                   f"{paired[key]['max']:.2f}x)" for key, title in ROUND_KEYS)
-                print(f"runlm/{peer} round by round ({paired['rounds']} alternating rounds): {spread}")
+                keys = ROUND_KEYS + ([("decode_per_bandwidth", "decode per GB/s probed beside the round")]
+                                     if "decode_per_bandwidth" in paired else [])
+                shown = ", ".join(f"{title} median {paired[key]['median']:.2f}x ({paired[key]['min']:.2f}x-"
+                                  f"{paired[key]['max']:.2f}x)" for key, title in keys)
+                print(f"runlm/{peer} round by round ({paired['rounds']} alternating rounds): {shown}")
     for peer, reason in skipped:
         print(f"skipped {peer}: {reason}")
 

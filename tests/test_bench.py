@@ -36,9 +36,19 @@ def test_bench_runs_each_peer_with_repeats(smollm2_gguf, tmp_path):
     for row in (ours, reference):
         assert len(row["rounds"]) == 3
         assert row["decode_tok_s"] == max(r["decode_tok_s"] for r in row["rounds"])
-    probes = report["decode_limit"]["bandwidth_probes_gb_s"]  # one between each round, the limit from the best
-    assert len(probes) == 3 and report["decode_limit"]["bandwidth_gb_s"] == max(probes)
-    assert "best of 3 probes between rounds" in proc.stdout
+    # a probe before the first round and after each peer's round; the limit from the best probe, and each round
+    # against the mean of the two probes beside it
+    limit = report["decode_limit"]
+    probes = limit["bandwidth_probes_gb_s"]
+    assert len(probes) == 7 and limit["bandwidth_gb_s"] == max(probes)
+    assert "best of 7 probes" in proc.stdout
+    assert ours["round_bandwidths_gb_s"] == pytest.approx([(probes[i] + probes[i + 1]) / 2 for i in (0, 2, 4)])
+    assert reference["round_bandwidths_gb_s"] == pytest.approx([(probes[i] + probes[i + 1]) / 2 for i in (1, 3, 5)])
+    shares = sorted(r["decode_tok_s"] * limit["weights_bytes_per_token"] / (gb_s * 1e9)
+                    for r, gb_s in zip(ours["rounds"], ours["round_bandwidths_gb_s"]))
+    assert limit["round_shares"]["runlm"] == pytest.approx({"median": shares[1], "min": shares[0], "max": shares[2]})
+    assert re.search(r"  runlm: decode [\d.]+ tok/s = \d+% of the limit; round by round against the probes beside "
+                     r"each: median \d+% \(\d+%-\d+%\)", proc.stdout)
     for row in (ours, reference):  # memory by stage: the libraries, the model loaded, the peak after the rounds
         assert 0 < row["libraries_rss_mb"] < row["loaded_rss_mb"] <= row["peak_rss_mb"]
     assert ours["kv_mb"] > 0 and reference["kv_mb"] == pytest.approx(2 * ours["kv_mb"])  # f16 against f32 caches
@@ -48,6 +58,10 @@ def test_bench_runs_each_peer_with_repeats(smollm2_gguf, tmp_path):
     ratios = sorted(a["decode_tok_s"] / b["decode_tok_s"] for a, b in zip(ours["rounds"], reference["rounds"]))
     assert paired["rounds"] == 3 and paired["decode_tok_s"]["median"] == pytest.approx(ratios[1])
     assert paired["decode_tok_s"]["min"] == pytest.approx(ratios[0])
+    per_gb_s = sorted(a["decode_tok_s"] / a_gb / (b["decode_tok_s"] / b_gb) for a, b, a_gb, b_gb in zip(
+        ours["rounds"], reference["rounds"], ours["round_bandwidths_gb_s"], reference["round_bandwidths_gb_s"]))
+    assert paired["decode_per_bandwidth"]["median"] == pytest.approx(per_gb_s[1])
+    assert "decode per GB/s probed beside the round median" in proc.stdout
 
 
 def test_a_peer_that_fails_to_load_is_skipped_with_its_reason(tmp_path):
