@@ -21,6 +21,7 @@ from runlm.cli_args import (
     add_model_arguments,
     chat_loop,
     exit_status,
+    sampling_params,
     terminal_safe,
 )
 from runlm.cluster.simulate import add_arguments as add_simulation_arguments
@@ -30,7 +31,6 @@ from runlm.errors import RunlmError, TokenizerError
 from runlm.loading import load
 from runlm.models.vision import image_to_rgb
 from runlm.quant import kernels
-from runlm.sampling import SamplingParams
 from runlm.shapes import SHAPES
 from runlm.system import cpu_name, meminfo_bytes
 from runlm.text import ChatTemplate
@@ -200,8 +200,7 @@ def _stream_reply(engine, text: str, args: argparse.Namespace, image=None) -> st
     """Print the reply to a rendered prompt as it is produced; return its text."""
     if args.max_tokens < 1:
         raise RunlmError(f"--max-tokens must be at least 1, got {args.max_tokens}")
-    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
-    request = GenerationRequest(prompt_ids=[], max_tokens=args.max_tokens, sampling=sampling)
+    request = GenerationRequest(prompt_ids=[], max_tokens=args.max_tokens, sampling=sampling_params(args))
     if image is not None:
         engine.with_image(request, text, image)
     else:

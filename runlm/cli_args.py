@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from runlm.errors import RunlmError
+from runlm.sampling import SamplingParams
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +40,11 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=None)
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    """The sampling flags as the sampler both paths share takes them."""
+    return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
 
 
 def add_generate_arguments(gen: argparse.ArgumentParser) -> None:

@@ -185,16 +185,15 @@ class Generation:
 
 
 StepResult = tuple[Generation, "StreamRecord | Exception"]
-SEED_SPAN = 2**64  # torch's manual_seed takes [-2**63, 2**64)
+SEED_SPAN = 2**64  # the sampler seeds its generator with the seed mod 2**64 (runlm.sampling.make_generator)
 
 
 def choice_seed(seed: int | None, index: int) -> int | None:
-    """The seed of choice `index` of a request seeded with `seed`: seed + index (wrapped into torch's range), so
-    the n choices differ and the same seed gives the same n answers again. None stays None (fresh entropy each)."""
+    """The seed of choice `index` of a request seeded with `seed`: seed + index (mod SEED_SPAN), so the n choices
+    differ and the same seed gives the same n answers again. None stays None (fresh entropy each)."""
     if seed is None:
         return None
-    value = seed + index
-    return value - SEED_SPAN if value >= SEED_SPAN else value
+    return (seed + index) % SEED_SPAN
 
 
 def merged_usage(usages: Sequence[Usage]) -> Usage:

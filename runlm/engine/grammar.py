@@ -13,7 +13,6 @@ import weakref
 from typing import Any
 
 import numpy as np
-import torch
 
 from runlm.errors import InvalidInputError, RunlmError
 
@@ -114,11 +113,10 @@ class GrammarConstraint:
         twin.matcher = self.matcher.deep_copy()
         return twin
 
-    def allowed(self) -> torch.Tensor:
+    def allowed(self) -> np.ndarray:
         """Bool mask [n_vocab] of tokens the grammar accepts next (EOS only once the value is complete)."""
         words = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
-        bits = np.unpackbits(words, bitorder="little")[: self.n_vocab].astype(bool)
-        mask = torch.from_numpy(bits.copy())
+        mask = np.unpackbits(words, bitorder="little")[: self.n_vocab].astype(bool)
         if not mask.any():  # the grammar is finished or broken: let the request end
             mask[self.eos_ids] = True
         return mask

@@ -9,55 +9,33 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import numpy as np
-
 from runlm import catalog
-from runlm.cli_args import add_chat_arguments, add_generate_arguments, chat_loop, exit_status, terminal_safe
+from runlm.cli_args import (
+    add_chat_arguments,
+    add_generate_arguments,
+    chat_loop,
+    exit_status,
+    sampling_params,
+    terminal_safe,
+)
 from runlm.errors import ContextOverflowError, InvalidInputError, RunlmError, TokenizerError
 from runlm.formats.gguf import GGUFFile
 from runlm.lean.engine import LeanModel, LeanSession
 from runlm.lean.prepare import image_for
+from runlm.sampling import Sampler, SamplingParams
 from runlm.text import ChatTemplate, StreamingDetokenizer, Tokenizer
 
 # --kv-type auto is f16 here, as on the default path for quantized GGUF weights
 _KV_TYPES = {"auto": "f16", "f16": "f16", "f32": "f32", "q8_0": "q8_0"}
 
 
-class Sampler:
-    """Greedy at temperature 0; else temperature, top-k then top-p (nucleus) over a softmax, numpy's generator
-    seeded by `seed`. The PyTorch path's sampler draws other numbers for the same seed: greedy replies are the same
-    tokens, sampled ones are not."""
-
-    def __init__(self, temperature: float, top_k: int, top_p: float, seed: int | None):
-        if temperature < 0 or not 0 < top_p <= 1:
-            raise InvalidInputError("temperature must be >= 0 and top_p in (0, 1]")
-        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
-        self.rng = np.random.default_rng(seed)
-
-    def __call__(self, logits: np.ndarray) -> int:
-        if self.temperature == 0:
-            return int(np.argmax(logits))
-        scaled = logits.astype(np.float64) / self.temperature
-        if 0 < self.top_k < scaled.size:
-            cutoff = np.partition(scaled, -self.top_k)[-self.top_k]
-            scaled = np.where(scaled >= cutoff, scaled, -np.inf)
-        probs = np.exp(scaled - scaled.max())
-        probs /= probs.sum()
-        if self.top_p < 1:
-            order = np.argsort(-probs, kind="stable")
-            keep = np.cumsum(probs[order]) - probs[order] < self.top_p  # the smallest prefix reaching top_p
-            mask = np.zeros_like(probs, dtype=bool)
-            mask[order[keep]] = True
-            probs = np.where(mask, probs, 0)
-            probs /= probs.sum()
-        return int(self.rng.choice(probs.size, p=probs))
-
-
-def reply(model: LeanModel, session: LeanSession, prompt_ids: list[int], max_tokens: int, sampler: Sampler,
+def reply(model: LeanModel, session: LeanSession, prompt_ids: list[int], max_tokens: int, params: SamplingParams,
           stop_ids: frozenset[int]) -> Iterator[int]:
     """Token ids of the reply to `prompt_ids`, one at a time, until a stop id (not yielded) or max_tokens. The
     session keeps what it already holds of the prompt (the turns before, in a chat) and runs only the rest; the
-    reply's tokens stay in it."""
+    reply's tokens stay in it. The sampler is the PyTorch path's (runlm.sampling), seeded per reply as there, so a
+    seeded reply is the same tokens on both paths."""
+    sampler = Sampler(params, model.vocab_size, history=prompt_ids)
     if len(prompt_ids) >= session.capacity:
         raise ContextOverflowError(f"the prompt's {len(prompt_ids)} tokens leave no room in the context of "
                                    f"{session.capacity}")
@@ -101,13 +79,13 @@ def _open(args: argparse.Namespace) -> tuple[LeanModel, Tokenizer, ChatTemplate 
     return model, tokenizer, _chat_template(args, model, tokenizer)
 
 
-def _stream(model: LeanModel, session: LeanSession, tokenizer: Tokenizer, text: str, args: argparse.Namespace,
-            sampler: Sampler) -> str:
+def _stream(model: LeanModel, session: LeanSession, tokenizer: Tokenizer, text: str, args: argparse.Namespace) -> str:
     """Print the reply to a rendered prompt as it is produced; return its text."""
     detok = StreamingDetokenizer(tokenizer, continuation=True)
     shown = terminal_safe if sys.stdout.isatty() else str
     pieces = []
-    for token in reply(model, session, tokenizer.encode_prompt(text), args.max_tokens, sampler, tokenizer.stop_ids):
+    prompt_ids = tokenizer.encode_prompt(text)
+    for token in reply(model, session, prompt_ids, args.max_tokens, sampling_params(args), tokenizer.stop_ids):
         pieces.append(detok.push(token))
         sys.stdout.write(shown(pieces[-1]))
         sys.stdout.flush()
@@ -125,8 +103,7 @@ def run(args: argparse.Namespace) -> int:
         system = [{"role": "system", "content": args.system}] if args.system else []
         text = template.render([*system, {"role": "user", "content": args.prompt}])
     positions = min(len(tokenizer.encode_prompt(text)) + args.max_tokens, model.context)
-    sampler = Sampler(args.temperature, args.top_k, args.top_p, args.seed)
-    _stream(model, model.new_session(positions), tokenizer, text, args, sampler)
+    _stream(model, model.new_session(positions), tokenizer, text, args)
     return 0
 
 
@@ -136,11 +113,11 @@ def run_chat(args: argparse.Namespace) -> int:
     if template is None:
         raise RunlmError(f"{args.model or 'the model'}: the model has no chat template; use `runlm generate --raw`")
     session = model.new_session(model.context)  # its caches take memory as positions are written, not before
-    sampler = Sampler(args.temperature, args.top_k, args.top_p, args.seed)
+    sampling_params(args).validate(model.vocab_size)  # a bad flag fails before the first turn is typed
     source, family = Path(model.header["source"]["path"]).name, model.header["family"]
     print(f"runlm chat --lean: {source} ({family}). Empty line or Ctrl-D to quit.", file=sys.stderr)
     return chat_loop(args.system,
-                     lambda messages: _stream(model, session, tokenizer, template.render(messages), args, sampler))
+                     lambda messages: _stream(model, session, tokenizer, template.render(messages), args))
 
 
 def _chat_template(args: argparse.Namespace, model: LeanModel, tokenizer: Tokenizer) -> ChatTemplate | None:
@@ -166,4 +143,4 @@ def main(argv: Sequence[str]) -> int:
     return exit_status(lambda: (run if command == "generate" else run_chat)(args))
 
 
-__all__ = ["Sampler", "main", "reply", "run", "run_chat"]
+__all__ = ["main", "reply", "run", "run_chat"]

@@ -74,10 +74,11 @@ def test_choice_seeds_differ_and_reproduce():
     assert first[1] == alone
 
 
-def test_choice_seed_wraps_into_torch_range():
+def test_choice_seed_wraps_into_the_generators_range():
     assert choice_seed(None, 2) is None
     assert choice_seed(5, 2) == 7
     assert choice_seed(SEED_SPAN - 1, 1) == 0
+    assert choice_seed(-3, 1) == SEED_SPAN - 2  # numpy's generators take no negative seed
     with pytest.raises(InvalidInputError):
         engine().new_choices(GenerationRequest(PROMPT), 0)
 

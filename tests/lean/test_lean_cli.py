@@ -7,10 +7,8 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
-from runlm.lean.cli import Sampler
 from runlm.lean.prepare import image_for
 from runlm.quant import kernels
 
@@ -46,24 +44,26 @@ def test_lean_generate_refuses_what_it_cannot_run(smollm2_gguf):
     assert "Traceback" not in missing.stderr + out.stderr
 
 
-def test_the_sampler():
-    logits = np.array([0.0, 3.0, 1.0, 2.9], dtype=np.float32)
-    assert Sampler(0.0, 0, 1.0, None)(logits) == 1
-    assert {Sampler(1.0, 1, 1.0, seed)(logits) for seed in range(20)} == {1}  # top-k 1 is greedy
-    assert {Sampler(1.0, 0, 0.3, seed)(logits) for seed in range(20)} == {1}  # the nucleus holds the top token only
-    both = {Sampler(1.0, 2, 1.0, seed)(logits) for seed in range(40)}
-    assert both == {1, 3}
-    draws = [Sampler(0.8, 0, 0.95, 7)(logits) for _ in range(3)]
-    assert len(set(draws)) == 1  # one seed, one draw
-    with pytest.raises(Exception, match="top_p"):
-        Sampler(1.0, 0, 0.0, None)
+def test_a_seeded_sampled_reply_is_the_default_paths(smollm2_gguf):
+    """Both paths sample with runlm.sampling on the same logits: a seed gives the same tokens, and the truncation
+    (top-k, top-p) sees the temperature-1 distribution on both (llama.cpp's order)."""
+    sampled = ["--temperature", "1.3", "--top-p", "0.9", "--top-k", "40", "--seed", "3", "--max-tokens", "24"]
+    lean = runlm("generate", "-m", str(smollm2_gguf), PROMPT, *sampled, "--lean")
+    default = runlm("generate", "-m", str(smollm2_gguf), PROMPT, *sampled)
+    greedy = runlm("generate", "-m", str(smollm2_gguf), PROMPT, "--max-tokens", "24", "--lean")
+    assert lean.returncode == 0, lean.stderr
+    assert lean.stdout == default.stdout and lean.stdout.strip() and lean.stdout != greedy.stdout
+    bad = runlm("generate", "-m", str(smollm2_gguf), PROMPT, "--top-p", "1.5", "--lean")
+    assert bad.returncode == 1 and bad.stderr.strip() == "runlm: error: top_p: must be in [0, 1], got 1.5"
 
 
 def test_lean_chat_answers_each_turn_as_the_default_path(smollm2_gguf):
+    """Sampled, seeded: each turn's sampler is seeded afresh on both paths."""
     turns = "Hi, who are you?\nWhat is 2+2?\n"
-    lean = subprocess.run([sys.executable, "-m", "runlm", "chat", "--lean", "-m", str(smollm2_gguf), "--max-tokens",
-                           "20"], input=turns, capture_output=True, text=True, timeout=300)
-    default = subprocess.run([sys.executable, "-m", "runlm", "chat", "-m", str(smollm2_gguf), "--max-tokens", "20"],
-                             input=turns, capture_output=True, text=True, timeout=300)
+    flags = ["-m", str(smollm2_gguf), "--max-tokens", "20", "--temperature", "0.8", "--seed", "11"]
+    lean = subprocess.run([sys.executable, "-m", "runlm", "chat", "--lean", *flags], input=turns,
+                          capture_output=True, text=True, timeout=300)
+    default = subprocess.run([sys.executable, "-m", "runlm", "chat", *flags], input=turns, capture_output=True,
+                             text=True, timeout=300)
     assert lean.returncode == 0, lean.stderr
     assert lean.stdout == default.stdout and lean.stdout.count("> ") == 3
