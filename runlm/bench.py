@@ -526,13 +526,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def served_process(*serve_args: str, start_timeout_s: float = 600) -> Iterator[str]:
+def served_process(*serve_args: str, start_timeout_s: float = 600, env: dict[str, str] | None = None) -> Iterator[str]:
     """`runlm serve SERVE_ARGS` on a free port in a process of its own, as users run it: yields its base URL
-    once it listens (raises with the server's log if it dies or stays silent first), stops it afterwards."""
+    once it listens (raises with the server's log if it dies or stays silent first), stops it afterwards. `env`:
+    variables set for it on top of this process's."""
     port = free_port()
     with tempfile.TemporaryFile("w+") as log:
         server = subprocess.Popen([sys.executable, "-m", "runlm", "serve", *serve_args, "--port", str(port)],
-                                  stdout=subprocess.DEVNULL, stderr=log, text=True)
+                                  stdout=subprocess.DEVNULL, stderr=log, text=True, env={**os.environ, **(env or {})})
         try:
             deadline = time.monotonic() + start_timeout_s
             while True:

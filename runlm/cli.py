@@ -19,9 +19,11 @@ from runlm.cli_args import (
     add_chat_arguments,
     add_generate_arguments,
     add_model_arguments,
+    add_serve_arguments,
     chat_loop,
     exit_status,
     sampling_params,
+    serve_options,
     terminal_safe,
 )
 from runlm.cluster.simulate import add_arguments as add_simulation_arguments
@@ -29,7 +31,7 @@ from runlm.cluster.simulate import run_from_args as run_simulation_from_args
 from runlm.engine import Engine, GenerationRequest, ImageInput
 from runlm.errors import RunlmError, TokenizerError
 from runlm.loading import load
-from runlm.models.vision import image_to_rgb
+from runlm.pixels import image_to_rgb
 from runlm.quant import kernels
 from runlm.shapes import SHAPES
 from runlm.system import cpu_name, meminfo_bytes
@@ -56,49 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("list", help="list catalog models and whether they are pulled")
 
-    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-    add_model_arguments(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=None,
-                       help="require this bearer token, or one of several comma-separated (better: RUNLM_API_KEY "
-                            "or --api-keys-file, a flag shows in ps); each key has its own prompt cache")
-    serve.add_argument("--max-tokens", type=int, default=None,
-                       help="max_tokens of requests that set none (default: up to the context's end)")
-    serve.add_argument("--api-keys-file", default=None, help="API keys, one per line ('#' comments)")
-    serve.add_argument("--shared-prompt-cache", action="store_true",
-                       help="let every API key reuse every other key's cached prompts (they can then probe them)")
-    serve.add_argument("--prompt-cache-mb", type=int, default=256)
-    serve.add_argument("--max-queue", type=int, default=16)
-    serve.add_argument("--parallel", type=int, default=8, help="sequences decoded together (continuous batching)")
-    serve.add_argument("--kv-budget-mb", type=float, default=None,
-                       help="bound on the KV cache of all requests in flight (default: half the memory available "
-                            "after the load, per replica with --replicas; 0: no bound)")
-    serve.add_argument("--mmproj", default=None, help="llama.cpp vision projector GGUF for a GGUF model")
-    serve.add_argument("--allow-remote-images", action="store_true", help="fetch http(s) image_url parts")
-    serve.add_argument("--allow-private-image-urls", action="store_true",
-                       help="with --allow-remote-images: also fetch from loopback, private and link-local addresses")
-    serve.add_argument("--allowed-hosts", action="append", default=[], metavar="HOSTS",
-                       help="more host names the server answers to, comma-separated (default: loopback names and "
-                            "IP addresses; '*' allows any; '.example.com' a domain and its subdomains)")
-    serve.add_argument("--api-docs", action="store_true", help="serve /docs, /redoc and /openapi.json (CDN assets)")
-    serve.add_argument("--special-tokens-in-content", action="store_true",
-                       help="special-token strings in message text become control tokens (default: text; only "
-                            "the chat template's own markers are control tokens)")
-    serve.add_argument("--pooling", choices=("mean", "last"), default=None,
-                       help="how embeddings pool token states (default: as the model declares, else mean)")
-    cluster = serve.add_argument_group("replicas on Ray Serve (pip install 'runlm[cluster]')")
-    cluster.add_argument("--replicas", type=int, default=None,
-                         help="serve N model replicas behind one endpoint on Ray Serve (default: one process, no Ray)")
-    cluster.add_argument("--threads-per-replica", type=int, default=1, help="CPU threads (and Ray CPUs) per replica")
-    cluster.add_argument("--ray-address", default=None,
-                         help="join this Ray cluster ('auto', 'ray://host:10001'); default: start a local Ray")
-    cluster.add_argument("--routing", choices=("prefix-affinity", "power-of-two", "round-robin"),
-                         default="prefix-affinity", help="how requests pick a replica")
-    cluster.add_argument("--min-replicas", type=int, default=None, help="autoscale: at least this many replicas")
-    cluster.add_argument("--max-replicas", type=int, default=None, help="autoscale: at most this many replicas")
-    cluster.add_argument("--target-ongoing-requests", type=float, default=4.0,
-                         help="autoscale: requests per replica the autoscaler aims for")
+    add_serve_arguments(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
 
     bench = sub.add_parser("bench", help="speed, memory and perplexity side by side with peers")
     add_model_arguments(bench)
@@ -331,30 +291,14 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve_keys(args: argparse.Namespace) -> list[str]:
-    """--api-key, the keys file and RUNLM_API_KEY together (any of them may hold several keys)."""
-    from runlm.server.middleware import api_keys_from, read_api_keys_file  # optional: the [server] extra
-
-    keys = api_keys_from(args.api_key) + api_keys_from(os.environ.get("RUNLM_API_KEY"))
-    return keys + (read_api_keys_file(args.api_keys_file) if args.api_keys_file else [])
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
+    if args.lean:  # as in cmd_generate: the `runlm` command routes this before torch is imported
+        from runlm.lean.cli import run_serve
+
+        return run_serve(args)
     from runlm.server import serve  # optional: the [server] extra
 
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise RunlmError(f"--max-tokens must be at least 1, got {args.max_tokens}")
-    server_options = dict(
-        api_key=serve_keys(args),
-        shared_prompt_cache=args.shared_prompt_cache,
-        default_max_tokens=args.max_tokens,
-        allow_remote_images=args.allow_remote_images,
-        allow_private_image_urls=args.allow_private_image_urls,
-        pooling=args.pooling,
-        allowed_hosts=[h for value in args.allowed_hosts for h in value.split(",") if h.strip()],
-        api_docs=args.api_docs,
-        special_tokens_in_content=args.special_tokens_in_content,
-    )
+    server_options = serve_options(args)
     if args.replicas is not None or args.min_replicas is not None or args.max_replicas is not None:
         return serve_on_ray(args, server_options)
     loaded = _load(args)

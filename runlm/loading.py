@@ -11,7 +11,7 @@ import torch
 from runlm import catalog
 from runlm.catalog import resolve_model
 from runlm.errors import InvalidInputError, ModelLoadError
-from runlm.formats.gguf import GGUFFile, GGUFSource, gguf_name
+from runlm.formats.gguf import GGUFFile, GGUFSource, gguf_name, quantization_of
 from runlm.formats.safetensors import SafetensorsSource
 from runlm.models.base import WeightLoader
 from runlm.models.config import ModelConfig, check_config, expected_shapes
@@ -175,7 +175,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | 
         format="gguf",
         family_spec=family,
         config=config,
-        quantization=_gguf_quantization(gguf),
+        quantization=quantization_of(gguf),
         metadata={k: v for k, v in gguf.metadata.items() if not k.startswith("tokenizer.ggml.")},
     )
 
@@ -187,14 +187,6 @@ def check_vocabulary(tokenizer: Tokenizer, config: ModelConfig, path: Path) -> N
             f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary holds "
             f"{config.vocab_size}: ids past {config.vocab_size - 1} would have no embedding"
         )
-
-
-def _gguf_quantization(gguf) -> str:
-    counts: dict[str, int] = {}
-    for name in gguf.tensor_names():
-        raw = gguf.raw(name)
-        counts[raw.type_name] = counts.get(raw.type_name, 0) + raw.data.nbytes
-    return max(counts, key=counts.get) if counts else "unknown"
 
 
 def _load_hf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | None, swa_full: bool) -> LoadedModel:

@@ -14,11 +14,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
 
 from runlm.errors import ContextOverflowError, InvalidInputError, RunlmError, UnsupportedOperationError
+
+if TYPE_CHECKING:  # logits are torch tensors from the families' runners, numpy arrays from runlm.lean's
+    import torch
 
 OnToken = Callable[[int], bool]
 DEFAULT_MAX_CONTEXT = 4096
@@ -39,6 +42,16 @@ class PartialBatchError(RunlmError):
     def __init__(self, rows: list[torch.Tensor], cause: BaseException):
         super().__init__(f"extend_batch failed at session {len(rows)}: {cause}")
         self.rows, self.cause = rows, cause
+
+
+def stack_rows(rows: list) -> Any:
+    """Rows of logits as one [N, vocab] array of their own kind: torch tensors (the families' runners) or numpy
+    arrays (runlm.lean's runner, in a process without torch)."""
+    if hasattr(rows[0], "detach"):
+        import torch
+
+        return torch.stack(rows)
+    return np.stack(rows)
 
 
 @dataclass
@@ -146,7 +159,7 @@ class LmRunner(ABC):
             if all_positions or i == len(ids) - 1:
                 rows.append(self.predict_logits(context))
         session.tokens = context
-        return torch.stack(rows) if all_positions else rows[-1]
+        return stack_rows(rows) if all_positions else rows[-1]
 
     def prefill(self, session: Session, prompt_ids: Sequence[int]) -> torch.Tensor:
         """Make `session` hold exactly `prompt_ids`; the last position's logits [vocab]."""
@@ -184,7 +197,7 @@ class LmRunner(ABC):
         """One token for each prefilled session, each at its own position: logits [B, vocab] (see extend_batch)."""
         if any(not session.tokens for session in sessions):
             raise InvalidInputError("decode_batch needs prefilled sessions: call prefill first")
-        return torch.stack(self.extend_batch(sessions, [[token] for token in tokens]))
+        return stack_rows(self.extend_batch(sessions, [[token] for token in tokens]))
 
     def export(self, session: Session) -> SessionSnapshot | None:
         """Snapshot `session` for prompt-cache reuse; None if this runner cannot."""
@@ -278,7 +291,7 @@ class LmRunner(ABC):
         """Greedy tokens from a prefilled session's `logits` on."""
         produced: list[int] = []
         while True:
-            token = int(torch.argmax(logits))
+            token = int(logits.argmax())
             produced.append(token)
             if on_token is not None and not on_token(token):
                 return produced

@@ -42,10 +42,10 @@ class LiveServer:
 
 
 @contextmanager
-def serve_cli(*args: str) -> Iterator[str]:
+def serve_cli(*args: str, env: dict[str, str] | None = None) -> Iterator[str]:
     """`python -m runlm serve ARGS` on a free port, in a subprocess as a user runs it (runlm.bench's
     served_process): yields its base URL once uvicorn says it listens, and stops it afterwards."""
-    with served_process(*args) as base_url:
+    with served_process(*args, env=env) as base_url:
         yield base_url
 
 

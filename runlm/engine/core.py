@@ -13,9 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from runlm.engine.grammar import GrammarConstraint
 from runlm.engine.prompt_cache import PromptCache
@@ -24,6 +22,9 @@ from runlm.errors import ContextOverflowError, InvalidInputError
 from runlm.runner import ImageInput, LmRunner, PartialBatchError, Session
 from runlm.sampling import Sampler, SamplingParams, TokenLogprob
 from runlm.text import StreamingDetokenizer
+
+if TYPE_CHECKING:  # logits are torch tensors from the families' runners, numpy arrays from runlm.lean's
+    import torch
 
 
 @dataclass

@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from runlm.errors import ContextOverflowError, InvalidInputError
 from runlm.runner import LmRunner
+
+if TYPE_CHECKING:  # imported where vectors are made: a runner without torch (runlm.lean) cannot embed
+    import torch
 
 Pooling = Literal["mean", "last"]
 POOLINGS: tuple[str, ...] = ("mean", "last")
@@ -102,6 +103,8 @@ def normalize(vector: torch.Tensor, dimensions: int | None = None) -> torch.Tens
         if not 0 < dimensions <= vector.shape[-1]:
             raise InvalidInputError(f"dimensions must be in 1..{vector.shape[-1]} for this model, got {dimensions}")
         vector = vector[..., :dimensions]
+    import torch
+
     return torch.nn.functional.normalize(vector.float(), dim=-1)
 
 

@@ -399,3 +399,12 @@ class GGUFSource(WeightSource):
 
     def tensor(self, name: str) -> torch.Tensor:
         return _dequantized(self.raw(name), self.path)
+
+
+def quantization_of(gguf: GGUFFile) -> str:
+    """The file's quantization as users name it: the tensor type holding most of its bytes ("Q4_K", "Q8_0"...)."""
+    counts: dict[str, int] = {}
+    for name in gguf.tensor_names():
+        raw = gguf.raw(name)
+        counts[raw.type_name] = counts.get(raw.type_name, 0) + raw.data.nbytes
+    return max(counts, key=counts.get) if counts else "unknown"

@@ -1,6 +1,7 @@
-"""`runlm generate --lean` and `runlm chat --lean`: replies from a process that never imports PyTorch (runlm.launch
-sends these commands here first). The model is prepared once into a lean image (a child process with PyTorch does
-it); this process maps the image, builds the tokenizer from the GGUF, and streams the replies."""
+"""`runlm generate --lean`, `runlm chat --lean` and `runlm serve --lean`: replies from a process that never imports
+PyTorch (runlm.launch sends these commands here first). The model is prepared once into a lean image (a child process
+with PyTorch does it); this process maps the image, builds the tokenizer from the GGUF, and streams the replies, or
+serves them through runlm.server over a LeanRunner."""
 
 from __future__ import annotations
 
@@ -13,15 +14,18 @@ from runlm import catalog
 from runlm.cli_args import (
     add_chat_arguments,
     add_generate_arguments,
+    add_serve_arguments,
     chat_loop,
     exit_status,
     sampling_params,
+    serve_options,
     terminal_safe,
 )
 from runlm.errors import ContextOverflowError, InvalidInputError, RunlmError, TokenizerError
-from runlm.formats.gguf import GGUFFile
+from runlm.formats.gguf import GGUFFile, quantization_of
 from runlm.lean.engine import LeanModel, LeanSession
 from runlm.lean.prepare import image_for
+from runlm.lean.runner import LeanConfig, LeanLoaded, LeanRunner
 from runlm.sampling import Sampler, SamplingParams
 from runlm.text import ChatTemplate, StreamingDetokenizer, Tokenizer
 
@@ -57,26 +61,29 @@ def _refuse_options(args: argparse.Namespace) -> None:
         "--image": getattr(args, "image", None) is not None, "--mmproj": getattr(args, "mmproj", None) is not None,
         "--web": getattr(args, "web", False), "--dtype": args.dtype != "auto",
         "--device": args.device not in (None, "cpu"), "--swa-full": args.swa_full,
+        "--replicas": any(getattr(args, name, None) is not None
+                          for name in ("replicas", "min_replicas", "max_replicas")),
     }  # fmt: skip
     named = [name for name, given in refused.items() if given]
     if named:
         raise InvalidInputError(f"{', '.join(named)}: not with --lean (it runs GGUF text models on the CPU kernels)")
-    if args.max_tokens < 1:
+    if args.max_tokens is not None and args.max_tokens < 1:
         raise InvalidInputError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.ctx is not None and args.ctx < 1:
         raise InvalidInputError(f"--ctx must be positive, got {args.ctx}")
 
 
-def _open(args: argparse.Namespace) -> tuple[LeanModel, Tokenizer, ChatTemplate | None]:
-    """The model (its image made first where there is none), its tokenizer and chat template."""
+def _open(args: argparse.Namespace) -> tuple[LeanModel, Tokenizer, ChatTemplate | None, Path, GGUFFile]:
+    """The model (its image made first where there is none), its tokenizer and chat template, and its file."""
     _refuse_options(args)
     path = catalog.resolve_model(args.model)
     image = image_for(path, log=lambda line: print(line, file=sys.stderr))
     model = LeanModel.open(image, kv_type=_KV_TYPES[args.kv_type], threads=args.threads)
     if args.ctx is not None:
         model.context = min(model.context, args.ctx)
-    tokenizer = Tokenizer.from_gguf(GGUFFile(path).metadata)
-    return model, tokenizer, _chat_template(args, model, tokenizer)
+    gguf = GGUFFile(path)
+    tokenizer = Tokenizer.from_gguf(gguf.metadata)
+    return model, tokenizer, _chat_template(args, model, tokenizer), path, gguf
 
 
 def _stream(model: LeanModel, session: LeanSession, tokenizer: Tokenizer, text: str, args: argparse.Namespace) -> str:
@@ -96,7 +103,7 @@ def _stream(model: LeanModel, session: LeanSession, tokenizer: Tokenizer, text: 
 
 def run(args: argparse.Namespace) -> int:
     """`runlm generate --lean` with parsed arguments."""
-    model, tokenizer, template = _open(args)
+    model, tokenizer, template, _, _ = _open(args)
     if args.raw or template is None:
         text = args.prompt
     else:
@@ -109,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_chat(args: argparse.Namespace) -> int:
     """`runlm chat --lean`: the turns share one session, so each turn runs only what the session does not hold."""
-    model, tokenizer, template = _open(args)
+    model, tokenizer, template, _, _ = _open(args)
     if template is None:
         raise RunlmError(f"{args.model or 'the model'}: the model has no chat template; use `runlm generate --raw`")
     session = model.new_session(model.context)  # its caches take memory as positions are written, not before
@@ -118,6 +125,20 @@ def run_chat(args: argparse.Namespace) -> int:
     print(f"runlm chat --lean: {source} ({family}). Empty line or Ctrl-D to quit.", file=sys.stderr)
     return chat_loop(args.system,
                      lambda messages: _stream(model, session, tokenizer, template.render(messages), args))
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """`runlm serve --lean`: the same server (every API, the scheduler, the prompt cache) over a LeanRunner."""
+    from runlm.server import serve  # optional: the [server] extra
+
+    options = serve_options(args)
+    model, tokenizer, template, path, gguf = _open(args)
+    loaded = LeanLoaded(LeanRunner(model), tokenizer, template, path, quantization_of(gguf),
+                        LeanConfig(hidden_size=model.hidden, num_layers=len(model.header["blocks"])),
+                        metadata=gguf.metadata)
+    serve(loaded, host=args.host, port=args.port, prompt_cache_mb=args.prompt_cache_mb, max_queue=args.max_queue,
+          max_batch=args.parallel, kv_budget_mb=args.kv_budget_mb, **options)
+    return 0
 
 
 def _chat_template(args: argparse.Namespace, model: LeanModel, tokenizer: Tokenizer) -> ChatTemplate | None:
@@ -134,13 +155,18 @@ def _chat_template(args: argparse.Namespace, model: LeanModel, tokenizer: Tokeni
                                                    eos_token=saved["eos_token"], name=saved["name"])
 
 
+COMMANDS = {"generate": (add_generate_arguments, run), "chat": (add_chat_arguments, run_chat),
+            "serve": (add_serve_arguments, run_serve)}
+
+
 def main(argv: Sequence[str]) -> int:
-    """`runlm generate --lean ...` or `runlm chat --lean ...` (argv from the command's name on)."""
+    """`runlm generate|chat|serve --lean ...` (argv from the command's name on)."""
     command = argv[0]
     parser = argparse.ArgumentParser(prog=f"runlm {command}")
-    (add_generate_arguments if command == "generate" else add_chat_arguments)(parser)
+    add_arguments, run_command = COMMANDS[command]
+    add_arguments(parser)
     args = parser.parse_args(argv[1:])
-    return exit_status(lambda: (run if command == "generate" else run_chat)(args))
+    return exit_status(lambda: run_command(args))
 
 
-__all__ = ["main", "reply", "run", "run_chat"]
+__all__ = ["main", "reply", "run", "run_chat", "run_serve"]

@@ -18,7 +18,6 @@ mmproj GGUF (`clip.*` metadata, `v.*` / `mm.*` tensors, soft_emb_norm stored wit
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import warnings
@@ -30,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 from tokenizers import Tokenizer as Backend
 from torch import nn
 
@@ -527,38 +526,11 @@ def image_groups(tokenizer, ids: Sequence[int], mm_tokens: int) -> torch.Tensor:
     return torch.where(is_image, torch.cumsum(starts.long(), 0) - 1, torch.full_like(is_image, -1, dtype=torch.long))
 
 
-def image_to_rgb(path: str | Path) -> tuple[bytes, int, int]:
-    """An image file (PNG, JPEG... anything Pillow reads) as RGB bytes, width, height."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise InvalidInputError(f"{path}: no such image file")
-    return image_bytes_to_rgb(path.read_bytes(), str(path))
-
-
-def image_bytes_to_rgb(data: bytes, what: str = "image", formats: tuple[str, ...] | None = None,
-                       max_pixels: int | None = None) -> tuple[bytes, int, int]:
-    """Encoded image bytes (PNG, JPEG...) as RGB bytes, width, height; unreadable data is InvalidInputError.
-    `formats` (Pillow's names) limits the decoders tried; `max_pixels` refuses a larger image from its header,
-    before any pixel is decoded (a small file can declare gigapixels)."""
-    try:
-        with Image.open(io.BytesIO(data), formats=formats) as image:
-            width, height = image.size
-            if max_pixels is not None and width * height > max_pixels:
-                raise InvalidInputError(f"{what}: the image is {width}x{height}, more than {max_pixels} pixels")
-            image.load()
-            rgb = image.convert("RGB")
-    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError) as exc:
-        raise InvalidInputError(f"{what}: cannot read the image ({' '.join(str(exc).split())})") from exc
-    return rgb.tobytes(), rgb.width, rgb.height
-
-
 __all__ = [
     "VisionConfig",
     "VisionModel",
     "attach_vision",
     "expand_prompt",
-    "image_bytes_to_rgb",
-    "image_to_rgb",
     "mmproj_name",
     "preprocess",
     "vision_from_hf",

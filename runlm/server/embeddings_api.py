@@ -10,14 +10,17 @@ from __future__ import annotations
 import asyncio
 import base64
 from functools import partial
+from typing import TYPE_CHECKING
 
-import torch
 from fastapi import APIRouter, Depends
 
 from runlm.engine.embeddings import check_embedding_input, embed, embedding_ids
 from runlm.server.errors import APIError
 from runlm.server.schemas import EmbeddingRequest
 from runlm.server.state import ServerState, get_state
+
+if TYPE_CHECKING:
+    import torch
 from runlm.server.workers import json_body
 
 router = APIRouter()

@@ -23,7 +23,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 
 from runlm.errors import InvalidInputError, RunlmError
-from runlm.models.vision import image_bytes_to_rgb
+from runlm.pixels import image_bytes_to_rgb
 from runlm.runner import ImageInput
 from runlm.server.errors import APIError
 

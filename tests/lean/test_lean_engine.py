@@ -67,7 +67,8 @@ def test_tiny_qwen3_with_head_norms(tmp_path):
 
 
 def test_the_lean_modules_import_no_torch():
-    code = ("import sys; from runlm.lean import cli, engine, image, native, prepare; import runlm.launch; "
+    code = ("import sys; from runlm.lean import cli, engine, image, native, prepare, runner; import runlm.launch; "
+            "import runlm.server.app; "
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]")
     subprocess.run([sys.executable, "-c", code], check=True)
 

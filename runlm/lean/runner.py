@@ -1,0 +1,121 @@
+"""The runner contract over a lean model, so the engine, the scheduler and the HTTP server run in a process without
+PyTorch (`runlm serve --lean`). Logits are float32 numpy arrays; the sampler (runlm.sampling) takes them as they are.
+
+Sessions hold a LeanSession; the prompt cache's snapshots are copies of its filled KV rows. Sequences in a batch step
+run one after the other (the contract's default extend_batch): the C stack takes one sequence per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from runlm.errors import InvalidInputError
+from runlm.lean.engine import LeanModel, LeanSession
+from runlm.runner import LmRunner, Session, SessionSnapshot
+from runlm.text import ChatTemplate, Tokenizer
+
+
+class LeanRunner(LmRunner):
+    def __init__(self, model: LeanModel):
+        self.model = model
+        self.rings = [bool(block["ring"]) for block in model.header["blocks"]]
+        self.windows = [int(block["window"]) for block in model.header["blocks"]]
+
+    def family(self) -> str:
+        return self.model.header["family"]
+
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    def max_context(self) -> int:
+        return self.model.context
+
+    def predict_logits(self, prompt_ids: Sequence[int]) -> np.ndarray:
+        self.check_prompt(prompt_ids)
+        return self.extend(self.new_session(len(prompt_ids)), prompt_ids)
+
+    def new_session(self, positions: int | None = None) -> Session:
+        """The KV arrays are made for `positions` (the context when None) at once; the OS gives their pages as they
+        are written."""
+        lean = self.model.new_session(positions or self.model.context)
+        return Session(tokens=lean.tokens, state=lean)  # one list: the session's tokens are the lean session's
+
+    def kv_bytes(self, positions: int) -> int:
+        return self.model.kv_bytes(positions)
+
+    def reset_session(self, session: Session) -> None:
+        session.tokens.clear()
+
+    def extend(self, session: Session, ids: Sequence[int], all_positions: bool = False) -> np.ndarray:
+        if len(ids) == 0:
+            raise InvalidInputError("nothing to extend: no token ids")
+        self.check_tokens(ids)
+        self.check_fits(len(session.tokens) + len(ids))
+        return self.model.extend(session.state, [int(t) for t in ids], all_positions)
+
+    def export(self, session: Session) -> SessionSnapshot:
+        """The filled rows of every full cache and each ring whole (a ring's slots are positions mod its window)."""
+        lean: LeanSession = session.state
+        n = len(lean.tokens)
+        keys = [k.copy() if ring else k[:, :, :n].copy() for k, ring in zip(lean.keys, self.rings)]
+        values = [v.copy() if ring else v[:, :, :n].copy() for v, ring in zip(lean.values, self.rings)]
+        nbytes = sum(a.nbytes for a in keys + values)
+        return SessionSnapshot(token_ids=list(lean.tokens), cache=(keys, values), nbytes=nbytes, family=self.family())
+
+    def restore(self, session: Session, snap: SessionSnapshot, length: int | None = None) -> bool:
+        """False where the snapshot cannot give the first `length` positions: another runner's, more positions than
+        the session holds, or a prefix cut short of a ring that has wrapped (its slots hold later positions)."""
+        held = len(snap.token_ids)
+        length = held if length is None else length
+        lean: LeanSession = session.state
+        if snap.family != self.family() or not isinstance(snap.cache, tuple) or not 0 <= length <= held:
+            return False
+        if length > lean.capacity or any(ring and held > window and length < held
+                                         for ring, window in zip(self.rings, self.windows)):
+            return False
+        for target, source, ring in zip(lean.keys + lean.values, snap.cache[0] + snap.cache[1], self.rings * 2):
+            if target.shape[:2] != source.shape[:2] or target.dtype != source.dtype:
+                return False
+            if ring:
+                target[...] = source
+            else:
+                target[:, :, :length] = source[:, :, :length]
+        lean.tokens[:] = snap.token_ids[:length]
+        return True
+
+
+@dataclass
+class LeanConfig:
+    """What the server reads of a model's configuration."""
+
+    hidden_size: int
+    num_layers: int
+
+
+@dataclass
+class LeanLoaded:
+    """A lean model with what the server needs around it (runlm.LoadedModel's fields, without PyTorch)."""
+
+    runner: LeanRunner
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate | None
+    path: Path
+    quantization: str
+    config: LeanConfig
+    format: str = "gguf"
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def family(self) -> str:
+        return self.runner.family()
+
+    @property
+    def context_length(self) -> int:
+        return self.runner.max_context()
+
+
+__all__ = ["LeanConfig", "LeanLoaded", "LeanRunner"]

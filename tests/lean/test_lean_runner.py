@@ -1,0 +1,82 @@
+"""runlm.lean's runner: the contract the engine and the server drive, over a lean model (numpy logits, no torch).
+
+Its logits are the lean model's (tests/lean/test_lean_engine.py: the default path's, bit for bit); here, what the
+runner adds: sessions, the prompt cache's snapshots (export / restore, rings included) and the contract's checks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runlm.errors import ContextOverflowError, InvalidInputError
+from runlm.lean.engine import LeanModel
+from runlm.lean.prepare import image_for
+from runlm.lean.runner import LeanRunner
+from runlm.quant import kernels
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_gguf, tmp_path_factory):
+    return LeanRunner(LeanModel.open(image_for(smollm2_gguf, target=tmp_path_factory.mktemp("smol") / "m.lean")))
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma3_gguf, tmp_path_factory):
+    return LeanRunner(LeanModel.open(image_for(gemma3_gguf, target=tmp_path_factory.mktemp("gemma") / "m.lean")))
+
+
+def test_a_restored_prefix_continues_as_a_fresh_prefill(smol):
+    ids = list(range(300, 340))
+    full = smol.new_session(64)
+    smol.extend(full, ids)
+    snap = smol.export(full)
+    assert snap.token_ids == ids and snap.nbytes == smol.kv_bytes(len(ids))
+    for keep in (len(ids), 25):
+        session = smol.new_session(64)
+        assert smol.restore(session, snap, keep) and session.tokens == ids[:keep]
+        fresh = smol.new_session(64)
+        want = smol.extend(fresh, [*ids[:keep], 7, 8], all_positions=True)[-2:]
+        np.testing.assert_array_equal(smol.extend(session, [7, 8], all_positions=True), want)
+    assert not smol.restore(smol.new_session(16), snap)  # more positions than the session holds
+    other = type(snap)(token_ids=snap.token_ids, cache=snap.cache, family="gemma3")
+    assert not smol.restore(smol.new_session(64), other)
+
+
+def test_rings_restore_whole_or_not_at_all_once_wrapped(gemma):
+    window = min(w for w, ring in zip(gemma.windows, gemma.rings) if ring)
+    short = list(range(20, 60))  # within the window: any prefix of it restores
+    session = gemma.new_session(window + 64)
+    gemma.extend(session, short)
+    snap = gemma.export(session)
+    restored = gemma.new_session(window + 64)
+    assert gemma.restore(restored, snap, 30)
+    np.testing.assert_array_equal(gemma.extend(restored, [9]), gemma.predict_logits([*short[:30], 9]))
+    long = list(range(20, 20 + window + 16))  # past the window: the rings wrapped
+    session = gemma.new_session(window + 64)
+    gemma.extend(session, long)
+    snap = gemma.export(session)
+    assert not gemma.restore(gemma.new_session(window + 64), snap, len(long) - 4)
+    whole = gemma.new_session(window + 64)
+    assert gemma.restore(whole, snap)
+    np.testing.assert_array_equal(gemma.extend(whole, [9]), gemma.predict_logits([*long, 9]))
+
+
+def test_the_contracts_checks_and_defaults(smol):
+    session = smol.new_session(8)
+    with pytest.raises(InvalidInputError):
+        smol.extend(session, [])
+    with pytest.raises(InvalidInputError):
+        smol.extend(session, [smol.vocab_size()])
+    with pytest.raises(ContextOverflowError):
+        smol.extend(session, list(range(9)))
+    a, b = smol.new_session(8), smol.new_session(8)
+    rows = smol.extend_batch([a, b], [[5, 6], [7]])
+    np.testing.assert_array_equal(rows[0], smol.predict_logits([5, 6]))
+    np.testing.assert_array_equal(rows[1], smol.predict_logits([7]))
+    assert smol.decode_batch([a, b], [1, 2]).shape == (2, smol.vocab_size())
+    assert smol.generate([5, 6, 7], 4) == smol.generate([5, 6, 7], 4)
+    smol.reset_session(a)
+    assert a.tokens == [] and a.state.tokens == []

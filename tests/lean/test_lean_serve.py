@@ -1,0 +1,96 @@
+"""`runlm serve --lean`: the whole server (OpenAI routes, scheduler, prompt cache) over runlm.lean's runner, in a
+process where `import torch` is made to fail, answering what the default path's server answers, through the
+official openai client on loopback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+from server_harness import openai_client, serve_cli
+
+from runlm.lean.prepare import image_for
+from runlm.quant import kernels
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def servers(smollm2_gguf, tmp_path_factory):
+    """(lean, default) base URLs, both serving SmolLM2."""
+    image_for(smollm2_gguf)  # made by a process with PyTorch; the lean server only maps it
+    blocker = tmp_path_factory.mktemp("blocker")
+    (blocker / "torch").mkdir()
+    (blocker / "torch" / "__init__.py").write_text("raise ImportError('torch is blocked in this test')\n")
+    with serve_cli("-m", str(smollm2_gguf), "--lean", env={"PYTHONPATH": str(blocker)}) as lean, \
+            serve_cli("-m", str(smollm2_gguf)) as default:
+        yield lean, default
+
+
+def answers(base_url: str) -> dict:
+    client = openai_client(base_url)
+    model = client.models.list().data[0].id
+    greedy = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=24, temperature=0)
+    stream = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=16, stream=True, seed=4,
+                                            temperature=0.9, top_p=0.95, logprobs=True, top_logprobs=2)
+    chunks = [chunk.choices[0] for chunk in stream if chunk.choices]
+    n2 = client.completions.create(model=model, prompt="Once upon a time", max_tokens=10, n=2, temperature=1, seed=1)
+    return {"greedy": greedy.choices[0].message.content,
+            "sampled": "".join(c.delta.content or "" for c in chunks),
+            "logprobs": [(t.token, round(t.logprob, 4)) for c in chunks if c.logprobs for t in c.logprobs.content],
+            "n2": [choice.text for choice in n2.choices]}
+
+
+def test_the_lean_server_answers_as_the_default_one(servers):
+    lean, default = servers
+    got = answers(lean)
+    assert got == answers(default)
+    assert got["greedy"].strip() and got["sampled"] and len(got["logprobs"]) > 4 and got["n2"][0] != got["n2"][1]
+
+
+def test_prompt_cache_and_requests_in_flight_together(servers):
+    lean, _ = servers
+    client = openai_client(lean)
+    model = client.models.list().data[0].id
+    messages = [{"role": "user", "content": "Tell me a fact about the moon, please, in one sentence."}]
+    first = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0)
+    again = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0)
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert again.usage.prompt_tokens_details.cached_tokens >= again.usage.prompt_tokens - 1
+
+    def ask(topic: str) -> str:
+        reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": f"Name a {topic}."}],
+                                               max_tokens=10, temperature=0, extra_body={"cache_prompt": False})
+        return reply.choices[0].message.content
+
+    topics = ["color", "fruit", "river", "planet"]
+    alone = [ask(topic) for topic in topics]
+    with ThreadPoolExecutor(len(topics)) as pool:
+        assert list(pool.map(ask, topics)) == alone
+
+
+def test_what_it_cannot_do_is_a_4xx_and_it_keeps_serving(servers):
+    lean, _ = servers
+    client = openai_client(lean)
+    model = client.models.list().data[0].id
+    with pytest.raises(openai.BadRequestError, match="cannot embed"):
+        client.embeddings.create(model=model, input="hello")
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=model, max_tokens=4, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}])
+    assert httpx.get(f"{lean}/health").json()["status"] == "ok"
+
+
+def test_serve_lean_refuses_replicas_in_one_line(smollm2_gguf):
+    out = subprocess.run([sys.executable, "-m", "runlm", "serve", "--lean", "-m", str(smollm2_gguf), "--replicas",
+                          "2"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == ["runlm: error: --replicas: not with --lean (it runs GGUF text models "
+                                               "on the CPU kernels)"]
