@@ -128,11 +128,8 @@ class LeanModel:
         with `all_positions`)."""
         if not ids:
             raise InvalidInputError("nothing to extend: no token ids")
-        if any(not 0 <= int(t) < self.vocab_size for t in ids):
-            raise InvalidInputError(f"token ids must be in [0, {self.vocab_size})")
+        self._check(session, ids)
         start = len(session.tokens)
-        if start + len(ids) > session.capacity:
-            raise ContextOverflowError(f"{start + len(ids)} positions do not fit the session's {session.capacity}")
         outputs = []
         for first in range(0, len(ids), PREFILL_CHUNK):
             chunk = ids[first : first + PREFILL_CHUNK]
@@ -170,19 +167,47 @@ class LeanModel:
             sin.append(np.ascontiguousarray(tables[1][positions]))
         return cos, sin
 
+    def extend_batch(self, sessions: list[LeanSession], ids_lists: list[list[int]]) -> list[np.ndarray]:
+        """Each session's new tokens, all in one forward (every block reads its weights once for all the rows): the
+        last new position's logits of each session. A row's logits do not depend on the rows beside it (the blocks
+        and the head compute row by row), so they are what `extend` gives that session alone."""
+        if len(sessions) != len(ids_lists) or not sessions or any(not ids for ids in ids_lists):
+            raise InvalidInputError("extend_batch needs one non-empty token list per session")
+        for session, ids in zip(sessions, ids_lists):
+            self._check(session, ids)
+        flat = [int(t) for ids in ids_lists for t in ids]
+        row_seq = [index for index, ids in enumerate(ids_lists) for _ in ids]
+        row_pos = [len(session.tokens) + j for session, ids in zip(sessions, ids_lists) for j in range(len(ids))]
+        h = self._run(np.asarray(flat, dtype=np.int64), sessions, row_seq, row_pos)
+        logits = self._logits(h[np.cumsum([len(ids) for ids in ids_lists]) - 1])
+        for session, ids in zip(sessions, ids_lists):
+            session.tokens.extend(int(t) for t in ids)
+        return list(logits)
+
+    def _check(self, session: LeanSession, ids: list[int]) -> None:
+        if any(not 0 <= int(t) < self.vocab_size for t in ids):
+            raise InvalidInputError(f"token ids must be in [0, {self.vocab_size})")
+        if len(session.tokens) + len(ids) > session.capacity:
+            raise ContextOverflowError(f"{len(session.tokens) + len(ids)} positions do not fit the session's "
+                                       f"{session.capacity}")
+
     def _blocks(self, ids: np.ndarray, session: LeanSession, start: int) -> np.ndarray:
+        return self._run(ids, [session], [0] * len(ids), list(range(start, start + len(ids))))
+
+    def _run(self, ids: np.ndarray, sessions: list[LeanSession], row_seq: list[int], row_pos: list[int]) -> np.ndarray:
+        """The final hidden rows of `ids`, row i of sequence row_seq[i] at position row_pos[i] (one C call)."""
         h = np.ascontiguousarray(self._embed(ids), dtype=np.float32)
-        rows = len(ids)
-        positions = np.arange(start, start + rows, dtype=np.int64)
-        cos, sin = self._tables(positions)
+        cos, sin = self._tables(np.asarray(row_pos, dtype=np.int64))
         blocks = self.header["blocks"]
+        per_block = range(len(blocks))
         native.check(native.library().rl_stack_run(
-            self.stack, native.address(h), rows, native.pointers([native.address(c) for c in cos]),
+            self.stack, native.address(h), len(ids), native.pointers([native.address(c) for c in cos]),
             native.pointers([native.address(s) for s in sin]), len(cos), self.head_dim,
-            native.pointers([native.address(k) for k in session.keys]),
-            native.pointers([native.address(v) for v in session.values]),
-            native.int64s([k.shape[2] for k in session.keys]), native.int64s([int(b["ring"]) for b in blocks]),
-            1, self.kv_code, native.int64s([0] * rows), native.int64s(positions.tolist()),
+            native.pointers([native.address(s.keys[b]) for b in per_block for s in sessions]),
+            native.pointers([native.address(s.values[b]) for b in per_block for s in sessions]),
+            native.int64s([s.keys[b].shape[2] for b in per_block for s in sessions]),
+            native.int64s([int(b["ring"]) for b in blocks]), len(sessions), self.kv_code, native.int64s(row_seq),
+            native.int64s(row_pos),
         ))  # fmt: skip
         return h
 

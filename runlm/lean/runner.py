@@ -1,8 +1,8 @@
 """The runner contract over a lean model, so the engine, the scheduler and the HTTP server run in a process without
 PyTorch (`runlm serve --lean`). Logits are float32 numpy arrays; the sampler (runlm.sampling) takes them as they are.
 
-Sessions hold a LeanSession; the prompt cache's snapshots are copies of its filled KV rows. Sequences in a batch step
-run one after the other (the contract's default extend_batch): the C stack takes one sequence per call.
+Sessions hold a LeanSession; the prompt cache's snapshots are copies of its filled KV rows. A batch step (decode
+tokens and prompt chunks of several sequences) is one forward over all their rows, as on the PyTorch path.
 """
 
 from __future__ import annotations
@@ -56,6 +56,19 @@ class LeanRunner(LmRunner):
         self.check_tokens(ids)
         self.check_fits(len(session.tokens) + len(ids))
         return self.model.extend(session.state, [int(t) for t in ids], all_positions)
+
+    def extend_batch(self, sessions: Sequence[Session], ids_lists: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """One forward for every session's new tokens; checked whole first, so an error leaves every session as it
+        was."""
+        if len(sessions) != len(ids_lists) or not sessions:
+            raise InvalidInputError("extend_batch needs one token list per session, and at least one session")
+        for session, ids in zip(sessions, ids_lists):
+            if len(ids) == 0:
+                raise InvalidInputError("extend_batch needs at least one token for every session")
+            self.check_tokens(ids)
+            self.check_fits(len(session.tokens) + len(ids))
+        return self.model.extend_batch([session.state for session in sessions],
+                                       [[int(t) for t in ids] for ids in ids_lists])
 
     def export(self, session: Session) -> SessionSnapshot:
         """The filled rows of every full cache and each ring whole (a ring's slots are positions mod its window)."""

@@ -80,3 +80,28 @@ def test_the_contracts_checks_and_defaults(smol):
     assert smol.generate([5, 6, 7], 4) == smol.generate([5, 6, 7], 4)
     smol.reset_session(a)
     assert a.tokens == [] and a.state.tokens == []
+
+
+@pytest.mark.parametrize("name", ["smol", "gemma"])
+def test_a_batch_step_gives_each_session_its_own_logits(name, request):
+    """Decode steps beside a prompt chunk, in one forward: each session's logits are the ones it gets alone (Gemma:
+    one session past its window, its rings wrapped)."""
+    runner = request.getfixturevalue(name)
+    window = min([w for w, ring in zip(runner.windows, runner.rings) if ring] or [64])
+    prompts = [list(range(40, 60)), list(range(70, 70 + window + 5)), list(range(90, 93))]
+    steps = [[7], [8], list(range(300, 340))]  # two decode steps and a prompt chunk
+    alone, together = [], []
+    for prompt, step in zip(prompts, steps):
+        session = runner.new_session(window + 64)
+        runner.extend(session, prompt)
+        alone.append(runner.extend(session, step))
+    sessions = [runner.new_session(window + 64) for _ in prompts]
+    for session, prompt in zip(sessions, prompts):
+        runner.extend(session, prompt)
+    together = runner.extend_batch(sessions, steps)
+    for got, want in zip(together, alone):
+        np.testing.assert_array_equal(got, want)
+    assert [len(s.tokens) for s in sessions] == [len(p) + len(q) for p, q in zip(prompts, steps)]
+    with pytest.raises(ContextOverflowError):  # checked before any work: no session moved
+        runner.extend_batch(sessions, [[1], [2] * (window + 64), [3]])
+    assert [len(s.tokens) for s in sessions] == [len(p) + len(q) for p, q in zip(prompts, steps)]
