@@ -5,8 +5,9 @@ peak resident memory (VmHWM) after the requests, and the ratios against llama.cp
 
     python scripts/bench_serve.py MODEL.gguf [--threads 2] [--rounds 2]
 
-llama-cpp-python's server needs `pip install 'llama-cpp-python[server]'`; runlm's lean server prepares the model's
-lean image first (once).
+llama-cpp-python's server needs `pip install 'llama-cpp-python[server]'`; it runs with logits_all and use_mlock off
+(its defaults are on: every position's logits kept, the whole file locked in memory). runlm's lean server prepares
+the model's lean image first (once).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ SERVERS = {
                                            "--threads", str(threads), "--port", str(port)],
     "llama.cpp": lambda model, threads, port: [sys.executable, "-m", "llama_cpp.server", "--model", model,
                                                "--n_threads", str(threads), "--n_threads_batch", str(threads),
-                                               "--n_ctx", "1024", "--port", str(port)],
+                                               "--n_ctx", "1024", "--logits_all", "False", "--use_mlock", "False",
+                                               "--port", str(port)],
 }
 
 
