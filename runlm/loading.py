@@ -20,13 +20,13 @@ from runlm.quant import kernels
 from runlm.quant.build import Q8_0_VALUES
 from runlm.quant.int4 import Int4Linear
 from runlm.quant.kernels import GGUFLinear
-from runlm.runner import LmRunner
+from runlm.runner import LmRunner, ServedModel
 from runlm.system import release_free_heap
 from runlm.text import ChatTemplate, Tokenizer
 
 
 @dataclass
-class LoadedModel:
+class LoadedModel(ServedModel):
     """A ready runner with what callers need around it."""
 
     runner: LmRunner
@@ -38,15 +38,6 @@ class LoadedModel:
     config: ModelConfig
     quantization: str
     metadata: dict = field(default_factory=dict)
-
-    @property
-    def family(self) -> str:
-        """The runner's family identifier ("llama32", "qwen3", "gemma")."""
-        return self.runner.family()
-
-    @property
-    def context_length(self) -> int:
-        return self.runner.max_context()
 
 
 DTYPES = {

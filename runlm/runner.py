@@ -357,6 +357,32 @@ class LmRunner(ABC):
         if total > self.max_context():
             raise ContextOverflowError(f"{total} tokens do not fit the context of {self.max_context()} tokens")
 
+    def check_batch(self, sessions: Sequence[Session], ids_lists: Sequence[Sequence[int]]) -> None:
+        """What a batched extend_batch checks before any work, so that an error leaves every session as it was."""
+        if len(sessions) != len(ids_lists) or not sessions:
+            raise InvalidInputError("extend_batch needs one token list per session, and at least one session")
+        for session, ids in zip(sessions, ids_lists):
+            if len(ids) == 0:
+                raise InvalidInputError("extend_batch needs at least one token for every session")
+            self.check_tokens(ids)
+            self.check_fits(len(session.tokens) + len(ids))
+
+
+class ServedModel:
+    """What the CLI and the server read of a loaded model around its runner: runlm.LoadedModel, and runlm.lean's
+    LeanLoaded (both dataclasses with a `runner` field)."""
+
+    runner: LmRunner
+
+    @property
+    def family(self) -> str:
+        """The runner's family identifier ("llama32", "qwen3", "gemma")."""
+        return self.runner.family()
+
+    @property
+    def context_length(self) -> int:
+        return self.runner.max_context()
+
 
 def check_token(token: int, vocab: int) -> None:
     if isinstance(token, bool) or not hasattr(token, "__index__"):

@@ -15,7 +15,7 @@ import numpy as np
 
 from runlm.errors import InvalidInputError
 from runlm.lean.engine import LeanModel, LeanSession
-from runlm.runner import LmRunner, Session, SessionSnapshot
+from runlm.runner import LmRunner, ServedModel, Session, SessionSnapshot
 from runlm.text import ChatTemplate, Tokenizer
 
 
@@ -60,13 +60,7 @@ class LeanRunner(LmRunner):
     def extend_batch(self, sessions: Sequence[Session], ids_lists: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """One forward for every session's new tokens; checked whole first, so an error leaves every session as it
         was."""
-        if len(sessions) != len(ids_lists) or not sessions:
-            raise InvalidInputError("extend_batch needs one token list per session, and at least one session")
-        for session, ids in zip(sessions, ids_lists):
-            if len(ids) == 0:
-                raise InvalidInputError("extend_batch needs at least one token for every session")
-            self.check_tokens(ids)
-            self.check_fits(len(session.tokens) + len(ids))
+        self.check_batch(sessions, ids_lists)
         return self.model.extend_batch([session.state for session in sessions],
                                        [[int(t) for t in ids] for ids in ids_lists])
 
@@ -110,7 +104,7 @@ class LeanConfig:
 
 
 @dataclass
-class LeanLoaded:
+class LeanLoaded(ServedModel):
     """A lean model with what the server needs around it (runlm.LoadedModel's fields, without PyTorch)."""
 
     runner: LeanRunner
@@ -121,14 +115,6 @@ class LeanLoaded:
     config: LeanConfig
     format: str = "gguf"
     metadata: dict = field(default_factory=dict)
-
-    @property
-    def family(self) -> str:
-        return self.runner.family()
-
-    @property
-    def context_length(self) -> int:
-        return self.runner.max_context()
 
 
 __all__ = ["LeanConfig", "LeanLoaded", "LeanRunner"]

@@ -321,13 +321,7 @@ class CachedRunner(LmRunner):
         Fused blocks take ragged rows (a prefill chunk beside decode steps); the float32 reference path
         batches one token per session and extends sessions one by one otherwise.
         """
-        if len(sessions) != len(ids_lists) or not sessions:
-            raise InvalidInputError("extend_batch needs one token list per session, and at least one session")
-        for session, ids in zip(sessions, ids_lists):
-            if len(ids) == 0:
-                raise InvalidInputError("extend_batch needs at least one token for every session")
-            self.check_tokens(ids)
-            self.check_fits(len(session.tokens) + len(ids))
+        self.check_batch(sessions, ids_lists)
         if len(sessions) == 1:
             return [self.extend(sessions[0], ids_lists[0])]
         counts = [len(ids) for ids in ids_lists]
