@@ -44,6 +44,15 @@ class PartialBatchError(RunlmError):
         self.rows, self.cause = rows, cause
 
 
+def as_numpy(rows: Any) -> np.ndarray:
+    """A runner's logits or hidden states as float32 numpy: an array as it is, a torch tensor without a copy where it
+    is float32 on the CPU already (duck-typed: torch is not imported here)."""
+    if hasattr(rows, "detach"):
+        rows = rows.detach().cpu()
+        rows = rows.numpy() if str(rows.dtype) == "torch.float32" else rows.float().numpy()
+    return np.asarray(rows, dtype=np.float32)
+
+
 def stack_rows(rows: list) -> Any:
     """Rows of logits as one [N, vocab] array of their own kind: torch tensors (the families' runners) or numpy
     arrays (runlm.lean's runner, in a process without torch)."""

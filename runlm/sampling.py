@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from runlm.errors import InvalidInputError
+from runlm.runner import as_numpy
 
 MAX_TOP_LOGPROBS = 20
 
@@ -96,15 +97,6 @@ class TokenLogprob:
 def make_generator(seed: int | None) -> np.random.Generator:
     """A private generator per request, so one client's seed is not disturbed by another's draws."""
     return np.random.default_rng(seed % 2**64 if seed is not None else int.from_bytes(os.urandom(8), "little"))
-
-
-def as_scores(logits) -> np.ndarray:
-    """A float32 numpy view of [vocab] logits: a numpy array as it is, a torch tensor without a copy where it is
-    already float32 on the CPU (duck-typed: this module does not import torch)."""
-    if hasattr(logits, "detach"):
-        logits = logits.detach().cpu()
-        logits = logits.numpy() if str(logits.dtype) == "torch.float32" else logits.float().numpy()
-    return np.asarray(logits, dtype=np.float32)
 
 
 def as_mask(allowed) -> np.ndarray | None:
@@ -202,7 +194,7 @@ def _min_p(logits: np.ndarray, p: float) -> None:
 
 def filter_logits(logits, params: SamplingParams, history: Sequence[int] = ()) -> np.ndarray:
     """The chain up to (and including) temperature; returns new scaled logits, -inf where cut."""
-    out = as_scores(logits).copy()
+    out = as_numpy(logits).copy()
     apply_logit_bias(out, params.logit_bias)
     apply_penalties(out, history, params)
     if params.greedy:
@@ -223,7 +215,7 @@ def sample(
 ) -> int:
     """Draw one token id from [vocab] logits (numpy or torch). `allowed` is a bool mask [vocab] (a grammar's),
     applied before the chain."""
-    scores, mask = as_scores(logits), as_mask(allowed)
+    scores, mask = as_numpy(logits), as_mask(allowed)
     if params.greedy and mask is None and not params.logit_bias and not penalties_apply(params, history):
         return int(np.argmax(scores))  # nothing to change in the scores: no copy of a vocabulary's worth
     if mask is not None:
@@ -262,7 +254,7 @@ def _draw(probs: np.ndarray, generator: np.random.Generator) -> int:
 
 def token_logprob(logits, token: int, top_n: int = 0) -> TokenLogprob:
     """Log-softmax of the raw model logits: the chosen token and the `top_n` most likely ones."""
-    logp = log_softmax(as_scores(logits))
+    logp = log_softmax(as_numpy(logits))
     top: list[TopLogprob] = []
     if top_n > 0:
         n = min(top_n, logp.shape[0])

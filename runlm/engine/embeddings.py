@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
+
+import numpy as np
 
 from runlm.errors import ContextOverflowError, InvalidInputError
-from runlm.runner import LmRunner
-
-if TYPE_CHECKING:  # imported where vectors are made: a runner without torch (runlm.lean) cannot embed
-    import torch
+from runlm.runner import LmRunner, as_numpy
 
 Pooling = Literal["mean", "last"]
 POOLINGS: tuple[str, ...] = ("mean", "last")
@@ -92,22 +91,23 @@ def check_embedding_input(ids: Sequence[int], vocab: int, context: int, where: s
                                    f"{context} tokens")
 
 
-def pool(hidden: torch.Tensor, pooling: Pooling) -> torch.Tensor:
+def pool(hidden: np.ndarray, pooling: Pooling) -> np.ndarray:
     """One vector from per-token hidden states [T, hidden]: their mean, or the last token's."""
-    return hidden[-1] if pooling == "last" else hidden.mean(dim=0)
+    return hidden[-1] if pooling == "last" else hidden.mean(axis=0, dtype=np.float32)
 
 
-def normalize(vector: torch.Tensor, dimensions: int | None = None) -> torch.Tensor:
-    """L2-normalized, after keeping the first `dimensions` components (Matryoshka-style truncation)."""
+def normalize(vector: np.ndarray, dimensions: int | None = None) -> np.ndarray:
+    """L2-normalized (a norm under 1e-12 counts as 1e-12, as torch's normalize does), after keeping the first
+    `dimensions` components (Matryoshka-style truncation)."""
     if dimensions is not None:
         if not 0 < dimensions <= vector.shape[-1]:
             raise InvalidInputError(f"dimensions must be in 1..{vector.shape[-1]} for this model, got {dimensions}")
         vector = vector[..., :dimensions]
-    import torch
+    vector = np.asarray(vector, dtype=np.float32)
+    return vector / max(float(np.linalg.norm(vector)), 1e-12)
 
-    return torch.nn.functional.normalize(vector.float(), dim=-1)
 
-
-def embed(runner: LmRunner, ids: Sequence[int], pooling: Pooling, dimensions: int | None = None) -> torch.Tensor:
-    """The unit embedding of one input's ids [dimensions or hidden] (runs the model: call it on the worker)."""
-    return normalize(pool(runner.hidden_states(ids), pooling), dimensions)
+def embed(runner: LmRunner, ids: Sequence[int], pooling: Pooling, dimensions: int | None = None) -> np.ndarray:
+    """The unit embedding of one input's ids [dimensions or hidden], float32 (runs the model: call it on the
+    worker)."""
+    return normalize(pool(as_numpy(runner.hidden_states(ids)), pooling), dimensions)

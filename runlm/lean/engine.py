@@ -167,6 +167,15 @@ class LeanModel:
             sin.append(np.ascontiguousarray(tables[1][positions]))
         return cos, sin
 
+    def hidden_states(self, ids: list[int]) -> np.ndarray:
+        """The final norm's output at every position of `ids` [T, hidden] on a throwaway session (what embeddings
+        pool), in PREFILL_CHUNK pieces."""
+        session = self.new_session(len(ids))
+        self._check(session, ids)
+        rows = [self._blocks(np.asarray(ids[first : first + PREFILL_CHUNK], dtype=np.int64), session, first)
+                for first in range(0, len(ids), PREFILL_CHUNK)]
+        return native.rms_norm(np.concatenate(rows), self.final_norm, self.final_eps)
+
     def extend_batch(self, sessions: list[LeanSession], ids_lists: list[list[int]]) -> list[np.ndarray]:
         """Each session's new tokens, all in one forward (every block reads its weights once for all the rows): the
         last new position's logits of each session. A row's logits do not depend on the rows beside it (the blocks

@@ -64,6 +64,11 @@ class LeanRunner(LmRunner):
         return self.model.extend_batch([session.state for session in sessions],
                                        [[int(t) for t in ids] for ids in ids_lists])
 
+    def hidden_states(self, ids: Sequence[int]) -> np.ndarray:
+        self.check_prompt(ids)
+        self.check_fits(len(ids))
+        return self.model.hidden_states([int(t) for t in ids])
+
     def export(self, session: Session) -> SessionSnapshot:
         """The filled rows of every full cache and each ring whole (a ring's slots are positions mod its window)."""
         lean: LeanSession = session.state

@@ -10,17 +10,14 @@ from __future__ import annotations
 import asyncio
 import base64
 from functools import partial
-from typing import TYPE_CHECKING
 
+import numpy as np
 from fastapi import APIRouter, Depends
 
 from runlm.engine.embeddings import check_embedding_input, embed, embedding_ids
 from runlm.server.errors import APIError
 from runlm.server.schemas import EmbeddingRequest
 from runlm.server.state import ServerState, get_state
-
-if TYPE_CHECKING:
-    import torch
 from runlm.server.workers import json_body
 
 router = APIRouter()
@@ -52,16 +49,16 @@ def check_dimensions(state: ServerState, dimensions: int | None) -> None:
                        param="dimensions", code="invalid_value")
 
 
-async def embed_all(state: ServerState, batch: list[list[int]], dimensions: int | None) -> list[torch.Tensor]:
+async def embed_all(state: ServerState, batch: list[list[int]], dimensions: int | None) -> list[np.ndarray]:
     """Unit embeddings of each input, computed on the scheduler's worker one input at a time."""
     runner, pooling = state.loaded.runner, state.embedding_pooling
     return [await asyncio.wrap_future(state.scheduler.run(partial(embed, runner, ids, pooling, dimensions)))
             for ids in batch]
 
 
-def base64_floats(vector: torch.Tensor) -> str:
+def base64_floats(vector: np.ndarray) -> str:
     """Little-endian float32 bytes in base64: what the openai SDK decodes (and asks for by default)."""
-    return base64.b64encode(vector.numpy().astype("<f4").tobytes()).decode("ascii")
+    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
 
 
 @router.post("/v1/embeddings")
@@ -74,7 +71,7 @@ async def embeddings(body: EmbeddingRequest = Depends(json_body(EmbeddingRequest
     return await state.workers.reply(embeddings_reply, body, batch, vectors)
 
 
-def embeddings_reply(body: EmbeddingRequest, batch: list[list[int]], vectors: list[torch.Tensor]) -> dict:
+def embeddings_reply(body: EmbeddingRequest, batch: list[list[int]], vectors: list[np.ndarray]) -> dict:
     encode = base64_floats if body.encoding_format == "base64" else (lambda v: v.tolist())
     tokens = sum(len(ids) for ids in batch)
     return {"object": "list", "model": body.model,

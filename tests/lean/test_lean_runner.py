@@ -105,3 +105,14 @@ def test_a_batch_step_gives_each_session_its_own_logits(name, request):
     with pytest.raises(ContextOverflowError):  # checked before any work: no session moved
         runner.extend_batch(sessions, [[1], [2] * (window + 64), [3]])
     assert [len(s.tokens) for s in sessions] == [len(p) + len(q) for p, q in zip(prompts, steps)]
+
+
+def test_hidden_states_are_the_default_paths(smollm2_gguf, smol):
+    """The final norm's output at every position, past one prefill chunk: what the default path's runner gives."""
+    from runlm import load
+
+    ids = list(range(100, 100 + 300))
+    want = load(smollm2_gguf).runner.hidden_states(ids).numpy()
+    np.testing.assert_array_equal(smol.hidden_states(ids), want)
+    with pytest.raises(InvalidInputError):
+        smol.hidden_states([])

@@ -9,6 +9,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import numpy as np
 import openai
 import pytest
 from server_harness import openai_client, serve_cli
@@ -75,12 +76,25 @@ def test_prompt_cache_and_requests_in_flight_together(servers):
         assert list(pool.map(ask, topics)) == alone
 
 
+def test_embeddings_are_the_default_servers(servers):
+    """Mean-pooled final-norm states: the lean model's hidden states are the default path's (the same blocks and
+    norm), so the vectors match to float rounding of the pooling."""
+    lean, default = servers
+    texts = ["The quick brown fox", "Grüße aus München!", "def add(a, b): return a + b"]
+    vectors = []
+    for base in (lean, default):
+        client = openai_client(base)
+        reply = client.embeddings.create(model=client.models.list().data[0].id, input=texts, dimensions=64)
+        vectors.append(np.array([item.embedding for item in reply.data]))
+    assert vectors[0].shape == (3, 64)
+    np.testing.assert_allclose(vectors[0], vectors[1], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(vectors[0], axis=1), 1, atol=1e-5)
+
+
 def test_what_it_cannot_do_is_a_4xx_and_it_keeps_serving(servers):
     lean, _ = servers
     client = openai_client(lean)
     model = client.models.list().data[0].id
-    with pytest.raises(openai.BadRequestError, match="cannot embed"):
-        client.embeddings.create(model=model, input="hello")
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=model, max_tokens=4, messages=[
