@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
-import threading
-import time
-import webbrowser
 from collections.abc import Sequence
 
 import torch
@@ -21,6 +17,7 @@ from runlm.cli_args import (
     add_model_arguments,
     add_serve_arguments,
     chat_loop,
+    chat_web,
     exit_status,
     sampling_params,
     serve_options,
@@ -192,34 +189,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def _chat_web(args: argparse.Namespace) -> int:
-    """Serve the chat page on loopback and open it in a browser once the server answers (after the load)."""
-    url = f"http://127.0.0.1:{args.port}/"
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # fail now, not after loading the model
-        try:
-            probe.bind(("127.0.0.1", args.port))
-        except OSError as exc:
-            raise RunlmError(f"port {args.port} is not free ({exc.strerror}); choose another with --port") from None
-
-    def open_when_listening() -> None:
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", args.port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.2)
-        print(f"runlm: chat page at {url}", file=sys.stderr)
-        webbrowser.open(url)
-
-    threading.Thread(target=open_when_listening, name="runlm-open-browser", daemon=True).start()
-    serve_args = argparse.Namespace(
-        **vars(args), host="127.0.0.1", api_key=None, api_keys_file=None, shared_prompt_cache=False,
-        prompt_cache_mb=256, max_queue=16, parallel=8,
-        mmproj=None, allow_remote_images=False, allow_private_image_urls=False, pooling=None, allowed_hosts=[],
-        api_docs=False, special_tokens_in_content=False, kv_budget_mb=None,
-        replicas=None, min_replicas=None, max_replicas=None,  # one process: the page is one user's
-    )
-    serve_args.max_tokens = None  # the page's requests run to their end unless they say otherwise
-    return cmd_serve(serve_args)
+    return chat_web(args, cmd_serve)
 
 
 def _gib(nbytes: int | None) -> str:

@@ -16,6 +16,7 @@ from runlm.cli_args import (
     add_generate_arguments,
     add_serve_arguments,
     chat_loop,
+    chat_web,
     exit_status,
     sampling_params,
     serve_options,
@@ -59,7 +60,7 @@ def reply(model: LeanModel, session: LeanSession, prompt_ids: list[int], max_tok
 def _refuse_options(args: argparse.Namespace) -> None:
     refused = {
         "--image": getattr(args, "image", None) is not None, "--mmproj": getattr(args, "mmproj", None) is not None,
-        "--web": getattr(args, "web", False), "--dtype": args.dtype != "auto",
+        "--dtype": args.dtype != "auto",
         "--device": args.device not in (None, "cpu"), "--swa-full": args.swa_full,
         "--replicas": any(getattr(args, name, None) is not None
                           for name in ("replicas", "min_replicas", "max_replicas")),
@@ -115,7 +116,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    """`runlm chat --lean`: the turns share one session, so each turn runs only what the session does not hold."""
+    """`runlm chat --lean`: the turns share one session, so each turn runs only what the session does not hold
+    (`--web`: the chat page, served by `serve --lean`)."""
+    if args.web:
+        return chat_web(args, run_serve)
     model, tokenizer, template, _, _ = _open(args)
     if template is None:
         raise RunlmError(f"{args.model or 'the model'}: the model has no chat template; use `runlm generate --raw`")
