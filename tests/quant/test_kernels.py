@@ -244,7 +244,7 @@ def test_x4_layout_matches_plain_rows(type_name: str):
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(9, shape[1], generator=gen)
     single = torch.cat([x4(x[i : i + 1]) for i in range(9)])  # each row alone: the decode GEMV
-    for m in (1, 2, 3, 5, 9):  # every tile shape of the x4 kernel (1-4 activation rows at a time)
+    for m in (1, 2, 3, 5, 9):  # every tile shape of the x4 kernel (1-4 activation rows at a time; Q5_K: 8 at M=9)
         out = x4(x[:m])
         # a row's result does not depend on the rows beside it (route invariance), bit for bit
         assert torch.equal(out, single[:m]), f"{type_name}: M={m} differs from the rows computed alone"
