@@ -21,7 +21,7 @@ from runlm.quant.build import Q8_0_VALUES
 from runlm.quant.int4 import Int4Linear
 from runlm.quant.kernels import GGUFLinear
 from runlm.runner import LmRunner, ServedModel
-from runlm.system import release_free_heap
+from runlm.system import release_free_heap, steady_heap
 from runlm.text import ChatTemplate, Tokenizer
 
 
@@ -108,6 +108,7 @@ def load(
         raise InvalidInputError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if kv_type not in KV_TYPES:
         raise InvalidInputError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
+    steady_heap()  # the forwards' activation buffers stay on the heap between blocks (runlm.system)
     try:
         target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError as exc:

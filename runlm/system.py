@@ -1,5 +1,5 @@
 """What runlm reads of the machine it runs on: the CPU's name and flags, and memory (Linux's /proc; elsewhere the
-answers degrade to what `platform` knows, or None), and the one thing it asks of the C library."""
+answers degrade to what `platform` knows, or None), and the two things it asks of the C library."""
 
 from __future__ import annotations
 
@@ -61,3 +61,25 @@ def release_free_heap() -> None:
         return
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     trim(0)
+
+
+# glibc's mallopt parameters, and the values steady_heap sets
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+HEAP_MMAP_THRESHOLD = 32 << 20  # glibc's largest on 64-bit
+HEAP_TRIM_THRESHOLD = 64 << 20
+
+
+def steady_heap() -> None:
+    """Keep allocations up to 32 MiB on the C heap, and up to 64 MiB of its free top for the next forward, instead
+    of glibc's adaptive thresholds (a no-op elsewhere). A forward's activation buffers (the fused blocks' std::vectors,
+    up to ~16 MiB each for a 256-token chunk at 1B) were otherwise often mapped fresh and unmapped per block: in
+    session 19, one 512-token prefill at the 1B Q4_K_M shape faulted ~250k pages (a GiB) in some processes and few in
+    others; with these thresholds ~2k, and prefill ran 1.1-1.35x faster, peak RSS unchanged (1B Q4_K_M, Q8_0,
+    Gemma 3 270M)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD)
+    mallopt(M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD)
