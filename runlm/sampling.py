@@ -94,9 +94,12 @@ class TokenLogprob:
     top: list[TopLogprob]
 
 
+SEED_SPAN = 2**64  # seeds are taken mod this (numpy's generators take no negative seed)
+
+
 def make_generator(seed: int | None) -> np.random.Generator:
     """A private generator per request, so one client's seed is not disturbed by another's draws."""
-    return np.random.default_rng(seed % 2**64 if seed is not None else int.from_bytes(os.urandom(8), "little"))
+    return np.random.default_rng(seed % SEED_SPAN if seed is not None else int.from_bytes(os.urandom(8), "little"))
 
 
 def as_mask(allowed) -> np.ndarray | None:

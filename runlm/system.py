@@ -55,12 +55,9 @@ def release_free_heap() -> None:
     """Give the C heap's free pages back to the OS (glibc's malloc_trim; a no-op elsewhere). Loading frees hundreds
     of MB in small pieces (the tokenizer's build, the GGUF metadata), and glibc returns only the top of its heap by
     itself: without this, Gemma's tokenizer alone leaves ~190 MB resident that nothing uses."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    trim(0)
+    trim = _libc_function("malloc_trim", [ctypes.c_size_t])
+    if trim is not None:
+        trim(0)
 
 
 # glibc's mallopt parameters, and the values steady_heap sets
@@ -76,10 +73,17 @@ def steady_heap() -> None:
     session 19, one 512-token prefill at the 1B Q4_K_M shape faulted ~250k pages (a GiB) in some processes and few in
     others; with these thresholds ~2k, and prefill ran 1.1-1.35x faster, peak RSS unchanged (1B Q4_K_M, Q8_0,
     Gemma 3 270M)."""
+    mallopt = _libc_function("mallopt", [ctypes.c_int, ctypes.c_int])
+    if mallopt is not None:
+        mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD)
+        mallopt(M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD)
+
+
+def _libc_function(name: str, argtypes: list) -> ctypes._CFuncPtr | None:
+    """The C library's `name` (returning int), or None where there is none (glibc's extensions elsewhere)."""
     try:
-        mallopt = ctypes.CDLL(None).mallopt
+        function = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
-        return
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD)
-    mallopt(M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD)
+        return None
+    function.argtypes, function.restype = argtypes, ctypes.c_int
+    return function

@@ -20,7 +20,7 @@ from runlm.engine.prompt_cache import PromptCache
 from runlm.engine.stops import StopStringFilter
 from runlm.errors import ContextOverflowError, InvalidInputError
 from runlm.runner import ImageInput, LmRunner, PartialBatchError, Session
-from runlm.sampling import Sampler, SamplingParams, TokenLogprob
+from runlm.sampling import SEED_SPAN, Sampler, SamplingParams, TokenLogprob
 from runlm.text import StreamingDetokenizer
 
 if TYPE_CHECKING:  # logits are torch tensors from the families' runners, numpy arrays from runlm.lean's
@@ -186,7 +186,6 @@ class Generation:
 
 
 StepResult = tuple[Generation, "StreamRecord | Exception"]
-SEED_SPAN = 2**64  # the sampler seeds its generator with the seed mod 2**64 (runlm.sampling.make_generator)
 
 
 def choice_seed(seed: int | None, index: int) -> int | None:

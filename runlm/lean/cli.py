@@ -87,12 +87,12 @@ def _open(args: argparse.Namespace) -> tuple[LeanModel, Tokenizer, ChatTemplate 
     return model, tokenizer, _chat_template(args, model, tokenizer), path, gguf
 
 
-def _stream(model: LeanModel, session: LeanSession, tokenizer: Tokenizer, text: str, args: argparse.Namespace) -> str:
-    """Print the reply to a rendered prompt as it is produced; return its text."""
+def _stream(model: LeanModel, session: LeanSession, tokenizer: Tokenizer, prompt_ids: list[int],
+            args: argparse.Namespace) -> str:
+    """Print the reply to a tokenized prompt as it is produced; return its text."""
     detok = StreamingDetokenizer(tokenizer, continuation=True)
     shown = terminal_safe if sys.stdout.isatty() else str
     pieces = []
-    prompt_ids = tokenizer.encode_prompt(text)
     for token in reply(model, session, prompt_ids, args.max_tokens, sampling_params(args), tokenizer.stop_ids):
         pieces.append(detok.push(token))
         sys.stdout.write(shown(pieces[-1]))
@@ -110,8 +110,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         system = [{"role": "system", "content": args.system}] if args.system else []
         text = template.render([*system, {"role": "user", "content": args.prompt}])
-    positions = min(len(tokenizer.encode_prompt(text)) + args.max_tokens, model.context)
-    _stream(model, model.new_session(positions), tokenizer, text, args)
+    prompt_ids = tokenizer.encode_prompt(text)
+    positions = min(len(prompt_ids) + args.max_tokens, model.context)
+    _stream(model, model.new_session(positions), tokenizer, prompt_ids, args)
     return 0
 
 
@@ -128,7 +129,8 @@ def run_chat(args: argparse.Namespace) -> int:
     source, family = Path(model.header["source"]["path"]).name, model.header["family"]
     print(f"runlm chat --lean: {source} ({family}). Empty line or Ctrl-D to quit.", file=sys.stderr)
     return chat_loop(args.system,
-                     lambda messages: _stream(model, session, tokenizer, template.render(messages), args))
+                     lambda messages: _stream(model, session, tokenizer,
+                                              tokenizer.encode_prompt(template.render(messages)), args))
 
 
 def run_serve(args: argparse.Namespace) -> int:
