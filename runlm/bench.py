@@ -552,17 +552,18 @@ def served_process(*serve_args: str, start_timeout_s: float = 600, env: dict[str
 
 def run_served_vs_direct(loaded, ids: list[int], gen_tokens: int, repeat: int = 1, dtype: str = "auto",
                          kv_type: str = "auto") -> tuple[float, float, list[float]]:
-    """Decode tok/s of one stream read by an HTTP client from `runlm serve` in its own process, and of the
-    runner's own greedy loop here, on the same prompt, taken in turns `repeat` times: the best of each, and the
-    ratio served / direct of each adjacent pair (a shared machine's speed drifts; a pair shares the drift).
-    (A server in this process would share its GIL with the client, which no user's setup does.)"""
+    """Decode tok/s of one stream read by an HTTP client from `runlm serve --torch` in its own process (the runner
+    here, behind the server), and of the runner's own greedy loop here, on the same prompt, taken in turns `repeat`
+    times: the best of each, and the ratio served / direct of each adjacent pair (a shared machine's speed drifts; a
+    pair shares the drift). (A server in this process would share its GIL with the client, which no user's setup
+    does.)"""
     runner = loaded.runner
     prompt = ids[:32]
     direct, served, ratios = 0.0, 0.0, []
     body = {"model": loaded.path.name, "prompt": prompt, "max_tokens": gen_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "cache_prompt": False}
-    with served_process("-m", str(loaded.path), "--threads", str(torch.get_num_threads()), "--dtype", dtype,
-                        "--kv-type", kv_type, "--prompt-cache-mb", "0") as url:
+    with served_process("-m", str(loaded.path), "--torch", "--threads", str(torch.get_num_threads()), "--dtype",
+                        dtype, "--kv-type", kv_type, "--prompt-cache-mb", "0") as url:
         streamed_token_times(url, dict(body, max_tokens=4))  # the server's first request warms its kernels
         for _ in range(max(1, repeat)):
             marks: list[float] = []

@@ -19,6 +19,7 @@ from runlm.cli_args import (
     chat_loop,
     chat_web,
     exit_status,
+    read_template_file,
     sampling_params,
     serve_options,
     terminal_safe,
@@ -26,7 +27,7 @@ from runlm.cli_args import (
 from runlm.cluster.simulate import add_arguments as add_simulation_arguments
 from runlm.cluster.simulate import run_from_args as run_simulation_from_args
 from runlm.engine import Engine, GenerationRequest, ImageInput
-from runlm.errors import RunlmError, TokenizerError
+from runlm.errors import RunlmError
 from runlm.loading import load
 from runlm.pixels import image_to_rgb
 from runlm.quant import kernels
@@ -104,7 +105,7 @@ def _load(args: argparse.Namespace, model: str | None = None):
         torch.set_num_threads(args.threads)
     name = model if model is not None else args.model
     template_file = getattr(args, "chat_template_file", None)
-    template = _read_template_file(template_file) if template_file else None  # fail before the load
+    template = read_template_file(template_file) if template_file else None  # fail before the load
     loaded = load(
         name, dtype=args.dtype, max_context=args.ctx, mmproj=getattr(args, "mmproj", None), device=args.device,
         swa_full=args.swa_full, kv_type=args.kv_type,
@@ -115,14 +116,6 @@ def _load(args: argparse.Namespace, model: str | None = None):
         name = os.path.basename(template_file)
         loaded.chat_template = ChatTemplate(template, bos_token=bos, eos_token=eos, name=name)
     return loaded
-
-
-def _read_template_file(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as file:
-            return file.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TokenizerError(f"--chat-template-file {path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

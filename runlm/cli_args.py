@@ -11,7 +11,7 @@ import time
 import webbrowser
 from collections.abc import Callable
 
-from runlm.errors import RunlmError
+from runlm.errors import RunlmError, TokenizerError
 from runlm.sampling import SamplingParams
 
 
@@ -38,6 +38,15 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "else as --dtype; q8_0: 8-bit blocks, 17/32 of f16's memory, default path only)")
 
 
+def read_template_file(path: str) -> str:
+    """--chat-template-file's text, read before the model loads (a wrong path fails at once)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TokenizerError(f"--chat-template-file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -58,7 +67,7 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--system", default=None, help="system prompt (chat models)")
     gen.add_argument("--image", default=None, help="an image file (PNG, JPEG...) for vision models; greedy decoding")
     gen.add_argument("--mmproj", default=None, help="llama.cpp vision projector GGUF for a GGUF model")
-    _add_lean(gen)
+    _add_path_choice(gen)
     gen.add_argument("prompt")
 
 
@@ -68,7 +77,7 @@ def add_chat_arguments(chat: argparse.ArgumentParser) -> None:
     chat.add_argument("--system", default=None)
     chat.add_argument("--web", action="store_true", help="serve the chat page and open it in a browser")
     chat.add_argument("--port", type=int, default=8000)
-    _add_lean(chat)
+    _add_path_choice(chat)
 
 
 def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
@@ -114,7 +123,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     cluster.add_argument("--max-replicas", type=int, default=None, help="autoscale: at most this many replicas")
     cluster.add_argument("--target-ongoing-requests", type=float, default=4.0,
                          help="autoscale: requests per replica the autoscaler aims for")
-    _add_lean(serve)
+    _add_path_choice(serve)
 
 
 def serve_options(args: argparse.Namespace) -> dict:
@@ -142,10 +151,13 @@ def serve_keys(args: argparse.Namespace) -> list[str]:
     return keys + (read_api_keys_file(args.api_keys_file) if args.api_keys_file else [])
 
 
-def _add_lean(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--lean", action="store_true",
-                        help="decode in a process without PyTorch (runlm.lean: ~200 MiB less memory; GGUF models whose "
-                             "blocks all run on runlm's kernels; prepared once per model)")
+def _add_path_choice(parser: argparse.ArgumentParser) -> None:
+    path = parser.add_mutually_exclusive_group()
+    path.add_argument("--lean", action="store_true",
+                      help="only the process without PyTorch (runlm.lean), or an error saying why not (default: it "
+                           "where the model and flags allow, else PyTorch)")
+    path.add_argument("--torch", action="store_true",
+                      help="the PyTorch path (default: the process without PyTorch where the model and flags allow)")
 
 
 # C0 controls but tab, newline and carriage return, DEL, and C1 controls: what starts or ends an ANSI / OSC

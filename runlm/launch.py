@@ -1,6 +1,6 @@
-"""The `runlm` command's entry point. `runlm generate --lean`, `runlm chat --lean` and `runlm serve --lean` go to
-runlm.lean before anything imports PyTorch (runlm.cli does, for everything it serves); every other command goes to
-runlm.cli."""
+"""The `runlm` command's entry point. `runlm generate`, `runlm chat` and `runlm serve` go to runlm.lean first, before
+anything imports PyTorch: they run there (in a process without it) unless --torch is given, a flag or the model
+needs the PyTorch path, or a GPU is there for it (runlm.lean.cli.runs_lean). Everything else goes to runlm.cli."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ from collections.abc import Sequence
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] in (["generate"], ["chat"], ["serve"]) and "--lean" in args[1:]:
+    if args[:1] in (["generate"], ["chat"], ["serve"]):
         from runlm.lean.cli import main as lean_main
 
-        return lean_main(args)
+        status = lean_main(args, auto=True)
+        if status is not None:
+            return status
     from runlm.cli import main as cli_main
 
     return cli_main(args)

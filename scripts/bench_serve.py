@@ -1,4 +1,5 @@
-"""Servers side by side: `runlm serve --lean`, `runlm serve` and llama-cpp-python's server on one GGUF, each in a
+"""Servers side by side: `runlm serve --lean` (what `runlm serve` runs by default), `runlm serve --torch` (the
+PyTorch path) and llama-cpp-python's server on one GGUF, each in a
 process of its own, taking the same requests in turn: a 512-token prompt streamed to 128 tokens (decode tok/s from
 the first token's arrival to the last), then four 64-token requests at once (aggregate tok/s). Prints each server's
 peak resident memory (VmHWM) after the requests, and the ratios against llama.cpp's server.
@@ -31,8 +32,8 @@ PROMPT_CHARS = 2200  # ~512 tokens of English with a Llama 3 tokenizer
 SERVERS = {
     "runlm-lean": lambda model, threads, port: [sys.executable, "-m", "runlm", "serve", "-m", model, "--lean",
                                                 "--threads", str(threads), "--port", str(port)],
-    "runlm": lambda model, threads, port: [sys.executable, "-m", "runlm", "serve", "-m", model,
-                                           "--threads", str(threads), "--port", str(port)],
+    "runlm-torch": lambda model, threads, port: [sys.executable, "-m", "runlm", "serve", "-m", model, "--torch",
+                                                 "--threads", str(threads), "--port", str(port)],
     "llama.cpp": lambda model, threads, port: [sys.executable, "-m", "llama_cpp.server", "--model", model,
                                                "--n_threads", str(threads), "--n_threads_batch", str(threads),
                                                "--n_ctx", "1024", "--logits_all", "False", "--use_mlock", "False",

@@ -66,13 +66,16 @@ def test_a_reader_that_goes_away_ends_the_command_quietly():
     assert proc.returncode == 141 and proc.stderr == "", proc.stderr
 
 
-@pytest.mark.parametrize("dtype, kv_type", [("auto", "auto"), ("f32", "auto"), ("auto", "q8_0")])
-def test_generate_streams_the_greedy_answer(smollm2_gguf, dtype, kv_type):
+@pytest.mark.parametrize("dtype, kv_type, path", [("auto", "auto", []), ("auto", "auto", ["--torch"]),
+                                               ("f32", "auto", []), ("auto", "q8_0", [])])
+def test_generate_streams_the_greedy_answer(smollm2_gguf, dtype, kv_type, path):
+    """By default (no --lean, no --torch) in the process without PyTorch, and with --torch on the PyTorch path:
+    both answer what the library's runner does (--dtype f32 always takes the PyTorch path)."""
     if kv_type == "q8_0" and not kernels.available():
         pytest.skip("a q8_0 KV cache needs runlm's C++ kernels")
     prompt = "What is the capital of France?"
     out = runlm("generate", "-m", str(smollm2_gguf), "--dtype", dtype, "--kv-type", kv_type, "--max-tokens", "12",
-                prompt)
+                *path, prompt)
     assert out.returncode == 0, out.stderr
     loaded = load(smollm2_gguf, dtype=dtype, kv_type=kv_type)
     ids = loaded.tokenizer.encode_prompt(loaded.chat_template.render([{"role": "user", "content": prompt}]))
@@ -104,8 +107,9 @@ def test_chat_template_file_replaces_the_models_template(smollm2_gguf, tmp_path)
     assert out.stdout.strip() == loaded.tokenizer.decode(greedy[:stop]).strip()
 
 
-def test_chat_repl_answers_and_quits(smollm2_gguf):
-    out = runlm("chat", "-m", str(smollm2_gguf), "--max-tokens", "8", stdin="Say hello.\n\n")
+@pytest.mark.parametrize("path", [[], ["--torch"]])
+def test_chat_repl_answers_and_quits(smollm2_gguf, path):
+    out = runlm("chat", "-m", str(smollm2_gguf), "--max-tokens", "8", *path, stdin="Say hello.\n\n")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip()
 

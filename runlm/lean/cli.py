@@ -1,11 +1,12 @@
-"""`runlm generate --lean`, `runlm chat --lean` and `runlm serve --lean`: replies from a process that never imports
-PyTorch (runlm.launch sends these commands here first). The model is prepared once into a lean image (a child process
-with PyTorch does it); this process maps the image, builds the tokenizer from the GGUF, and streams the replies, or
-serves them through runlm.server over a LeanRunner."""
+"""`runlm generate`, `runlm chat` and `runlm serve` in a process that never imports PyTorch, wherever the model and
+the flags allow it (runlm.launch sends these commands here first; `--lean` insists, `--torch` declines). The model is
+prepared once into a lean image (a child process with PyTorch does it); this process maps the image, builds the
+tokenizer from the GGUF, and streams the replies, or serves them through runlm.server over a LeanRunner."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -18,13 +19,15 @@ from runlm.cli_args import (
     chat_loop,
     chat_web,
     exit_status,
+    read_template_file,
     sampling_params,
     serve_options,
     terminal_safe,
 )
-from runlm.errors import ContextOverflowError, InvalidInputError, RunlmError, TokenizerError
+from runlm.errors import ContextOverflowError, InvalidInputError, RunlmError
 from runlm.formats.gguf import GGUFFile, quantization_of
 from runlm.lean.engine import LeanModel, LeanSession
+from runlm.lean.image import LeanRefusal
 from runlm.lean.prepare import image_for
 from runlm.lean.runner import LeanConfig, LeanLoaded, LeanRunner
 from runlm.sampling import Sampler, SamplingParams
@@ -57,15 +60,20 @@ def reply(model: LeanModel, session: LeanSession, prompt_ids: list[int], max_tok
         logits = model.extend(session, [token])
 
 
-def _refuse_options(args: argparse.Namespace) -> None:
-    refused = {
+def torch_only_flags(args: argparse.Namespace) -> list[str]:
+    """The flags given that only the PyTorch path takes."""
+    wanted = {
         "--image": getattr(args, "image", None) is not None, "--mmproj": getattr(args, "mmproj", None) is not None,
         "--dtype": args.dtype != "auto",
         "--device": args.device not in (None, "cpu"), "--swa-full": args.swa_full,
         "--replicas": any(getattr(args, name, None) is not None
                           for name in ("replicas", "min_replicas", "max_replicas")),
     }  # fmt: skip
-    named = [name for name, given in refused.items() if given]
+    return [name for name, given in wanted.items() if given]
+
+
+def _refuse_options(args: argparse.Namespace) -> None:
+    named = torch_only_flags(args)
     if named:
         raise InvalidInputError(f"{', '.join(named)}: not with --lean (it runs GGUF text models on the CPU kernels)")
     if args.max_tokens is not None and args.max_tokens < 1:
@@ -77,6 +85,7 @@ def _refuse_options(args: argparse.Namespace) -> None:
 def _open(args: argparse.Namespace) -> tuple[LeanModel, Tokenizer, ChatTemplate | None, Path, GGUFFile]:
     """The model (its image made first where there is none), its tokenizer and chat template, and its file."""
     _refuse_options(args)
+    template_source = read_template_file(args.chat_template_file) if args.chat_template_file else None
     path = catalog.resolve_model(args.model)
     image = image_for(path, log=lambda line: print(line, file=sys.stderr))
     model = LeanModel.open(image, kv_type=_KV_TYPES[args.kv_type], threads=args.threads)
@@ -84,7 +93,7 @@ def _open(args: argparse.Namespace) -> tuple[LeanModel, Tokenizer, ChatTemplate 
         model.context = min(model.context, args.ctx)
     gguf = GGUFFile(path)
     tokenizer = Tokenizer.from_gguf(gguf.metadata)
-    return model, tokenizer, _chat_template(args, model, tokenizer), path, gguf
+    return model, tokenizer, _chat_template(args, template_source, model, tokenizer), path, gguf
 
 
 def _stream(model: LeanModel, session: LeanSession, tokenizer: Tokenizer, prompt_ids: list[int],
@@ -127,7 +136,7 @@ def run_chat(args: argparse.Namespace) -> int:
     session = model.new_session(model.context)  # its caches take memory as positions are written, not before
     sampling_params(args).validate(model.vocab_size)  # a bad flag fails before the first turn is typed
     source, family = Path(model.header["source"]["path"]).name, model.header["family"]
-    print(f"runlm chat --lean: {source} ({family}). Empty line or Ctrl-D to quit.", file=sys.stderr)
+    print(f"runlm chat: {source} ({family}, without PyTorch). Empty line or Ctrl-D to quit.", file=sys.stderr)
     return chat_loop(args.system,
                      lambda messages: _stream(model, session, tokenizer,
                                               tokenizer.encode_prompt(template.render(messages)), args))
@@ -147,32 +156,67 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _chat_template(args: argparse.Namespace, model: LeanModel, tokenizer: Tokenizer) -> ChatTemplate | None:
-    if args.chat_template_file:
-        try:
-            with open(args.chat_template_file, encoding="utf-8") as file:
-                source = file.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise TokenizerError(f"--chat-template-file {args.chat_template_file}: {exc}") from None
+def _chat_template(args: argparse.Namespace, source: str | None, model: LeanModel,
+                   tokenizer: Tokenizer) -> ChatTemplate | None:
+    """--chat-template-file's template (its text in `source`), else the model's own."""
+    if source is not None:
         bos, eos = (None if i is None else tokenizer.token_str(i) for i in (tokenizer.bos_id, tokenizer.eos_id))
-        return ChatTemplate(source, bos_token=bos, eos_token=eos)
+        return ChatTemplate(source, bos_token=bos, eos_token=eos, name=os.path.basename(args.chat_template_file))
     saved = model.header["chat_template"]
     return None if saved is None else ChatTemplate(saved["source"], bos_token=saved["bos_token"],
                                                    eos_token=saved["eos_token"], name=saved["name"])
+
+
+def _gpu_visible() -> bool:
+    """A GPU the PyTorch path would run on by default (NVIDIA's driver lists one, or ROCm's device is there), seen
+    without importing PyTorch."""
+    nvidia = Path("/proc/driver/nvidia/gpus")
+    return (nvidia.is_dir() and any(nvidia.iterdir())) or Path("/dev/kfd").exists()
+
+
+def _note(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def runs_lean(args: argparse.Namespace) -> bool:
+    """Whether a command given neither --lean nor --torch runs here: a GGUF file, no flag only the PyTorch path
+    takes, no GPU for it to take by default, and a model whose blocks all run on the kernels (found when its image is
+    first prepared; a model that cannot is noted once and runs on the PyTorch path, as does one whose image could not
+    be made). Where the model cannot be found, the PyTorch path reports it, as it always has."""
+    if args.torch or torch_only_flags(args) or (args.device is None and _gpu_visible()):
+        return False
+    try:
+        path = catalog.resolve_model(args.model)
+    except RunlmError:
+        return False
+    if not path.is_file():  # a Hugging Face directory
+        return False
+    try:
+        image_for(path, log=_note)
+    except LeanRefusal as exc:
+        _note(f"runlm: {exc}; running on the PyTorch path")
+        return False
+    except (RunlmError, OSError) as exc:
+        _note(f"runlm: could not prepare {path.name} to run without PyTorch ({exc}); running on the PyTorch path")
+        return False
+    return True
 
 
 COMMANDS = {"generate": (add_generate_arguments, run), "chat": (add_chat_arguments, run_chat),
             "serve": (add_serve_arguments, run_serve)}
 
 
-def main(argv: Sequence[str]) -> int:
-    """`runlm generate|chat|serve --lean ...` (argv from the command's name on)."""
+def main(argv: Sequence[str], auto: bool = False) -> int | None:
+    """`runlm generate|chat|serve ...` (argv from the command's name on) here, without PyTorch: its exit status, or
+    None where `auto` (neither --lean nor --torch given) and `runs_lean` says the PyTorch path should run it."""
     command = argv[0]
     parser = argparse.ArgumentParser(prog=f"runlm {command}")
     add_arguments, run_command = COMMANDS[command]
     add_arguments(parser)
     args = parser.parse_args(argv[1:])
+    if args.torch or (auto and not args.lean and not runs_lean(args)):
+        return None
     return exit_status(lambda: run_command(args))
 
 
-__all__ = ["main", "reply", "run", "run_chat", "run_serve"]
+__all__ = ["main", "reply", "run", "run_chat", "run_serve", "runs_lean", "torch_only_flags"]

@@ -34,6 +34,10 @@ VERSION = 1
 _ALIGN = 64
 
 
+class LeanRefusal(ModelLoadError):
+    """The model cannot run without PyTorch (the message says why): a property of the model, not a failure."""
+
+
 @dataclass
 class Image:
     """A mapped lean image: the header, and each buffer as a numpy view of the map."""
@@ -91,7 +95,7 @@ def write(loaded: LoadedModel, path: Path) -> None:
     from runlm.quant.kernels import GGUFLinear
 
     if (why := refusal(loaded)) is not None:
-        raise ModelLoadError(f"{loaded.path}: cannot run without PyTorch: {why}")
+        raise LeanRefusal(f"{loaded.path}: cannot run without PyTorch: {why}")
     model, config = loaded.runner.model, loaded.config
     out = _Writer()
     rope_index = {id(rope): i for i, rope in enumerate(model.ropes)}
@@ -126,7 +130,7 @@ def write(loaded: LoadedModel, path: Path) -> None:
     elif isinstance(head, DenseLinear):
         head_entry = {"kind": "dense", "tensor": out.add(head.weight.float(), "head")}
     else:
-        raise ModelLoadError(f"{loaded.path}: cannot run without PyTorch: its LM head is a {type(head).__name__}")
+        raise LeanRefusal(f"{loaded.path}: cannot run without PyTorch: its LM head is a {type(head).__name__}")
     embed = model.embed
     if embed.table is not None:
         embed_entry = {"kind": "dense", "tensor": out.add(embed.table.float(), "embed")}
@@ -224,4 +228,4 @@ def read(path: Path) -> Image:
     return Image(path=Path(path), header=header, arrays=arrays)
 
 
-__all__ = ["Image", "read", "refusal", "write"]
+__all__ = ["Image", "LeanRefusal", "read", "refusal", "write"]

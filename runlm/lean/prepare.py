@@ -17,6 +17,7 @@ from pathlib import Path
 from runlm.catalog import runlm_home
 from runlm.errors import ModelLoadError, RunlmError
 from runlm.lean import image, native
+from runlm.lean.image import LeanRefusal
 from runlm.quant import build
 
 
@@ -52,27 +53,48 @@ _BUILDING_CODE = sorted(
 )
 
 
+# prepare's exit status for a model that cannot run lean (LeanRefusal), as against a failure
+_REFUSED = 3
+
+
+def refusal_note(target: Path) -> Path:
+    """Where the reason a model cannot run lean is kept beside its would-be image, so the next run knows at once."""
+    return target.with_name(target.name + ".refused")
+
+
 def image_for(model: Path, log=None, target: Path | None = None) -> Path:
     """The image of `model` at `target` (default: the cache's, `image_path`), made first where there is none
-    (`log`: called with a line of progress)."""
+    (`log`: called with a line of progress). A model that cannot run lean raises LeanRefusal, and says so at once
+    the next time (the note is keyed like the image: a new runlm or model file asks again)."""
     if not model.is_file():
         raise ModelLoadError(f"{model}: runlm lean runs GGUF files (not a file)")
     target = target or image_path(model)
     if target.is_file():
         return target
+    note = refusal_note(target)
+    if note.is_file():
+        raise LeanRefusal(note.read_text(encoding="utf-8").strip())
     if log is not None:
-        log(f"runlm lean: preparing {model.name} once for this CPU's kernels (a process with PyTorch loads it) ...")
+        size = model.stat().st_size / 2**30
+        log(f"runlm: preparing {model.name} once for the process without PyTorch (a process with PyTorch loads it; "
+            f"~{size:.1f} GiB under {target.parent}) ...")
     started = time.perf_counter()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     result = subprocess.run([sys.executable, "-m", "runlm.lean.prepare", str(model), str(target)],
                             capture_output=True, text=True, env=env)
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    if result.returncode == _REFUSED:
+        why = lines[-1].removeprefix("runlm lean: ") if lines else f"{model}: cannot run without PyTorch"
+        note.parent.mkdir(parents=True, exist_ok=True)
+        note.write_text(why + "\n", encoding="utf-8")
+        raise LeanRefusal(why)
     if result.returncode != 0 or not target.is_file():
-        lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
         raise ModelLoadError(lines[-1] if lines else f"{model}: preparing the lean image failed")
     if log is not None:
-        log(f"runlm lean: image ready in {time.perf_counter() - started:.1f} s: {target}")
+        log(f"runlm: prepared in {time.perf_counter() - started:.1f} s: {target}")
     if target.parent == _images():  # older images of this model file (another version of it, or of runlm)
-        for old in target.parent.glob(f"{_model_prefix(model)}*.lean"):
+        prefix = _model_prefix(model)
+        for old in [*target.parent.glob(f"{prefix}*.lean"), *target.parent.glob(f"{prefix}*.lean.refused")]:
             if old != target:
                 old.unlink(missing_ok=True)
     return target
@@ -87,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         image.write(load(args[0]), Path(args[1]))
+    except LeanRefusal as exc:
+        print(f"runlm lean: {exc}", file=sys.stderr)
+        return _REFUSED
     except (RunlmError, OSError) as exc:
         print(f"runlm lean: {exc}", file=sys.stderr)
         return 1

@@ -1,5 +1,5 @@
 """`runlm serve --lean`: the whole server (OpenAI routes, scheduler, prompt cache) over runlm.lean's runner, in a
-process where `import torch` is made to fail, answering what the default path's server answers, through the
+process where `import torch` is made to fail, answering what the PyTorch path's server (`--torch`) answers, through the
 official openai client on loopback."""
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def servers(smollm2_gguf, tmp_path_factory):
-    """(lean, default) base URLs, both serving SmolLM2."""
+    """(lean, PyTorch path) base URLs, both serving SmolLM2."""
     image_for(smollm2_gguf)  # made by a process with PyTorch; the lean server only maps it
     blocker = tmp_path_factory.mktemp("blocker")
     (blocker / "torch").mkdir()
     (blocker / "torch" / "__init__.py").write_text("raise ImportError('torch is blocked in this test')\n")
     with serve_cli("-m", str(smollm2_gguf), "--lean", env={"PYTHONPATH": str(blocker)}) as lean, \
-            serve_cli("-m", str(smollm2_gguf)) as default:
+            serve_cli("-m", str(smollm2_gguf), "--torch") as default:
         yield lean, default
 
 
