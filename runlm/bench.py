@@ -135,7 +135,8 @@ def run_bench(args) -> int:
         Path(args.json).write_text(
             json.dumps(
                 {"model": str(path), "threads": threads, "results": results, "skipped": skipped, "machine": machine(),
-                 "decode_limit": limit, "paired": paired_with_runlm(results)},
+                 "decode_limit": limit, "paired": paired_with(results),
+                 "paired_lean": paired_with(results, "runlm-lean")},
                 indent=2,
             )
         )
@@ -345,10 +346,12 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": values[0], "max": values[-1]}
 
 
-def paired_with_runlm(results: list[dict]) -> dict:
-    """Every other peer's paired_ratios against runlm (none when runlm itself was skipped)."""
-    ours = next((r for r in results if r["peer"] == "runlm"), None)
-    return {row["peer"]: paired_ratios(ours, row) for row in results if ours is not None and row is not ours}
+def paired_with(results: list[dict], base: str = "runlm") -> dict:
+    """Every other peer's paired_ratios against `base` (runlm, or runlm-lean: what `runlm generate` runs by default;
+    none when it was not measured). runlm-lean's leave out runlm (its line against runlm-lean is runlm's)."""
+    ours = next((r for r in results if r["peer"] == base), None)
+    return {row["peer"]: paired_ratios(ours, row) for row in results
+            if ours is not None and row is not ours and not (base != "runlm" and row["peer"] == "runlm")}
 
 
 def print_table(path: Path, threads: int, args, results: list[dict], skipped: list) -> None:
@@ -372,13 +375,14 @@ def print_table(path: Path, threads: int, args, results: list[dict], skipped: li
                 continue
             ratios = " | ".join(f"{ratio(ours[key], row[key]):>13}" for key, _, _ in COLUMNS)
             print(f"| {'runlm/' + row['peer']:<14} | {ratios} |")
-        for peer, paired in paired_with_runlm(results).items():
+    for base in ("runlm", "runlm-lean"):
+        for peer, paired in paired_with(results, base).items():
             if paired:
                 keys = ROUND_KEYS + ([("decode_per_bandwidth", "decode per GB/s probed beside the round")]
                                      if "decode_per_bandwidth" in paired else [])
                 shown = ", ".join(f"{title} median {paired[key]['median']:.2f}x ({paired[key]['min']:.2f}x-"
                                   f"{paired[key]['max']:.2f}x)" for key, title in keys)
-                print(f"runlm/{peer} round by round ({paired['rounds']} alternating rounds): {shown}")
+                print(f"{base}/{peer} round by round ({paired['rounds']} alternating rounds): {shown}")
     for peer, reason in skipped:
         print(f"skipped {peer}: {reason}")
 
