@@ -31,6 +31,7 @@ from runlm.lean.image import LeanRefusal
 from runlm.lean.prepare import image_for
 from runlm.lean.runner import LeanConfig, LeanLoaded, LeanRunner
 from runlm.sampling import Sampler, SamplingParams
+from runlm.system import release_free_heap
 from runlm.text import ChatTemplate, StreamingDetokenizer, Tokenizer
 
 # --kv-type auto is f16 here, as on the default path for quantized GGUF weights
@@ -93,6 +94,7 @@ def _open(args: argparse.Namespace) -> tuple[LeanModel, Tokenizer, ChatTemplate 
         model.context = min(model.context, args.ctx)
     gguf = GGUFFile(path)
     tokenizer = Tokenizer.from_gguf(gguf.metadata)
+    release_free_heap()  # the tokenizer's build scratch, before the weights' pages come on top of it (as runlm.load)
     return model, tokenizer, _chat_template(args, template_source, model, tokenizer), path, gguf
 
 
