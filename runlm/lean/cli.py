@@ -30,6 +30,7 @@ from runlm.lean.engine import LeanModel, LeanSession
 from runlm.lean.image import LeanRefusal
 from runlm.lean.prepare import image_for
 from runlm.lean.runner import LeanConfig, LeanLoaded, LeanRunner
+from runlm.quant import build
 from runlm.sampling import Sampler, SamplingParams
 from runlm.system import release_free_heap
 from runlm.text import ChatTemplate, StreamingDetokenizer, Tokenizer
@@ -182,11 +183,12 @@ def _note(line: str) -> None:
 
 def runs_lean(args: argparse.Namespace) -> bool:
     """Whether a command given neither --lean nor --torch runs here: a GGUF file, no flag only the PyTorch path
-    takes, no GPU for it to take by default, and a model whose blocks all run on the kernels (found when its image is
-    first prepared; a model that cannot is noted once and runs on the PyTorch path, as does one whose image could not
-    be made). Where the model cannot be found, the PyTorch path reports it, as it always has."""
-    if args.torch or torch_only_flags(args) or (args.device is None and _gpu_visible()):
-        return False
+    takes, no GPU for it to take by default, the kernels not turned off, and a model whose blocks all run on the
+    kernels (found when its image is first prepared; a model that cannot is noted once and runs on the PyTorch path,
+    as does one whose image could not be made). Where the model cannot be found, the PyTorch path reports it, as it
+    always has."""
+    if args.torch or torch_only_flags(args) or (args.device is None and _gpu_visible()) or build.variant() == "off":
+        return False  # (RUNLM_GGUF_KERNELS=0: no kernels wanted, so plain PyTorch)
     try:
         path = catalog.resolve_model(args.model)
     except RunlmError:
