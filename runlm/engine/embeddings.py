@@ -69,9 +69,7 @@ def embedding_ids(tokenizer: Any, text: str) -> list[int]:
     `<|endoftext|>`, and last-token pooling reads exactly that position).
     """
     ids = tokenizer.encode(text)
-    backend = tokenizer.backend
-    plain = backend.encode(text, add_special_tokens=False).ids
-    full = backend.encode(text, add_special_tokens=True).ids
+    plain, full = tokenizer.encode_with_post_processor(text)
     start = next((i for i in range(len(full) - len(plain) + 1) if full[i:i + len(plain)] == plain), None)
     tail = full[start + len(plain):] if start is not None else []
     if tail and ids[-len(tail):] != tail:

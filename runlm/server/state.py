@@ -37,7 +37,7 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     workers: Workers = field(default_factory=Workers)  # planning, large bodies, JSON replies
     # How chat prompts keep special-token strings in client text as text (None: they are not kept). Made with
-    # the state, so that no request pays for its tokenizer copy on the event loop's time.
+    # the state, so that no request pays for compiling its patterns (0.35 s for Gemma's 6k special tokens).
     literal_specials: LiteralSpecials | None = field(init=False)
 
     def __post_init__(self) -> None:

@@ -8,10 +8,11 @@ every special-token string in client values is swapped for a private-use placeho
 makes those their ids and encodes the text between them with special tokens read as plain text, the
 placeholders turned back into the client's original strings.
 
-The text between two markers is encoded as the tokenizer would encode it after a special token: behind an
-anchor (a non-special added token of a private copy of the tokenizer), so a prefix-space rule that applies
-only at the start of the text (SentencePiece's "first" scheme) applies exactly where it did. A prompt
-without forged strings gets the ids a plain `encode_prompt` gives (tested on the real SmolLM2).
+The text between two markers is encoded as the tokenizer would encode it after a special token
+(`Tokenizer.encode_text`: the tokenizer's one backend, its special tokens read as text for the call and a
+SentencePiece "first" prefix left off after a marker), so a prefix-space rule that applies only at the start of the
+text applies exactly where it did. A prompt without forged strings gets the ids a plain `encode_prompt` gives
+(tested on the real SmolLM2 and Gemma 3).
 """
 
 from __future__ import annotations
@@ -19,15 +20,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tokenizers import AddedToken
-from tokenizers import Tokenizer as Backend
-
-from runlm.errors import TokenizerError
-from runlm.system import release_free_heap
 from runlm.text.tokenizer import Tokenizer
 
 PLACEHOLDER_BASE = 0xF0000  # Supplementary Private Use Area-A: 65,534 code points no tokenizer gives meaning
-ANCHOR = "\U000ffffd\U000ffffdrunlm-anchor\U000ffffd"
 
 
 class LiteralSpecials:
@@ -48,10 +43,6 @@ class LiteralSpecials:
         parts = [(r"\s*" if specials[t][1].lstrip else "") + f"({re.escape(t)})" + (r"\s*" if specials[t][1].rstrip
                                                                                    else "") for t in texts]
         self._marker_pattern = re.compile("|".join(parts)) if texts else None
-        # built here, not at the first request: a copy of a 262k-token vocabulary takes seconds and holds the GIL
-        self._literal = self._literal_backend(backend) if texts else None
-        self._anchor_id = self._literal.token_to_id(ANCHOR) if self._literal is not None else -1
-        release_free_heap()  # the copy's scratch (its JSON, parsed): 260 MB for Gemma's 262k pieces, 40 for Llama 3's
 
     def hide(self, value: Any) -> Any:
         """`value` (a string, or lists / dicts of them) with every special-token string a placeholder."""
@@ -91,21 +82,4 @@ class LiteralSpecials:
         return ids
 
     def _text_ids(self, text: str, after_marker: bool) -> list[int]:
-        if not text:
-            return []
-        literal = self._literal
-        assert literal is not None  # there is text between markers only where there are markers
-        if not after_marker:
-            return literal.encode(self.show(text), add_special_tokens=False).ids
-        ids = literal.encode(ANCHOR + self.show(text), add_special_tokens=False).ids
-        if not ids or ids[0] != self._anchor_id:  # cannot happen with a sane backend: fail closed, loudly
-            raise TokenizerError("the literal-text tokenizer did not keep its anchor token first")
-        return ids[1:]
-
-    @staticmethod
-    def _literal_backend(backend: Backend) -> Backend:
-        """A private copy of the tokenizer that reads special-token strings as text, with the anchor added."""
-        literal = Backend.from_str(backend.to_str())
-        literal.encode_special_tokens = True
-        literal.add_tokens([AddedToken(ANCHOR, special=False, normalized=False)])
-        return literal
+        return self.tokenizer.encode_text(self.show(text), after_special=after_marker) if text else []

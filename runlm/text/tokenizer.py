@@ -11,8 +11,11 @@ import bisect
 import hashlib
 import json
 import os
+import pickle
 import re
-from collections.abc import Callable, Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -289,6 +292,71 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+class _EncodeModes:
+    """Who may use the backend's encode modes: plain encodes share them; an encode that switches them for a moment
+    (`Tokenizer.encode_text`) has the backend alone. A waiting switch goes before new plain encodes, so a stream of
+    them cannot hold it back."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._sharing = 0
+        self._switching = False
+        self._waiting = 0
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._changed:
+            self._changed.wait_for(lambda: not self._switching and not self._waiting)
+            self._sharing += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._sharing -= 1
+                self._changed.notify_all()
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        with self._changed:
+            self._waiting += 1
+            self._changed.wait_for(lambda: not self._switching and not self._sharing)
+            self._waiting -= 1
+            self._switching = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._switching = False
+                self._changed.notify_all()
+
+
+def _never_prepending(pre: pre_tokenizers.PreTokenizer | None) -> pre_tokenizers.PreTokenizer | None:
+    """A copy of `pre` whose Metaspace steps never prepend their ▁ (None where none prepends only to the start of
+    the text, prepend_scheme "first"): how text after a special token is pre-tokenized, since "first" means the
+    piece at the start of the whole input."""
+    if pre is None:
+        return None
+    state = json.loads(pre.__getstate__())
+
+    def never(node: Any) -> bool:
+        changed = False
+        if isinstance(node, dict):
+            if node.get("type") == "Metaspace" and node.get("prepend_scheme") == "first":
+                node["prepend_scheme"], changed = "never", True
+            for value in node.values():
+                changed = never(value) or changed
+        elif isinstance(node, list):
+            for value in node:
+                changed = never(value) or changed
+        return changed
+
+    if not never(state):
+        return None
+    copy = pickle.loads(pickle.dumps(pre))
+    copy.__setstate__(json.dumps(state).encode())
+    return copy
+
+
 class Tokenizer:
     """Text <-> token ids for one model, with its BOS/EOS conventions and end-of-turn tokens.
 
@@ -331,6 +399,8 @@ class Tokenizer:
         # decoder), ("first_token", 1) from the first token only (Metaspace decoder), or ("none", 0).
         self.strip_mode = strip_mode
         self._bytes_cache: dict[int, bytes] = {}
+        self._modes = _EncodeModes()
+        self._pre_after_special = _never_prepending(backend.pre_tokenizer)
 
     # ------------------------------------------------------------------ constructors
 
@@ -551,12 +621,40 @@ class Tokenizer:
             raise TokenizerError(f"encode() takes a str, got {type(text).__name__}")
         # encode_batch, not encode: the same ids, but it lets go of the GIL while it works (a megabyte of text
         # takes 0.3 s), so a server's event loop keeps answering while a worker thread tokenizes.
-        ids = self._backend.encode_batch([text], add_special_tokens=False)[0].ids
+        with self._modes.shared():
+            ids = self._backend.encode_batch([text], add_special_tokens=False)[0].ids
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             ids.insert(0, self.bos_id)
         if (self.add_eos if add_eos is None else add_eos) and self.eos_id is not None:
             ids.append(self.eos_id)
         return ids
+
+    def encode_text(self, text: str, after_special: bool = False) -> list[int]:
+        """Token ids of `text` with every special-token string in it read as plain text (no BOS / EOS), as the
+        tokenizer encodes text that follows a special token where `after_special` (a SentencePiece "first" prefix
+        is then not added). The one backend switches its modes for the call (`_EncodeModes`: plain encodes wait),
+        so no second copy of a large vocabulary is held for it."""
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode_text() takes a str, got {type(text).__name__}")
+        backend = self._backend
+        swap = after_special and self._pre_after_special is not None
+        with self._modes.alone():
+            plain_pre, plain_specials = backend.pre_tokenizer, backend.encode_special_tokens
+            backend.encode_special_tokens = True
+            if swap:
+                backend.pre_tokenizer = self._pre_after_special
+            try:
+                return backend.encode_batch([text], add_special_tokens=False)[0].ids
+            finally:
+                backend.encode_special_tokens = plain_specials
+                if swap:
+                    backend.pre_tokenizer = plain_pre
+
+    def encode_with_post_processor(self, text: str) -> tuple[list[int], list[int]]:
+        """The backend's own ids of `text` without and with its post-processor's special tokens."""
+        with self._modes.shared():
+            return (self._backend.encode(text, add_special_tokens=False).ids,
+                    self._backend.encode(text, add_special_tokens=True).ids)
 
     def encode_prompt(self, text: str) -> list[int]:
         """Ids of a prompt: the model's BOS convention, but never a second BOS when the text
