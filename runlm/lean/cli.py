@@ -89,7 +89,7 @@ def _open(args: argparse.Namespace) -> tuple[LeanModel, Tokenizer, ChatTemplate 
     _refuse_options(args)
     template_source = read_template_file(args.chat_template_file) if args.chat_template_file else None
     path = catalog.resolve_model(args.model)
-    image = image_for(path, log=lambda line: print(line, file=sys.stderr))
+    image = image_for(path, log=_note)
     model = LeanModel.open(image, kv_type=_KV_TYPES[args.kv_type], threads=args.threads)
     if args.ctx is not None:
         model.context = min(model.context, args.ctx)

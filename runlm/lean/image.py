@@ -205,15 +205,21 @@ def _aligned(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
+def read_header(path: Path) -> dict[str, Any]:
+    """An image's header alone (OSError, ValueError where the file cannot be read as one; ModelLoadError where it is
+    not an image)."""
+    with open(path, "rb") as f:
+        start = f.read(len(MAGIC) + 8)
+        if len(start) < len(MAGIC) + 8 or start[: len(MAGIC)] != MAGIC:
+            raise ModelLoadError(f"{path}: not a runlm lean image")
+        (length,) = struct.unpack("<Q", start[len(MAGIC):])
+        return json.loads(f.read(length))
+
+
 def read(path: Path) -> Image:
     """Map an image (numpy only); a file that is not one, or of another version, raises ModelLoadError."""
     try:
-        with open(path, "rb") as f:
-            start = f.read(len(MAGIC) + 8)
-            if len(start) < len(MAGIC) + 8 or start[: len(MAGIC)] != MAGIC:
-                raise ModelLoadError(f"{path}: not a runlm lean image")
-            (length,) = struct.unpack("<Q", start[len(MAGIC):])
-            header = json.loads(f.read(length))
+        header = read_header(path)
         if header.get("version") != VERSION:
             raise ModelLoadError(f"{path}: a lean image of version {header.get('version')}, this runlm reads {VERSION}")
         whole = np.memmap(path, dtype=np.uint8, mode="r")
@@ -228,4 +234,4 @@ def read(path: Path) -> Image:
     return Image(path=Path(path), header=header, arrays=arrays)
 
 
-__all__ = ["Image", "LeanRefusal", "read", "refusal", "write"]
+__all__ = ["Image", "LeanRefusal", "read", "read_header", "refusal", "write"]

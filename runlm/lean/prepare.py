@@ -97,7 +97,20 @@ def image_for(model: Path, log=None, target: Path | None = None) -> Path:
         for old in [*target.parent.glob(f"{prefix}*.lean"), *target.parent.glob(f"{prefix}*.lean.refused")]:
             if old != target:
                 old.unlink(missing_ok=True)
+        _forget_orphans(target.parent)
     return target
+
+
+def _forget_orphans(images: Path) -> None:
+    """Images whose model file is gone (deleted, or moved: an image is named by its model's path): nothing will map
+    them again, and each is about its model's size."""
+    for old in images.glob("*.lean"):
+        try:
+            source = image.read_header(old)["source"]["path"]
+        except (OSError, ValueError, KeyError, TypeError, RunlmError):
+            continue  # not an image this runlm reads: left as it is
+        if not Path(source).exists():
+            old.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -119,10 +119,14 @@ def test_images_are_cached_per_file_version_and_replaced(smollm2_gguf, tmp_path,
     first = image_for(model)
     assert first == prepare.image_path(model) and first.parent == tmp_path / "images"
     assert image_for(model).stat().st_mtime_ns == first.stat().st_mtime_ns  # found, not made again
+    # images of a model file that is gone go when the next image is made; those of one still there stay
+    orphan, kept = tmp_path / "images" / "gone-0.lean", tmp_path / "images" / "other-0.lean"
+    image._write_file(orphan, {"version": image.VERSION, "source": {"path": str(tmp_path / "gone.gguf")}}, [])
+    image._write_file(kept, {"version": image.VERSION, "source": {"path": str(smollm2_gguf)}}, [])
     os.utime(model, ns=(model.stat().st_atime_ns, model.stat().st_mtime_ns + 10**9))  # the file changed
     second = image_for(model)
     assert second != first and second.is_file() and not first.exists()  # the stale image is gone
-    assert [p.name for p in (tmp_path / "images").iterdir()] == [second.name]
+    assert sorted(p.name for p in (tmp_path / "images").iterdir()) == sorted([second.name, kept.name])
 
 
 def test_a_session_keeps_what_it_can_of_the_next_prompt(smollm2_gguf, gemma3_gguf, tmp_path):
