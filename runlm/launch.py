@@ -13,7 +13,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[:1] in (["generate"], ["chat"], ["serve"]):
         from runlm.lean.cli import main as lean_main
 
-        status = lean_main(args, auto=True)
+        status = lean_main(args)
         if status is not None:
             return status
     from runlm.cli import main as cli_main

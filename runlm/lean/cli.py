@@ -210,15 +210,15 @@ COMMANDS = {"generate": (add_generate_arguments, run), "chat": (add_chat_argumen
             "serve": (add_serve_arguments, run_serve)}
 
 
-def main(argv: Sequence[str], auto: bool = False) -> int | None:
+def main(argv: Sequence[str]) -> int | None:
     """`runlm generate|chat|serve ...` (argv from the command's name on) here, without PyTorch: its exit status, or
-    None where `auto` (neither --lean nor --torch given) and `runs_lean` says the PyTorch path should run it."""
+    None where the PyTorch path should run it (--torch, or neither --lean nor --torch and not `runs_lean`)."""
     command = argv[0]
     parser = argparse.ArgumentParser(prog=f"runlm {command}")
     add_arguments, run_command = COMMANDS[command]
     add_arguments(parser)
     args = parser.parse_args(argv[1:])
-    if args.torch or (auto and not args.lean and not runs_lean(args)):
+    if args.torch or (not args.lean and not runs_lean(args)):
         return None
     return exit_status(lambda: run_command(args))
 

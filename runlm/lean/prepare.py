@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -30,10 +31,18 @@ def image_path(model: Path) -> Path:
         "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "version": image.VERSION, "variant": build.variant(),
         "isa": native.isa(), "group_rows": [native.group_rows(build.KERNEL_TYPES[t]) for t in build.X4_TYPES],
     }  # fmt: skip
-    key = hashlib.sha1(json.dumps(stamp, sort_keys=True).encode())
-    for source in _BUILDING_CODE:
-        key.update(source.read_bytes())
+    key = hashlib.sha1(json.dumps(stamp, sort_keys=True).encode() + _building_code_digest())
     return _images() / f"{_model_prefix(model)}{key.hexdigest()[:12]}.lean"
+
+
+@functools.cache
+def _building_code_digest() -> bytes:
+    """The code that builds models, hashed once per process (a command asks for its image twice: to choose the path
+    and to open it)."""
+    digest = hashlib.sha1()
+    for source in _BUILDING_CODE:
+        digest.update(source.read_bytes())
+    return digest.digest()
 
 
 def _images() -> Path:

@@ -313,7 +313,8 @@ class _EncodeModes:
         finally:
             with self._changed:
                 self._sharing -= 1
-                self._changed.notify_all()
+                if not self._sharing:  # only a switch waits for the last plain encode
+                    self._changed.notify_all()
 
     @contextmanager
     def alone(self) -> Iterator[None]:
