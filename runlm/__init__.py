@@ -16,7 +16,7 @@ from runlm.errors import (
 
 def lazy_exports(package: str, names: dict[str, str]):
     """A module `__getattr__` that imports each of `names` (name -> the module defining it) on first use: what
-    brings PyTorch is not imported by a process that does without it (runlm.lean)."""
+    brings PyTorch is not imported by a process that does without it (runlm.native)."""
 
     def __getattr__(name: str):
         if name in names:

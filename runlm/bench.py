@@ -237,7 +237,7 @@ def missing_peer(peer: str, path: Path) -> str | None:
     """Why `peer` cannot run here (None when it can). runlm-lean's image of the model is made here, so its worker's
     timed load only maps it."""
     if peer == "runlm-lean":
-        from runlm.lean.prepare import image_for
+        from runlm.native.prepare import image_for
 
         try:
             image_for(path, log=lambda line: print(f"bench: {line}", file=sys.stderr, flush=True))

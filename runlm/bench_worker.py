@@ -92,13 +92,13 @@ class RunlmPeer:
 
 
 class LeanPeer:
-    """runlm.lean: the default path's kernels and blocks in a process without torch, on an image the bench prepared
+    """runlm.native: the default path's kernels and blocks in a process without torch, on an image the bench prepared
     before starting this worker (its load is mapping the image and building the tokenizer, as runlm's includes)."""
 
     def __init__(self, path: str, threads: int, positions: int, kv_type: str = "auto"):
         from runlm.formats.gguf import GGUFFile
-        from runlm.lean.engine import LeanModel
-        from runlm.lean.prepare import image_path
+        from runlm.native.model import LeanModel
+        from runlm.native.prepare import image_path
         from runlm.text import Tokenizer
 
         self.libraries_rss_mb = rss_mb()

@@ -119,8 +119,8 @@ def _load(args: argparse.Namespace, model: str | None = None):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    if args.lean:  # the `runlm` command sends these to runlm.lean before PyTorch is imported; here it already is
-        from runlm.lean.cli import run
+    if args.lean:  # the `runlm` command sends these to runlm.native before PyTorch is imported; here it already is
+        from runlm.native.cli import run
 
         return run(args)
     image = ImageInput(*image_to_rgb(args.image)) if args.image is not None else None  # fail before the load
@@ -168,7 +168,7 @@ def _stream_reply(engine, text: str, args: argparse.Namespace, image=None) -> st
 
 def cmd_chat(args: argparse.Namespace) -> int:
     if args.lean:  # as in cmd_generate: the `runlm` command routes these before torch is imported
-        from runlm.lean.cli import run_chat
+        from runlm.native.cli import run_chat
 
         return run_chat(args)
     if args.web:
@@ -256,7 +256,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     if args.lean:  # as in cmd_generate: the `runlm` command routes this before torch is imported
-        from runlm.lean.cli import run_serve
+        from runlm.native.cli import run_serve
 
         return run_serve(args)
     from runlm.server import serve  # optional: the [server] extra

@@ -14,7 +14,7 @@ from runlm.errors import InvalidInputError, ModelLoadError
 from runlm.formats.gguf import GGUFFile, GGUFSource, gguf_name, quantization_of
 from runlm.formats.safetensors import SafetensorsSource
 from runlm.models.base import WeightLoader
-from runlm.models.config import ModelConfig, check_config, expected_shapes
+from runlm.families.config import ModelConfig, check_config, expected_shapes
 from runlm.models.registry import Family, family_for_gguf, family_for_hf
 from runlm.quant import kernels
 from runlm.quant.build import Q8_0_VALUES
@@ -158,7 +158,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | 
         expect=expected_shapes(config),
     )
     model = family.build(config, WeightLoader(source, dtype, packed))
-    runner = family.runner(model, max_context, swa_full=swa_full)
+    runner = family.runner(model, family.name, max_context, swa_full=swa_full)
     return LoadedModel(
         runner=runner,
         tokenizer=tokenizer,
@@ -199,7 +199,7 @@ def _load_hf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | No
     check_vocabulary(tokenizer, config, path)
     source = SafetensorsSource(path, family.hf_prefixes, expect=expected_shapes(config))
     model = family.build(config, WeightLoader(source, dtype, packed=False))  # safetensors hold plain floats
-    runner = family.runner(model, max_context, swa_full=swa_full)
+    runner = family.runner(model, family.name, max_context, swa_full=swa_full)
     return LoadedModel(
         runner=runner,
         tokenizer=tokenizer,

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,55 +29,12 @@ class RMSNorm(nn.Module):
 # -- rotary position embeddings --------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RopeSpec:
-    """Everything that fixes a RoPE frequency table."""
-
-    head_dim: int
-    theta: float
-    scaling: tuple[tuple[str, float | str], ...] = ()  # frozen dict of the HF rope_scaling entries
-
-    @classmethod
-    def build(cls, head_dim: int, theta: float, scaling: dict | None) -> RopeSpec:
-        items = tuple(sorted((k, v) for k, v in (scaling or {}).items() if isinstance(v, int | float | str)))
-        return cls(head_dim, float(theta), items)
-
-
-def rope_inv_freq(spec: RopeSpec, freq_factors: torch.Tensor | None = None) -> torch.Tensor:
-    """Inverse frequencies [head_dim/2], with linear or llama3 scaling when asked for.
-
-    `freq_factors` is GGUF's `rope_freqs` tensor: llama.cpp stores llama3 scaling
-    as per-dimension divisors instead of config values.
-    """
-    dim = spec.head_dim
-    inv_freq = 1.0 / (spec.theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    if freq_factors is not None:
-        return inv_freq / freq_factors.float()
-    scaling = dict(spec.scaling)
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind in ("default", None):
-        return inv_freq
-    if kind == "linear":
-        return inv_freq / float(scaling["factor"])
-    if kind == "llama3":
-        factor = float(scaling["factor"])
-        low = float(scaling["low_freq_factor"])
-        high = float(scaling["high_freq_factor"])
-        old_ctx = float(scaling["original_max_position_embeddings"])
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
-        smooth = (old_ctx / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
-        return torch.where(medium, smoothed, scaled)
-    raise NotImplementedError(f"rope scaling type {kind!r} is not supported")
-
-
 class Rope(nn.Module):
     """cos/sin tables grown on demand; applied with the rotate-half convention."""
 
-    def __init__(self, inv_freq: torch.Tensor):
+    def __init__(self, inv_freq: torch.Tensor | np.ndarray):
         super().__init__()
+        inv_freq = torch.as_tensor(inv_freq)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.register_buffer("cos", torch.empty(0, inv_freq.numel() * 2), persistent=False)
         self.register_buffer("sin", torch.empty(0, inv_freq.numel() * 2), persistent=False)
@@ -88,7 +43,7 @@ class Rope(nn.Module):
         """cos and signed sin for positions [T] or [B, T], with a head axis to broadcast over [B, T, H, D]."""
         needed = int(positions.max()) + 1
         while needed > self.cos.shape[0]:
-            # Whole blocks of positions, each computed alike (runlm.rope: numpy's cos / sin, the bits runlm.lean
+            # Whole blocks of positions, each computed alike (runlm.rope: numpy's cos / sin, the bits runlm.native
             # computes too): a position's value never depends on how large the table was when it was made.
             cos, sin = table_block(self.inv_freq.cpu().numpy(), self.cos.shape[0])
             device = self.inv_freq.device

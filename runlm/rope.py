@@ -1,12 +1,14 @@
-"""RoPE's cos / sin tables, computed with numpy in whole blocks of positions.
+"""RoPE's inverse frequencies and cos / sin tables, computed with numpy (tables in whole blocks of positions).
 
-Both runners take their tables from here (runlm.nn.Rope for the PyTorch path, runlm.lean.engine without it), so a
+Both runners take their tables from here (runlm.nn.Rope for the PyTorch path, runlm.native.model without it), so a
 position's angles are the same bits in both: one ulp of difference in a table moves a quantized model's logits by
 up to ~1 after its layers (int8 activation rounding amplifies it), which is far more than the two paths otherwise
 differ (nothing: they run the same C++ blocks). A block's values do not depend on how many blocks came before it.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -22,4 +24,30 @@ def table_block(inv_freq: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarra
     return np.concatenate([cos, cos], axis=1), np.concatenate([-sin, sin], axis=1)
 
 
-__all__ = ["ROPE_BLOCK", "table_block"]
+def inv_freq(head_dim: int, theta: float, scaling: dict | None = None,
+             freq_factors: np.ndarray | None = None) -> np.ndarray:
+    """Inverse frequencies [head_dim / 2] float32 (computed in float64), with linear or llama3 scaling (the kinds
+    runlm.families.config.ROPE_SCALINGS lets through). `freq_factors` is GGUF's `rope_freqs` tensor: llama.cpp
+    stores llama3 scaling as per-dimension divisors instead of config values."""
+    base = 1.0 / float(theta) ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if freq_factors is not None:
+        return (base / np.asarray(freq_factors, dtype=np.float64)).astype(np.float32)
+    scaling = scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind in ("default", None):
+        return base.astype(np.float32)
+    if kind == "linear":
+        return (base / float(scaling["factor"])).astype(np.float32)
+    if kind == "llama3":
+        factor, low, high = (float(scaling[k]) for k in ("factor", "low_freq_factor", "high_freq_factor"))
+        old_ctx = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / base
+        scaled = np.where(wavelen > old_ctx / low, base / factor, base)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
+        return np.where(medium, smoothed, scaled).astype(np.float32)
+    raise NotImplementedError(f"rope scaling type {kind!r} is not supported")
+
+
+__all__ = ["ROPE_BLOCK", "inv_freq", "table_block"]

@@ -20,7 +20,7 @@ import numpy as np
 
 from runlm.errors import ContextOverflowError, InvalidInputError, RunlmError, UnsupportedOperationError
 
-if TYPE_CHECKING:  # logits are torch tensors from the families' runners, numpy arrays from runlm.lean's
+if TYPE_CHECKING:  # logits are torch tensors from the families' runners, numpy arrays from runlm.native's
     import torch
 
 OnToken = Callable[[int], bool]
@@ -55,7 +55,7 @@ def as_numpy(rows: Any) -> np.ndarray:
 
 def stack_rows(rows: list) -> Any:
     """Rows of logits as one [N, vocab] array of their own kind: torch tensors (the families' runners) or numpy
-    arrays (runlm.lean's runner, in a process without torch)."""
+    arrays (runlm.native's runner, in a process without torch)."""
     if hasattr(rows[0], "detach"):
         import torch
 
@@ -378,7 +378,7 @@ class LmRunner(ABC):
 
 
 class ServedModel:
-    """What the CLI and the server read of a loaded model around its runner: runlm.LoadedModel, and runlm.lean's
+    """What the CLI and the server read of a loaded model around its runner: runlm.LoadedModel, and runlm.native's
     LeanLoaded (both dataclasses with a `runner` field)."""
 
     runner: LmRunner

@@ -69,8 +69,8 @@ HEAP_TRIM_THRESHOLD = 64 << 20
 def steady_heap() -> None:
     """Keep allocations up to 32 MiB on the C heap, and up to 64 MiB of its free top for the next forward, instead
     of glibc's adaptive thresholds (a no-op elsewhere). A forward's activation buffers (the fused blocks' std::vectors,
-    up to ~16 MiB each for a 256-token chunk at 1B) were otherwise often mapped fresh and unmapped per block: in
-    session 19, one 512-token prefill at the 1B Q4_K_M shape faulted ~250k pages (a GiB) in some processes and few in
+    up to ~16 MiB each for a 256-token chunk at 1B) are otherwise often mapped fresh and unmapped per block: without
+    them, one 512-token prefill at the 1B Q4_K_M shape faulted ~250k pages (a GiB) in some processes and few in
     others; with these thresholds ~2k, and prefill ran 1.1-1.35x faster, peak RSS unchanged (1B Q4_K_M, Q8_0,
     Gemma 3 270M)."""
     mallopt = _libc_function("mallopt", [ctypes.c_int, ctypes.c_int])

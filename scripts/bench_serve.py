@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 from runlm.bench import english_text, free_port
-from runlm.lean.prepare import image_for
+from runlm.native.prepare import image_for
 
 PROMPT_CHARS = 2200  # ~512 tokens of English with a Llama 3 tokenizer
 SERVERS = {

@@ -11,7 +11,7 @@ import sys
 import pytest
 from reference.tiny import build_llama
 
-from runlm.lean.prepare import image_for, image_path, refusal_note
+from runlm.native.prepare import image_for, image_path, refusal_note
 from runlm.quant import kernels
 
 PROMPT = "What is the capital of France?"

@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runlm.nn import FullKVCache, Rope, RopeSpec, apply_rope, attention, rope_inv_freq
+from runlm.nn import FullKVCache, Rope, apply_rope, attention
 from runlm.quant import kernels
+from runlm.rope import inv_freq
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="native kernels unavailable")
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.skipif(not kernels.available(), reason="native kernels 
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (4, 1, 256), (4, 4, 16)])
 def test_fused_decode_attention_equals_rope_cache_sdpa(heads, kv_heads, head_dim):
     gen = torch.Generator().manual_seed(heads * head_dim)
-    rope = Rope(rope_inv_freq(RopeSpec.build(head_dim, 10000.0, None)))
+    rope = Rope(inv_freq(head_dim, 10000.0))
     fused = FullKVCache(kv_heads, head_dim, torch.float32, torch.device("cpu"), capacity=4)
     plain = FullKVCache(kv_heads, head_dim, torch.float32, torch.device("cpu"), capacity=4)
     scale = head_dim**-0.5

@@ -23,7 +23,7 @@ from runlm.runner import ImageInput, LmRunner, PartialBatchError, Session
 from runlm.sampling import SEED_SPAN, Sampler, SamplingParams, TokenLogprob
 from runlm.text import StreamingDetokenizer
 
-if TYPE_CHECKING:  # logits are torch tensors from the families' runners, numpy arrays from runlm.lean's
+if TYPE_CHECKING:  # logits are torch tensors from the families' runners, numpy arrays from runlm.native's
     import torch
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from runlm.errors import ModelLoadError
 
-if TYPE_CHECKING:  # the GGUF header reader stays importable without torch (runlm.lean)
+if TYPE_CHECKING:  # the GGUF header reader stays importable without torch (runlm.native)
     import torch
 
 ShapeRule = Callable[[str], tuple[int, ...] | None]

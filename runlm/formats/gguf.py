@@ -16,8 +16,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from runlm.errors import ModelLoadError
 from runlm.formats import ShapeRule, WeightSource
+from runlm.quant.build import BLOCK_LAYOUTS
 
-if TYPE_CHECKING:  # the header reader imports without torch (runlm.lean reads tokenizers with it)
+if TYPE_CHECKING:  # the header reader imports without torch (runlm.native reads tokenizers with it)
     import torch
 
 GGUF_MAGIC = b"GGUF"
@@ -382,12 +383,10 @@ class GGUFSource(WeightSource):
         return self.gguf.has(self.rename(name))
 
     def raw(self, name: str):
-        from runlm.quant.dequant import BLOCK_LAYOUTS, normalize_type_name
-
         stored_as = self.rename(name)
         self.check_shape(name, self.gguf.shape(stored_as), stored_as)  # from the header, before any byte is read
         raw = self.gguf.raw(stored_as)
-        if normalize_type_name(raw.type_name) not in BLOCK_LAYOUTS:
+        if raw.type_name not in BLOCK_LAYOUTS:
             raise ModelLoadError(
                 f"{self.path}: tensor {raw.name!r} is stored as {raw.type_name}, a type runlm cannot read "
                 f"(it reads: {', '.join(BLOCK_LAYOUTS)})"
@@ -399,6 +398,12 @@ class GGUFSource(WeightSource):
 
     def tensor(self, name: str) -> torch.Tensor:
         return _dequantized(self.raw(name), self.path)
+
+
+def find_mmproj(model_path: Path) -> list[Path]:
+    """Vision projector GGUFs next to a text GGUF (llama.cpp's naming: mmproj*.gguf)."""
+    found = model_path.parent.glob("*.gguf")
+    return sorted(p for p in found if p.name.lower().startswith("mmproj") and p != model_path)
 
 
 def quantization_of(gguf: GGUFFile) -> str:

@@ -9,7 +9,7 @@ from torch import nn
 
 from runlm.errors import InvalidInputError
 from runlm.formats import WeightSource
-from runlm.models.config import ModelConfig
+from runlm.families.config import ModelConfig
 from runlm.models.fused import Rows, fuse_blocks
 from runlm.nn import FullKVCache, Rope, SlidingKVCache, kv_row_width
 from runlm.quant import kernels
@@ -244,10 +244,8 @@ class CachedRunner(LmRunner):
     """The runner contract over a DecoderLM: sessions hold per-layer KV caches, decode is cached,
     and several sessions decode together in one batched forward."""
 
-    family_name = ""
-
-    def __init__(self, model: DecoderLM, max_context: int | None = None, swa_full: bool = False):
-        self.model = model
+    def __init__(self, model: DecoderLM, family: str, max_context: int | None = None, swa_full: bool = False):
+        self.model, self.family_name = model, family
         self.context = max_context or model.config.max_position
         self.swa_full = swa_full  # sliding-window layers keep every position (see DecoderLM.new_cache)
         # The KV caches' element type for sessions made from now on: the activations' unless set (runlm.load sets

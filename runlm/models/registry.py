@@ -1,81 +1,66 @@
-"""The family registry: each family module registers a Family here; loading looks families up here."""
+"""The PyTorch backend's view of a family: its spec (runlm.families, the one description) and the runner class
+that serves it here (a vision-capable family's runner takes an image tower)."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from runlm.errors import UnsupportedArchitectureError
-from runlm.models.config import ModelConfig
+from runlm import families
+from runlm.families.config import ModelConfig
+from runlm.families.spec import FamilySpec
+from runlm.models.base import CachedRunner, DecoderLM, WeightLoader
 
 
 @dataclass(frozen=True)
 class Family:
-    """How to recognise, configure and build one model family."""
+    """A family spec with what the PyTorch backend builds from it."""
 
-    name: str
-    gguf_architectures: tuple[str, ...]
-    hf_model_types: tuple[str, ...]
-    config_from_hf: Callable[[dict], ModelConfig]
-    config_from_gguf: Callable[[Any], ModelConfig]
-    build: Callable[..., Any]  # (ModelConfig, WeightLoader) -> DecoderLM
+    spec: FamilySpec
     runner: type  # a CachedRunner subclass
-    gguf_overrides: dict[str, str] = field(default_factory=dict)
-    # Rows of a GGUF tensor to reorder back to transformers' layout (llama.cpp permutes llama's Q/K).
-    gguf_row_perm: Callable[[str, ModelConfig], torch.Tensor | None] = lambda name, cfg: None
-    # (strip, add) name prefixes to try, for checkpoints that nest the text model.
-    hf_prefixes: tuple[tuple[str, str], ...] = (("", ""),)
-    builtin_chat_format: str | None = None
     # (loaded model, mmproj path or None) -> None: give the runner its vision tower when the model has one.
     attach_vision: Callable[[Any, Path | None], None] | None = None
 
+    def __getattr__(self, name: str) -> Any:  # name, config readers, prefixes...: the spec's
+        return getattr(self.spec, name)
 
-FAMILIES: dict[str, Family] = {}
-_FAMILY_MODULES = ("llama", "qwen3", "gemma3")
+    @property
+    def builtin_chat_format(self) -> str | None:
+        return self.spec.chat_format
+
+    @property
+    def gguf_overrides(self) -> dict[str, str]:
+        return self.spec.gguf_names
+
+    def build(self, config: ModelConfig, weights: WeightLoader) -> DecoderLM:
+        from runlm.models.build import build_decoder
+
+        return build_decoder(self.spec, config, weights)
+
+    def gguf_row_perm(self, name: str, config: ModelConfig) -> torch.Tensor | None:
+        order = self.spec.qk_rows_order(name, config)
+        return None if order is None else torch.tensor(order)
 
 
-def register_family(family: Family) -> Family:
-    FAMILIES[family.name] = family
-    return family
+def family(spec: FamilySpec) -> Family:
+    if spec.vision:
+        from runlm.models.gemma3 import GemmaRunner
+        from runlm.models.vision import attach_vision
 
-
-def families() -> dict[str, Family]:
-    """Every family, after importing the family modules (each registers itself)."""
-    for module in _FAMILY_MODULES:
-        importlib.import_module(f"runlm.models.{module}")
-    return FAMILIES
-
-
-def supported() -> str:
-    fams = families().values()
-    return ", ".join(
-        sorted({a for f in fams for a in f.gguf_architectures} | {t for f in fams for t in f.hf_model_types})
-    )
+        return Family(spec, GemmaRunner, attach_vision)
+    return Family(spec, CachedRunner)
 
 
 def family_for_gguf(arch: str, path: Path) -> Family:
-    for family in families().values():
-        if arch in family.gguf_architectures:
-            return family
-    raise UnsupportedArchitectureError(f"{path}: architecture {arch!r} is not supported (supported: {supported()})")
+    return family(families.for_gguf(arch, path))
 
 
 def family_for_hf(config: dict, path: Path) -> Family:
-    model_type = config.get("model_type")
-    text_type = (config.get("text_config") or {}).get("model_type")
-    for family in families().values():
-        if model_type in family.hf_model_types or text_type in family.hf_model_types:
-            return family
-    names = config.get("architectures") or []
-    raise UnsupportedArchitectureError(
-        f"{path}: model_type {model_type!r} ({', '.join(names) or 'no architectures'}) is not supported "
-        f"(supported: {supported()})"
-    )
+    return family(families.for_hf(config, path))
 
 
-__all__ = ["FAMILIES", "Family", "families", "family_for_gguf", "family_for_hf", "register_family", "supported"]
+__all__ = ["Family", "family", "family_for_gguf", "family_for_hf"]

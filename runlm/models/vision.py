@@ -40,9 +40,9 @@ from runlm.errors import (
     TokenizerError,
     UnsupportedArchitectureError,
 )
-from runlm.formats.gguf import GGUFFile
+from runlm.formats.gguf import GGUFFile, find_mmproj
 from runlm.formats.safetensors import SafetensorsSource
-from runlm.models.config import integer, number
+from runlm.families.config import integer, number
 from runlm.nn import RMSNorm
 from runlm.runner import ImageInput
 from runlm.text import Tokenizer
@@ -426,12 +426,6 @@ def vision_from_mmproj(path: Path, text_hidden: int) -> VisionModel:
         )
     # llama.cpp stores soft_emb_norm with Gemma's 1 already added.
     return VisionModel(vision, lambda name: gguf.tensor(mmproj_name(name)), norm_offset=0.0)
-
-
-def find_mmproj(model_path: Path) -> list[Path]:
-    """Projector GGUFs next to a text GGUF (llama.cpp's naming: mmproj*.gguf)."""
-    found = model_path.parent.glob("*.gguf")
-    return sorted(p for p in found if p.name.lower().startswith("mmproj") and p != model_path)
 
 
 def attach_vision(loaded, mmproj: str | Path | None = None) -> None:

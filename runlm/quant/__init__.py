@@ -1,6 +1,6 @@
 """GGML quantized tensors: reference dequantization, runlm's kernels on GGUF blocks, torch's int4 as the fallback.
 
-The names below are imported on first use: `runlm.quant.build` (how the kernels are compiled) is read by runlm.lean's
+The names below are imported on first use: `runlm.quant.build` (how the kernels are compiled) is read by runlm.native's
 decode process, which runs without PyTorch.
 """
 

@@ -1,5 +1,5 @@
 """How runlm's C++ kernels (kernels.cpp) are compiled and tuned, for both of their builds: the PyTorch extension
-(runlm.quant.kernels) and the standalone library of the decode process without torch (runlm.lean.native). Importing
+(runlm.quant.kernels) and the standalone library of the decode process without torch (runlm.native.library). Importing
 this module does not import torch.
 
 Environment: RUNLM_GGUF_KERNELS=0 disables the kernels; =scalar builds the portable scalar path, =avx2 the AVX2 path
@@ -31,10 +31,29 @@ KERNEL_TYPES: dict[str, int] = {
     "Q6_K": 14,
 }
 
+QK_K = 256
+# GGUF type name -> (values per block, bytes per block), for every type runlm reads.
+BLOCK_LAYOUTS: dict[str, tuple[int, int]] = {
+    "F32": (1, 4),
+    "F16": (1, 2),
+    "BF16": (1, 2),
+    "Q4_0": (32, 18),
+    "Q4_1": (32, 20),
+    "Q5_0": (32, 22),
+    "Q5_1": (32, 24),
+    "Q8_0": (32, 34),
+    "Q2_K": (QK_K, 84),
+    "Q3_K": (QK_K, 110),
+    "Q4_K": (QK_K, 144),
+    "Q5_K": (QK_K, 176),
+    "Q6_K": (QK_K, 210),
+}
+
 # Types with the interleaved ("x4") layout (type id + X4 in kernels.cpp): same bytes, regrouped once at load so that
 # a GEMV reads one stream and decodes 4 rows' scales and 2 rows' codes per instruction (32-wide types 1.1-1.5x faster;
 # Q4_K / Q5_K ~2-2.5x at one activation row, ~1.5-2x at many; Q6_K ~1.1-1.2x; all bit-identical to the row layout).
 # Groups are 4 rows, except in an AVX-512 build: 16 rows, for the 512-bit kernels (`group_rows`).
+X4 = 256  # added to a type id: the weight is in the interleaved layout (kernels.cpp's X4)
 X4_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 SOURCE = Path(__file__).with_name("kernels.cpp")
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
@@ -93,6 +112,6 @@ def decode_walk_name() -> str:
 
 
 __all__ = [
-    "CFLAGS", "DECODE_WALKS", "ENV_VAR", "KERNEL_TYPES", "Q8_0_BYTES", "Q8_0_VALUES", "SOURCE", "VARIANT_CFLAGS",
-    "WALK_ENV_VAR", "X4_TYPES", "build_key", "decode_walk_name", "variant", "variant_cflags",
+    "BLOCK_LAYOUTS", "CFLAGS", "DECODE_WALKS", "ENV_VAR", "KERNEL_TYPES", "Q8_0_BYTES", "Q8_0_VALUES", "SOURCE", "VARIANT_CFLAGS",
+    "WALK_ENV_VAR", "X4", "X4_TYPES", "build_key", "decode_walk_name", "variant", "variant_cflags",
 ]

@@ -15,25 +15,7 @@ import numpy as np
 import torch
 
 from runlm.errors import ModelLoadError
-
-QK_K = 256
-
-# type name -> (elements per block, bytes per block); same values as gguf.constants.GGML_QUANT_SIZES.
-BLOCK_LAYOUTS: dict[str, tuple[int, int]] = {
-    "F32": (1, 4),
-    "F16": (1, 2),
-    "BF16": (1, 2),
-    "Q4_0": (32, 18),
-    "Q4_1": (32, 20),
-    "Q5_0": (32, 22),
-    "Q5_1": (32, 24),
-    "Q8_0": (32, 34),
-    "Q2_K": (QK_K, 84),
-    "Q3_K": (QK_K, 110),
-    "Q4_K": (QK_K, 144),
-    "Q5_K": (QK_K, 176),
-    "Q6_K": (QK_K, 210),
-}
+from runlm.quant.build import BLOCK_LAYOUTS, QK_K
 
 SUPPORTED_TYPES: frozenset[str] = frozenset(BLOCK_LAYOUTS)
 

@@ -4250,6 +4250,37 @@ struct BlockStack : torch::CustomClassHolder {
 // C interface of the standalone build (runlm.lean calls it through ctypes). Pointers are the caller's, valid for the
 // call (a stack's weights: for the stack's life). Each function returns 0, or -1 with rl_last_error() saying why.
 
+// One weight as the kernels read it: GGUF blocks (type id, + X4 for the interleaved layout) of `rows` rows.
+struct RlWeight {
+  const uint8_t* data;
+  int64_t type;
+  int64_t rows;
+};
+
+// One transformer block, whole: what rl_stack_add_block takes (runlm.native.library.Block mirrors it field by field).
+// Norms in the order they apply: two (pre-norm: before attention, before the MLP) or four (sandwich: before and
+// after each). q/k/v and gate/up may come in parts of different types, stacked along the output dimension.
+struct RlBlock {
+  const float* norms[4];
+  int64_t n_norms;
+  int64_t hidden;
+  double eps;
+  const float* q_norm;  // per-head RMSNorm weights, or null
+  const float* k_norm;
+  RlWeight qkv[3];
+  int64_t n_qkv;
+  RlWeight o;
+  RlWeight gate_up[2];
+  int64_t n_gate_up;
+  RlWeight down;
+  int64_t gelu;  // the MLP's activation: GELU (tanh) when set, else SiLU
+  int64_t rope;  // which RoPE table the block rotates with
+  int64_t window;  // sliding-window length, 0 for full attention
+  int64_t n_heads;
+  int64_t n_kv_heads;
+  double scale;  // attention's query scale
+};
+
 namespace {
 thread_local std::string g_error;
 
@@ -4264,14 +4295,15 @@ int guarded(F&& f) {
   }
 }
 
-std::vector<Weight> weight_parts(const uint8_t* const* data, const int64_t* types, const int64_t* rows, int64_t n) {
-  std::vector<Weight> parts;
+std::vector<Weight> weight_parts(const RlWeight* parts, int64_t n) {
+  std::vector<Weight> out;
   for (int64_t i = 0; i < n; ++i) {
     TypeInfo info{};
-    RUNLM_CHECK(type_info(types[i], &info), "unsupported GGML type id ", types[i]);
-    parts.push_back(Weight{data[i], types[i], rows[i]});
+    RUNLM_CHECK(type_info(parts[i].type, &info), "unsupported GGML type id ", parts[i].type);
+    RUNLM_CHECK(parts[i].data != nullptr && parts[i].rows > 0, "a weight part has no data or no rows");
+    out.push_back(Weight{parts[i].data, parts[i].type, parts[i].rows});
   }
-  return parts;
+  return out;
 }
 }  // namespace
 
@@ -4285,6 +4317,8 @@ const char* rl_isa() {
 }
 
 int64_t rl_group_rows(int64_t type) { return group_rows(type); }
+
+int64_t rl_simd() { return gguf_simd(); }
 
 int rl_set_threads(int threads) {
   return guarded([&] {
@@ -4335,30 +4369,29 @@ void* rl_stack_new() { return new RlStack(); }
 
 void rl_stack_free(void* stack) { delete static_cast<RlStack*>(stack); }
 
-int rl_stack_add_block(void* stack, const float* const* norms, int64_t n_norms, int64_t hidden, double eps,
-                       const float* q_norm, const float* k_norm, const uint8_t* const* qkv, const int64_t* qkv_types,
-                       const int64_t* qkv_rows, int64_t n_qkv, const uint8_t* o, int64_t o_type,
-                       const uint8_t* const* gate_up, const int64_t* gate_up_types, const int64_t* gate_up_rows,
-                       int64_t n_gate_up, const uint8_t* down, int64_t down_type, int gelu, int64_t rope,
-                       int64_t window, int64_t n_heads, int64_t n_kv_heads, double scale) {
+int rl_stack_add_block(void* stack, const RlBlock* block) {
   return guarded([&] {
-    RUNLM_CHECK(n_norms == 2 || n_norms == 4, "two (pre-norm) or four (sandwich) norms expected");
-    RUNLM_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "heads must group evenly");
+    const RlBlock& in = *block;
+    RUNLM_CHECK(in.n_norms == 2 || in.n_norms == 4, "two (pre-norm) or four (sandwich) norms expected");
+    RUNLM_CHECK(in.n_qkv >= 1 && in.n_qkv <= 3 && in.n_gate_up >= 1 && in.n_gate_up <= 2,
+                "one to three q/k/v parts and one or two gate/up parts expected");
+    RUNLM_CHECK(in.n_kv_heads > 0 && in.n_heads % in.n_kv_heads == 0, "heads must group evenly");
     BlockWeights b;
-    b.norms.assign(norms, norms + n_norms);
-    b.hidden = hidden, b.eps = eps, b.q_norm = q_norm, b.k_norm = k_norm, b.scale = scale;
-    b.qkv = weight_parts(qkv, qkv_types, qkv_rows, n_qkv);
-    b.o = Weight{o, o_type, hidden};
-    b.gate_up = weight_parts(gate_up, gate_up_types, gate_up_rows, n_gate_up);
-    b.down = Weight{down, down_type, hidden};
-    b.gelu = gelu != 0, b.window = window, b.n_heads = n_heads, b.n_kv_heads = n_kv_heads;
+    b.norms.assign(in.norms, in.norms + in.n_norms);
+    b.hidden = in.hidden, b.eps = in.eps, b.q_norm = in.q_norm, b.k_norm = in.k_norm, b.scale = in.scale;
+    b.qkv = weight_parts(in.qkv, in.n_qkv);
+    RUNLM_CHECK(in.o.rows == in.hidden && in.down.rows == in.hidden, "o and down must give hidden rows");
+    b.o = weight_parts(&in.o, 1)[0];
+    b.gate_up = weight_parts(in.gate_up, in.n_gate_up);
+    b.down = weight_parts(&in.down, 1)[0];
+    b.gelu = in.gelu != 0, b.window = in.window, b.n_heads = in.n_heads, b.n_kv_heads = in.n_kv_heads;
     int64_t qkv_width = 0;
     for (const Weight& w : b.qkv) qkv_width += w.rows;
-    b.head_dim = qkv_width / (n_heads + 2 * n_kv_heads);
-    RUNLM_CHECK(b.head_dim > 0 && qkv_width == (n_heads + 2 * n_kv_heads) * b.head_dim,
+    b.head_dim = qkv_width / (in.n_heads + 2 * in.n_kv_heads);
+    RUNLM_CHECK(b.head_dim > 0 && qkv_width == (in.n_heads + 2 * in.n_kv_heads) * b.head_dim,
                 "qkv projection width does not match the heads");
     static_cast<RlStack*>(stack)->blocks.push_back(std::move(b));
-    static_cast<RlStack*>(stack)->ropes.push_back(rope);
+    static_cast<RlStack*>(stack)->ropes.push_back(in.rope);
   });
 }
 

@@ -57,8 +57,7 @@ from runlm.quant import build
 from runlm.quant.dequant import BLOCK_LAYOUTS, dequantize, normalize_type_name
 from runlm.system import cpu_flags
 
-KERNEL_TYPES, X4_TYPES = build.KERNEL_TYPES, build.X4_TYPES
-X4 = 256
+KERNEL_TYPES, X4_TYPES, X4 = build.KERNEL_TYPES, build.X4_TYPES, build.X4
 
 # From this many activation rows on, forward dequantizes W in C++ (runlm::gguf_dequantize) and runs a float32
 # GEMM instead of the 8-bit kernels. Without AVX-VNNI the int8 multiplies (vpmaddubsw + vpmaddwd) cap the kernels
@@ -109,7 +108,7 @@ class WeightRows(Protocol):
         ...
 
 
-# the build's settings, shared with runlm.lean's build (runlm.quant.build), named here for callers of this module
+# the build's settings, shared with runlm.native's build (runlm.quant.build), named here for callers of this module
 ENV_VAR, WALK_ENV_VAR, DECODE_WALKS = build.ENV_VAR, build.WALK_ENV_VAR, build.DECODE_WALKS
 
 log = logging.getLogger("runlm.kernels")

@@ -256,7 +256,7 @@ def _spm_first(nested: bool) -> Tokenizer:
 
 
 def _anchored_reference(tok: Tokenizer, text: str, after_special: bool) -> list[int]:
-    """What encode_text gave until session 20: a copy of the backend reading special tokens as text, with a
+    """What an earlier encode_text gave: a copy of the backend reading special tokens as text, with a
     non-special anchor token before the text where it follows a special token."""
     from tokenizers import AddedToken
     from tokenizers import Tokenizer as Backend

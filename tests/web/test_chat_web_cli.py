@@ -68,8 +68,8 @@ def test_chat_web_fails_fast_when_the_port_is_taken(monkeypatch, capsys):
 
 
 def test_chat_web_lean_serves_the_page_from_the_lean_server(monkeypatch):
-    """`runlm chat --web --lean`: the same page, served by `serve --lean` (runlm.lean.cli.run_serve) on loopback."""
-    from runlm.lean import cli as lean_cli
+    """`runlm chat --web --lean`: the same page, served by `serve --lean` (runlm.native.cli.run_serve) on loopback."""
+    from runlm.native import cli as lean_cli
 
     port = free_port()
     opened = threading.Event()

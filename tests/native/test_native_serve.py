@@ -1,4 +1,4 @@
-"""`runlm serve --lean`: the whole server (OpenAI routes, scheduler, prompt cache) over runlm.lean's runner, in a
+"""`runlm serve --lean`: the whole server (OpenAI routes, scheduler, prompt cache) over runlm.native's runner, in a
 process where `import torch` is made to fail, answering what the PyTorch path's server (`--torch`) answers, through the
 official openai client on loopback."""
 
@@ -14,7 +14,7 @@ import openai
 import pytest
 from server_harness import openai_client, serve_cli
 
-from runlm.lean.prepare import image_for
+from runlm.native.prepare import image_for
 from runlm.quant import kernels
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")

@@ -1,4 +1,4 @@
-"""runlm.lean's runner: the contract the engine and the server drive, over a lean model (numpy logits, no torch).
+"""runlm.native's runner: the contract the engine and the server drive, over a lean model (numpy logits, no torch).
 
 Its logits are the lean model's (tests/lean/test_lean_engine.py: the default path's, bit for bit); here, what the
 runner adds: sessions, the prompt cache's snapshots (export / restore, rings included) and the contract's checks.
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from runlm.errors import ContextOverflowError, InvalidInputError
-from runlm.lean.engine import LeanModel
-from runlm.lean.prepare import image_for
-from runlm.lean.runner import LeanRunner
+from runlm.native.model import LeanModel
+from runlm.native.prepare import image_for
+from runlm.native.runner import LeanRunner
 from runlm.quant import kernels
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")

@@ -1,4 +1,4 @@
-"""runlm.lean computes the default path's logits bit for bit, without PyTorch in its process.
+"""runlm.native computes the default path's logits bit for bit, without PyTorch in its process.
 
 The reference is the PyTorch runner on the default (packed) path: the same C++ blocks (kernels.cpp block_rows) on
 the same RoPE tables (runlm.rope), so equality is exact (np.array_equal), for prefill in one go and in
@@ -20,9 +20,9 @@ from reference.tiny import build_qwen3
 
 from runlm import load
 from runlm.errors import ContextOverflowError, InvalidInputError, ModelLoadError
-from runlm.lean import image, native
-from runlm.lean.engine import PREFILL_CHUNK, LeanModel
-from runlm.lean.prepare import image_for
+from runlm.native import image, native
+from runlm.native.model import PREFILL_CHUNK, LeanModel
+from runlm.native.prepare import image_for
 from runlm.quant import kernels
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
@@ -67,7 +67,7 @@ def test_tiny_qwen3_with_head_norms(tmp_path):
 
 
 def test_the_lean_modules_import_no_torch():
-    code = ("import sys; from runlm.lean import cli, engine, image, native, prepare, runner; import runlm.launch; "
+    code = ("import sys; from runlm.native import cli, engine, image, native, prepare, runner; import runlm.launch; "
             "import runlm.server.app; "
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]")
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -111,7 +111,7 @@ def test_the_standalone_kernels_report_bad_calls():
 
 
 def test_images_are_cached_per_file_version_and_replaced(smollm2_gguf, tmp_path, monkeypatch):
-    from runlm.lean import prepare
+    from runlm.native import prepare
 
     monkeypatch.setattr(prepare, "_images", lambda: tmp_path / "images")
     model = tmp_path / "model.gguf"

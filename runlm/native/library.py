@@ -1,7 +1,7 @@
 """runlm's C++ kernels without PyTorch: kernels.cpp compiled with -DRUNLM_STANDALONE into a plain shared library
 (cached per CPU, source and flags under $RUNLM_HOME/lean, ~35 s the first time), called through ctypes on numpy
 arrays. The flags, the variant (RUNLM_GGUF_KERNELS) and the decode walk are the extension's (runlm.quant.build), so
-both builds compute the same bits."""
+both builds compute the same bits. A transformer block goes to C as one `Block` struct (kernels.cpp's RlBlock)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ _SIGNATURES = {
     "rl_last_error": ([], ctypes.c_char_p),
     "rl_isa": ([], ctypes.c_char_p),
     "rl_group_rows": ([_i64], _i64),
+    "rl_simd": ([], _i64),
     "rl_set_threads": ([ctypes.c_int], ctypes.c_int),
     "rl_set_decode_walk": ([_i64, _i64, _i64, _i64], ctypes.c_int),
     "rl_linear": ([_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr], ctypes.c_int),
@@ -34,16 +35,31 @@ _SIGNATURES = {
     "rl_relayout": ([_ptr, _i64, _i64, _i64, _ptr], ctypes.c_int),
     "rl_stack_new": ([], _ptr),
     "rl_stack_free": ([_ptr], None),
-    "rl_stack_add_block": (
-        [_ptr, _PP, _i64, _i64, _f64, _ptr, _ptr, _PP, _PI, _PI, _i64, _ptr, _i64, _PP, _PI, _PI, _i64, _ptr, _i64,
-         ctypes.c_int, _i64, _i64, _i64, _i64, _f64],
-        ctypes.c_int,
-    ),
+    "rl_stack_add_block": ([_ptr, ctypes.c_void_p], ctypes.c_int),
     "rl_stack_run": (
         [_ptr, _ptr, _i64, _PP, _PP, _i64, _i64, _PP, _PP, _PI, _PI, _i64, _i64, _PI, _PI],
         ctypes.c_int,
     ),
 }
+
+
+class Weight(ctypes.Structure):
+    """One weight as the kernels read it (kernels.cpp's RlWeight): its bytes, type id and rows."""
+
+    _fields_ = [("data", _ptr), ("type", _i64), ("rows", _i64)]
+
+
+class Block(ctypes.Structure):
+    """One transformer block, whole (kernels.cpp's RlBlock, field for field): the one way a block reaches C."""
+
+    _fields_ = [
+        ("norms", _ptr * 4), ("n_norms", _i64), ("hidden", _i64), ("eps", _f64), ("q_norm", _ptr), ("k_norm", _ptr),
+        ("qkv", Weight * 3), ("n_qkv", _i64), ("o", Weight), ("gate_up", Weight * 2), ("n_gate_up", _i64),
+        ("down", Weight), ("gelu", _i64), ("rope", _i64), ("window", _i64), ("n_heads", _i64),
+        ("n_kv_heads", _i64), ("scale", _f64),
+    ]  # fmt: skip
+
+
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
 
@@ -103,7 +119,13 @@ def isa() -> str:
 
 
 def group_rows(type_id: int) -> int:
+    """Rows per group of a type's interleaved layout in this build (4 or 16; 0: none)."""
     return int(library().rl_group_rows(type_id))
+
+
+def simd() -> bool:
+    """Whether this build has the vector kernels (the interleaved layouts are for them)."""
+    return bool(library().rl_simd())
 
 
 def set_threads(threads: int) -> None:
@@ -150,5 +172,13 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return out
 
 
-__all__ = ["KernelError", "check", "dequantize_rows", "group_rows", "isa", "library", "linear", "rms_norm",
-           "set_threads"]
+def relayout(source: np.ndarray, type_id: int, rows: int, cols: int, out: np.ndarray) -> None:
+    """GGUF blocks of `rows` rows (type id `type_id`, GGUF's row layout) regrouped into the interleaved layout, in
+    `out` (as many bytes)."""
+    if source.nbytes != out.nbytes or not out.flags.writeable:
+        raise ValueError("relayout needs a writable output of the source's size")
+    check(library().rl_relayout(address(source), type_id, rows, cols, address(out)))
+
+
+__all__ = ["Block", "KernelError", "Weight", "check", "dequantize_rows", "group_rows", "isa", "library", "linear", "relayout",
+           "rms_norm", "set_threads", "simd"]

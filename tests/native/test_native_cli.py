@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from runlm.lean.prepare import image_for
+from runlm.native.prepare import image_for
 from runlm.quant import kernels
 
 PROMPT = "What is the capital of France?"

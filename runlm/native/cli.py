@@ -26,10 +26,10 @@ from runlm.cli_args import (
 )
 from runlm.errors import ContextOverflowError, InvalidInputError, RunlmError
 from runlm.formats.gguf import GGUFFile, quantization_of
-from runlm.lean.engine import LeanModel, LeanSession
-from runlm.lean.image import LeanRefusal
-from runlm.lean.prepare import image_for
-from runlm.lean.runner import LeanConfig, LeanLoaded, LeanRunner
+from runlm.native.model import LeanModel, LeanSession
+from runlm.native.image import LeanRefusal
+from runlm.native.prepare import image_for
+from runlm.native.runner import LeanConfig, LeanLoaded, LeanRunner
 from runlm.quant import build
 from runlm.sampling import Sampler, SamplingParams
 from runlm.system import release_free_heap

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from runlm.errors import InvalidInputError
-from runlm.lean.engine import LeanModel, LeanSession
+from runlm.native.model import LeanModel, LeanSession
 from runlm.runner import LmRunner, ServedModel, Session, SessionSnapshot
 from runlm.text import ChatTemplate, Tokenizer
 

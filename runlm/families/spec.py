@@ -1,0 +1,99 @@
+"""What a model family is, as data: the one description both runtimes build from."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from runlm.families.config import ModelConfig
+
+NORM_PLACEMENTS = ("pre", "sandwich")
+ACTIVATIONS = ("silu", "gelu_tanh")
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """One decoder-only family. The numbers of a model (sizes, RoPE bases, window, soft-caps) come from its file
+    through the two config readers; everything here is what the family always does.
+
+    - `norms`: "pre" (RMSNorm before attention and before the MLP: Llama, Qwen) or "sandwich" (before and after
+      each: Gemma 2/3).
+    - `qk_norm`: an RMSNorm over each head of the queries and keys (Qwen3, Gemma 3).
+    - `activation`: the gated MLP's, "silu" or "gelu_tanh".
+    - `norm_offset`: added to RMSNorm weights as Hugging Face stores them (Gemma's 1 + w); GGUF files store the sum.
+    - `scale_embeddings`: embeddings are multiplied by sqrt(hidden) (Gemma).
+    - `tied_head`: the LM head is always the embedding table; otherwise it is `output.weight` where the file has
+      one.
+    - `gguf_qk_interleaved`: llama.cpp's converter interleaved the rows of Q and K per head for its RoPE (Llama);
+      runtimes rotate halves, so they put the rows back.
+    - `gguf_names`: this family's llama.cpp tensor names where they differ from the common table.
+    - `hf_prefixes`: (strip, add) name prefixes to try for checkpoints that nest the text model.
+    - `chat_format`: the built-in chat template for files that carry none.
+    - `vision`: the family can take a vision tower (an mmproj GGUF beside the model, or a HF vision config).
+    Sliding-window layers, their RoPE base, soft-caps and the attention scale are read into ModelConfig.
+    """
+
+    name: str
+    gguf_architectures: tuple[str, ...]
+    hf_model_types: tuple[str, ...]
+    config_from_gguf: Callable[[Any], ModelConfig]
+    config_from_hf: Callable[[dict], ModelConfig]
+    norms: str = "pre"
+    qk_norm: bool = False
+    activation: str = "silu"
+    norm_offset: float = 0.0
+    scale_embeddings: bool = False
+    tied_head: bool = False
+    gguf_qk_interleaved: bool = False
+    gguf_names: dict[str, str] = field(default_factory=dict)
+    hf_prefixes: tuple[tuple[str, str], ...] = (("", ""),)
+    chat_format: str | None = None
+    vision: bool = False
+
+    def __post_init__(self):
+        if self.norms not in NORM_PLACEMENTS:
+            raise ValueError(f"{self.name}: norms must be one of {NORM_PLACEMENTS}, not {self.norms!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"{self.name}: activation must be one of {ACTIVATIONS}, not {self.activation!r}")
+
+    @property
+    def norm_names(self) -> tuple[str, ...]:
+        """Each block's RMSNorms in the order they apply (Hugging Face names)."""
+        if self.norms == "sandwich":
+            return ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                    "post_feedforward_layernorm")
+        return ("input_layernorm", "post_attention_layernorm")
+
+    def embed_scale(self, config: ModelConfig) -> float | None:
+        return math.sqrt(config.hidden_size) if self.scale_embeddings else None
+
+    def head_name(self, has_lm_head: bool, config: ModelConfig) -> str:
+        """The weight the LM head reads: the embedding where the head is tied or the file has no head of its own."""
+        if self.tied_head or config.tie_embeddings or not has_lm_head:
+            return "model.embed_tokens.weight"
+        return "lm_head.weight"
+
+    def qk_rows_order(self, name: str, config: ModelConfig) -> list[int] | None:
+        """For a GGUF Q or K weight of a family whose rows llama.cpp interleaved: the stored row to take for each
+        row of the half-split layout (None for every other weight)."""
+        if not self.gguf_qk_interleaved:
+            return None
+        if name.endswith("self_attn.q_proj.weight"):
+            heads = config.num_heads
+        elif name.endswith("self_attn.k_proj.weight"):
+            heads = config.num_kv_heads
+        else:
+            return None
+        half = config.head_dim // 2
+        # stored row h * D + 2 * i + j holds half-split row h * D + j * half + i
+        order = [0] * (heads * config.head_dim)
+        for h in range(heads):
+            for i in range(half):
+                for j in range(2):
+                    order[h * config.head_dim + j * half + i] = h * config.head_dim + 2 * i + j
+        return order
+
+
+__all__ = ["ACTIVATIONS", "FamilySpec", "NORM_PLACEMENTS"]

@@ -1,0 +1,65 @@
+"""The PyTorch backend's modules for any family, built from its spec (runlm.families): one builder, no per-family
+code. Quantized weights come from WeightLoader (GGUF blocks, packed or dense); kernels are chosen later, at load
+(runlm.models.fused)."""
+
+from __future__ import annotations
+
+from runlm.families.config import ModelConfig, default_attention_scale
+from runlm.families.spec import FamilySpec
+from runlm.formats.gguf import GGUFSource
+from runlm.models.base import DecoderLM, WeightLoader
+from runlm.nn import Attention, GatedMLP, PreNormBlock, RMSNorm, Rope, SandwichBlock
+from runlm.rope import inv_freq
+
+
+def build_decoder(spec: FamilySpec, config: ModelConfig, weights: WeightLoader) -> DecoderLM:
+    """Embedding, one block per layer as the spec places its norms, final norm and LM head."""
+    offset = 0.0 if isinstance(weights.source, GGUFSource) else spec.norm_offset  # GGUF stores 1 + w already
+    eps = config.rms_eps
+
+    def norm(name: str) -> RMSNorm:
+        return RMSNorm(weights.norm_weight(name), eps, offset)
+
+    freq_factors = weights.source.tensor("rope_freqs.weight") if weights.source.has("rope_freqs.weight") else None
+    ropes = [Rope(inv_freq(config.head_dim, config.rope_theta, config.rope_scaling,
+                           None if freq_factors is None else freq_factors.numpy()))]
+    if config.rope_local_theta is not None and any(config.is_sliding(i) for i in range(config.num_layers)):
+        ropes.append(Rope(inv_freq(config.head_dim, config.rope_local_theta, config.local_rope_scaling)))
+    layers = []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        sliding = config.is_sliding(i)
+        attn = Attention(
+            qkv=weights.linear([p + f"self_attn.{x}_proj.weight" for x in "qkv"]),
+            o_proj=weights.linear([p + "self_attn.o_proj.weight"]),
+            n_heads=config.num_heads,
+            n_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim,
+            rope=ropes[-1] if sliding else ropes[0],
+            scale=default_attention_scale(config),
+            q_norm=norm(p + "self_attn.q_norm.weight") if spec.qk_norm else None,
+            k_norm=norm(p + "self_attn.k_norm.weight") if spec.qk_norm else None,
+            window=config.sliding_window if sliding else None,
+            softcap=config.attn_softcap,
+        )
+        mlp = GatedMLP(
+            weights.linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
+            weights.linear([p + "mlp.down_proj.weight"]),
+            activation=spec.activation,
+        )
+        norms = [norm(p + name + ".weight") for name in spec.norm_names]
+        layers.append(SandwichBlock(norms, attn, mlp) if spec.norms == "sandwich"
+                      else PreNormBlock(norms[0], attn, norms[1], mlp))
+    head = spec.head_name(weights.source.has("lm_head.weight"), config)
+    return DecoderLM(
+        config,
+        embed=weights.embedding("model.embed_tokens.weight"),
+        layers=layers,
+        norm=norm("model.norm.weight"),
+        head=weights.linear([head]),
+        ropes=ropes,
+        embed_scale=spec.embed_scale(config),
+    )
+
+
+__all__ = ["build_decoder"]

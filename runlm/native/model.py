@@ -1,0 +1,291 @@
+"""The native runtime's model: a GGUF file's blocks on runlm's C++ kernels, one C call per forward, the KV caches as
+numpy arrays. Built straight from the file and the family's spec (runlm.families): no PyTorch, no file of its own.
+
+Each block runs in kernels.cpp's block_rows, the code the PyTorch backend's fused blocks run, on the same RoPE tables
+(runlm.rope) and the same weight layouts (runlm.native.weights), so a token's logits are that backend's, bit for bit
+(tests/native check it). Prompts go in chunks of PREFILL_CHUNK rows, as there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from runlm.errors import ContextOverflowError, InvalidInputError
+from runlm.families import for_gguf
+from runlm.families.config import ModelConfig, check_config, default_attention_scale
+from runlm.families.spec import FamilySpec
+from runlm.formats.gguf import GGUFFile, find_mmproj
+from runlm.native import library
+from runlm.native.weights import NativeRefusal, Rows, WeightReader, table
+from runlm.quant import build
+from runlm.quant.build import Q8_0_BYTES, Q8_0_VALUES
+from runlm.rope import inv_freq, table_block
+
+PREFILL_CHUNK = 256
+# KV cache element types: numpy dtype of a row element, and kernels.cpp's KvType
+KV_TYPES = {"f16": (np.float16, 1), "f32": (np.float32, 0), "q8_0": (np.uint8, 2)}
+
+
+@dataclass
+class NativeSession:
+    """One sequence: its tokens and, per block, its key and value caches ([1, n_kv, capacity, row])."""
+
+    tokens: list[int] = field(default_factory=list)
+    keys: list[np.ndarray] = field(default_factory=list)
+    values: list[np.ndarray] = field(default_factory=list)
+    capacity: int = 0  # positions the full (non-ring) caches hold
+
+
+@dataclass
+class BlockShape:
+    """What the Python side needs of a block: its cache's shape and kind."""
+
+    n_kv_heads: int
+    window: int  # 0: full attention
+    ring: bool  # its cache is a ring of the window
+
+
+def refusal(spec: FamilySpec, config: ModelConfig, path: Path) -> str | None:
+    """Why a model cannot run on the native runtime, from its spec and numbers alone (None: nothing yet; its tensor
+    types are checked as they are read)."""
+    if config.attn_softcap is not None:
+        return "its attention has a soft cap, which the fused blocks do not apply"
+    if config.head_dim % 8:
+        return f"its heads have {config.head_dim} values, not a multiple of 8"
+    if spec.vision and find_mmproj(path):
+        return f"a vision projector lies beside it ({find_mmproj(path)[0].name}), and its tower runs on PyTorch"
+    return None
+
+
+class NativeModel:
+    """A GGUF model on the native runtime: forward passes over sessions, logits out (float32 numpy)."""
+
+    def __init__(self, gguf: GGUFFile, kv_type: str = "f16", threads: int | None = None):
+        if kv_type not in KV_TYPES:
+            raise InvalidInputError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
+        if build.variant() == "off":
+            raise NativeRefusal(f"the native runtime needs runlm's C++ kernels, which {build.ENV_VAR}=0 turns off")
+        self.path = gguf.path
+        self.spec = for_gguf(gguf.architecture, gguf.path)
+        self.config = config = check_config(self.spec.config_from_gguf(gguf), str(gguf.path), "gguf",
+                                            gguf.architecture)
+        if (why := refusal(self.spec, config, gguf.path)) is not None:
+            raise NativeRefusal(f"{gguf.path}: cannot run on the native runtime: {why}")
+        lib = library.library()
+        if threads:
+            library.set_threads(threads)
+        self.kv_dtype, self.kv_code = KV_TYPES[kv_type]
+        self.head_dim, self.hidden = config.head_dim, config.hidden_size
+        if kv_type == "q8_0" and self.head_dim % Q8_0_VALUES:
+            raise InvalidInputError(f"kv_type q8_0 needs a head dim that is a multiple of 32, not {self.head_dim}")
+        self.vocab_size, self.context = config.vocab_size, config.max_position
+        try:
+            self._build(lib, WeightReader(gguf, self.spec, config))
+        except NativeRefusal as exc:
+            raise NativeRefusal(f"{gguf.path}: cannot run on the native runtime: {exc}") from None
+
+    @classmethod
+    def open(cls, path: str | Path, kv_type: str = "f16", threads: int | None = None) -> NativeModel:
+        return cls(GGUFFile(path), kv_type, threads)
+
+    def _build(self, lib, reader: WeightReader) -> None:
+        """The blocks onto a C stack (one struct each), and the embedding, final norm and head beside it. The arrays
+        the stack points into are kept here for its life."""
+        spec, config = self.spec, self.config
+        freq_factors = reader.floats("rope_freqs.weight") if reader.has("rope_freqs.weight") else None
+        self.inv_freqs = [inv_freq(config.head_dim, config.rope_theta, config.rope_scaling, freq_factors)]
+        if config.rope_local_theta is not None and any(config.is_sliding(i) for i in range(config.num_layers)):
+            self.inv_freqs.append(inv_freq(config.head_dim, config.rope_local_theta, config.local_rope_scaling))
+        self._rope_tables = [(np.empty((0, self.head_dim), np.float32),) * 2 for _ in self.inv_freqs]
+        self.stack = lib.rl_stack_new()
+        weakref.finalize(self, lib.rl_stack_free, self.stack)
+        self._kept: list[np.ndarray] = []
+        self.blocks: list[BlockShape] = []
+        for i in range(config.num_layers):
+            self._add_block(lib, reader, i)
+        eps = config.rms_eps
+        self.final_norm, self.final_eps = reader.floats("model.norm.weight"), eps
+        head_name = spec.head_name(reader.has("lm_head.weight"), config)
+        self.head = table(reader, head_name, as_head=True)
+        tied = head_name == "model.embed_tokens.weight" and self.head.blocks is not None
+        self.embed = table(reader, "model.embed_tokens.weight", as_head=False,
+                           reuse=lambda: self.head if tied else None)
+        self.embed_scale = spec.embed_scale(config)
+        self.final_softcap = config.final_softcap
+
+    def _add_block(self, lib, reader: WeightReader, i: int) -> None:
+        spec, config = self.spec, self.config
+        p = f"model.layers.{i}."
+        norms = [self._keep(reader.floats(p + name + ".weight")) for name in spec.norm_names]
+        q_norm = self._keep(reader.floats(p + "self_attn.q_norm.weight")) if spec.qk_norm else None
+        k_norm = self._keep(reader.floats(p + "self_attn.k_norm.weight")) if spec.qk_norm else None
+        qkv = reader.linear([p + f"self_attn.{x}_proj.weight" for x in "qkv"])
+        (o,) = reader.linear([p + "self_attn.o_proj.weight"])
+        gate_up = reader.linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
+        (down,) = reader.linear([p + "mlp.down_proj.weight"])
+        self._kept += [part.data for part in (*qkv, o, *gate_up, down)]
+        sliding = config.is_sliding(i)
+        block = library.Block(
+            norms=(ctypes.c_void_p * 4)(*(library.address(n) for n in norms)), n_norms=len(norms),
+            hidden=self.hidden, eps=config.rms_eps,
+            q_norm=None if q_norm is None else library.address(q_norm),
+            k_norm=None if k_norm is None else library.address(k_norm),
+            qkv=(library.Weight * 3)(*(part.weight() for part in qkv)), n_qkv=len(qkv), o=o.weight(),
+            gate_up=(library.Weight * 2)(*(part.weight() for part in gate_up)), n_gate_up=len(gate_up),
+            down=down.weight(), gelu=int(spec.activation == "gelu_tanh"),
+            rope=len(self.inv_freqs) - 1 if sliding else 0, window=config.sliding_window if sliding else 0,
+            n_heads=config.num_heads, n_kv_heads=config.num_kv_heads, scale=default_attention_scale(config),
+        )  # fmt: skip
+        library.check(lib.rl_stack_add_block(self.stack, ctypes.byref(block)))
+        self.blocks.append(BlockShape(config.num_kv_heads, block.window, sliding))
+
+    def _keep(self, array: np.ndarray) -> np.ndarray:
+        array = np.ascontiguousarray(array, dtype=np.float32)
+        self._kept.append(array)
+        return array
+
+    @property
+    def family(self) -> str:
+        return self.spec.name
+
+    # -- sessions ----------------------------------------------------------------------------------------------
+    def new_session(self, positions: int) -> NativeSession:
+        """A session with room for `positions` tokens (sliding-window blocks keep a ring of their window)."""
+        if not 0 < positions <= self.context:
+            raise ContextOverflowError(f"{positions} positions do not fit the context of {self.context}")
+        session = NativeSession(capacity=positions)
+        for shape in self._cache_shapes(positions):
+            session.keys.append(np.zeros(shape, dtype=self.kv_dtype))
+            session.values.append(np.zeros(shape, dtype=self.kv_dtype))
+        return session
+
+    def _cache_shapes(self, positions: int) -> list[tuple[int, int, int, int]]:
+        """Each block's key (and value) cache shape for a session of `positions`."""
+        row = self.head_dim // Q8_0_VALUES * Q8_0_BYTES if self.kv_code == 2 else self.head_dim
+        return [(1, block.n_kv_heads, block.window if block.ring else positions, row) for block in self.blocks]
+
+    def reusable(self, session: NativeSession, ids: list[int]) -> int:
+        """How many leading tokens of `ids` the session holds and can keep: their common prefix with its tokens, or 0
+        where that cuts the session short after a sliding-window ring has wrapped (the ring then holds later
+        positions in the slots the kept ones would need)."""
+        common = 0
+        for held, wanted in zip(session.tokens, ids):
+            if held != wanted:
+                break
+            common += 1
+        windows = [block.window for block in self.blocks if block.ring]
+        if common < len(session.tokens) and windows and len(session.tokens) > min(windows):
+            return 0
+        return common
+
+    def kv_bytes(self, positions: int) -> int:
+        """Bytes of the key and value caches of a session of `positions`."""
+        elements = sum(2 * int(np.prod(shape)) for shape in self._cache_shapes(positions))
+        return elements * np.dtype(self.kv_dtype).itemsize
+
+    # -- forward -----------------------------------------------------------------------------------------------
+    def extend(self, session: NativeSession, ids: list[int], all_positions: bool = False) -> np.ndarray:
+        """Run `ids` after the session's tokens: the last position's logits [vocab] (every position's, [T, vocab],
+        with `all_positions`)."""
+        if not ids:
+            raise InvalidInputError("nothing to extend: no token ids")
+        self._check(session, ids)
+        start = len(session.tokens)
+        outputs = []
+        for first in range(0, len(ids), PREFILL_CHUNK):
+            chunk = ids[first : first + PREFILL_CHUNK]
+            last = first + PREFILL_CHUNK >= len(ids)
+            h = self._blocks(np.asarray(chunk, dtype=np.int64), session, start + first)
+            if all_positions:
+                outputs.append(self._logits(h))
+            elif last:
+                outputs.append(self._logits(h[-1:])[0])
+        session.tokens.extend(int(t) for t in ids)
+        return np.concatenate(outputs) if all_positions else outputs[-1]
+
+    def _embed(self, ids: np.ndarray) -> np.ndarray:
+        h = self.embed.lookup(ids)
+        return h * np.float32(self.embed_scale) if self.embed_scale is not None else h
+
+    def _tables(self, positions: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """cos and signed sin [R, head_dim] per RoPE for the rows' positions (runlm.rope's blocks, grown as needed:
+        the PyTorch backend's bits)."""
+        needed = int(positions.max()) + 1
+        cos, sin = [], []
+        for index, frequencies in enumerate(self.inv_freqs):
+            tables = self._rope_tables[index]
+            while needed > len(tables[0]):
+                more = table_block(frequencies, len(tables[0]))
+                tables = self._rope_tables[index] = (np.concatenate([tables[0], more[0]]),
+                                                     np.concatenate([tables[1], more[1]]))
+            cos.append(np.ascontiguousarray(tables[0][positions]))
+            sin.append(np.ascontiguousarray(tables[1][positions]))
+        return cos, sin
+
+    def hidden_states(self, ids: list[int]) -> np.ndarray:
+        """The final norm's output at every position of `ids` [T, hidden] on a throwaway session (what embeddings
+        pool), in PREFILL_CHUNK pieces."""
+        session = self.new_session(len(ids))
+        self._check(session, ids)
+        rows = [self._blocks(np.asarray(ids[first : first + PREFILL_CHUNK], dtype=np.int64), session, first)
+                for first in range(0, len(ids), PREFILL_CHUNK)]
+        return library.rms_norm(np.concatenate(rows), self.final_norm, self.final_eps)
+
+    def extend_batch(self, sessions: list[NativeSession], ids_lists: list[list[int]]) -> list[np.ndarray]:
+        """Each session's new tokens, all in one forward (every block reads its weights once for all the rows): the
+        last new position's logits of each session. A row's logits do not depend on the rows beside it (the blocks
+        and the head compute row by row), so they are what `extend` gives that session alone."""
+        if len(sessions) != len(ids_lists) or not sessions or any(not ids for ids in ids_lists):
+            raise InvalidInputError("extend_batch needs one non-empty token list per session")
+        for session, ids in zip(sessions, ids_lists):
+            self._check(session, ids)
+        flat = [int(t) for ids in ids_lists for t in ids]
+        row_seq = [index for index, ids in enumerate(ids_lists) for _ in ids]
+        row_pos = [len(session.tokens) + j for session, ids in zip(sessions, ids_lists) for j in range(len(ids))]
+        h = self._run(np.asarray(flat, dtype=np.int64), sessions, row_seq, row_pos)
+        logits = self._logits(h[np.cumsum([len(ids) for ids in ids_lists]) - 1])
+        for session, ids in zip(sessions, ids_lists):
+            session.tokens.extend(int(t) for t in ids)
+        return list(logits)
+
+    def _check(self, session: NativeSession, ids: list[int]) -> None:
+        if any(not 0 <= int(t) < self.vocab_size for t in ids):
+            raise InvalidInputError(f"token ids must be in [0, {self.vocab_size})")
+        if len(session.tokens) + len(ids) > session.capacity:
+            raise ContextOverflowError(f"{len(session.tokens) + len(ids)} positions do not fit the session's "
+                                       f"{session.capacity}")
+
+    def _blocks(self, ids: np.ndarray, session: NativeSession, start: int) -> np.ndarray:
+        return self._run(ids, [session], [0] * len(ids), list(range(start, start + len(ids))))
+
+    def _run(self, ids: np.ndarray, sessions: list[NativeSession], row_seq: list[int],
+             row_pos: list[int]) -> np.ndarray:
+        """The final hidden rows of `ids`, row i of sequence row_seq[i] at position row_pos[i] (one C call)."""
+        h = np.ascontiguousarray(self._embed(ids), dtype=np.float32)
+        cos, sin = self._tables(np.asarray(row_pos, dtype=np.int64))
+        per_block = range(len(self.blocks))
+        library.check(library.library().rl_stack_run(
+            self.stack, library.address(h), len(ids), library.pointers([library.address(c) for c in cos]),
+            library.pointers([library.address(s) for s in sin]), len(cos), self.head_dim,
+            library.pointers([library.address(s.keys[b]) for b in per_block for s in sessions]),
+            library.pointers([library.address(s.values[b]) for b in per_block for s in sessions]),
+            library.int64s([s.keys[b].shape[2] for b in per_block for s in sessions]),
+            library.int64s([int(block.ring) for block in self.blocks]), len(sessions), self.kv_code,
+            library.int64s(row_seq), library.int64s(row_pos),
+        ))  # fmt: skip
+        return h
+
+    def _logits(self, h: np.ndarray) -> np.ndarray:
+        logits = self.head.multiply(library.rms_norm(h, self.final_norm, self.final_eps))
+        cap = self.final_softcap
+        if cap is not None:
+            logits = (np.tanh(logits / np.float32(cap)) * np.float32(cap)).astype(np.float32)
+        return logits
+
+
+__all__ = ["KV_TYPES", "NativeModel", "NativeRefusal", "NativeSession", "PREFILL_CHUNK"]

@@ -1,0 +1,180 @@
+"""A GGUF file's weights as runlm's kernels read them, made at load without PyTorch and without a second file.
+
+Quantized projections are read from the file (pread: the load holds no file pages beside its copy) and regrouped
+in C into the interleaved layouts (`relayout`, as llama.cpp's CPU repack does) where the type has one; a weight the
+kernels read in the file's own layout is used from the file's map as it is. Every tensor's shape is checked against
+the model's hyperparameters, and its type against what the kernels run, before a byte of it is read; the GGUF reader
+has already checked that its bytes lie within the file. The choices (which parts stack, which take the interleaved
+layout) are the PyTorch backend's (runlm.quant.kernels.GGUFLinear.from_parts), so both compute the same bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from runlm.errors import ModelLoadError
+from runlm.families.config import ModelConfig, expected_shapes
+from runlm.families.spec import FamilySpec
+from runlm.formats.gguf import GGUFFile, RawTensor, gguf_name
+from runlm.native import library
+from runlm.quant.build import BLOCK_LAYOUTS, KERNEL_TYPES, X4, X4_TYPES
+
+FLOAT_TYPES = {"F32": np.float32, "F16": np.float16}
+# Bytes of a weight read and regrouped at a time, through one scratch buffer kept for the load.
+_CHUNK_BYTES = 4 << 20
+
+
+class NativeRefusal(ModelLoadError):
+    """The model cannot run on the native runtime (the message says why): a property of the model, not a failure.
+    Callers that may fall back to the PyTorch backend do."""
+
+
+@dataclass
+class Part:
+    """Rows of one projection as the kernels take them: GGUF blocks `data` [rows, row bytes] of kernel type id
+    `type_id` (+ X4: the interleaved layout)."""
+
+    data: np.ndarray
+    type_id: int
+    rows: int
+
+    def weight(self) -> library.Weight:
+        return library.Weight(library.address(self.data), self.type_id, self.rows)
+
+
+class WeightReader:
+    """Named weights (Hugging Face names, the spec's GGUF renames) of one GGUF file, checked and laid out."""
+
+    def __init__(self, gguf: GGUFFile, spec: FamilySpec, config: ModelConfig):
+        self.gguf, self.spec, self.config = gguf, spec, config
+        self.expect = expected_shapes(config)
+        self._scratch = np.empty(0, dtype=np.uint8)
+
+    def has(self, name: str) -> bool:
+        return self.gguf.has(gguf_name(name, self.spec.gguf_names))
+
+    def raw(self, name: str) -> RawTensor:
+        stored_as = gguf_name(name, self.spec.gguf_names)
+        shape = self.gguf.shape(stored_as)
+        want = self.expect(name)
+        if want is not None and tuple(shape) != tuple(want):
+            raise ModelLoadError(f"{self.gguf.path}: tensor {stored_as!r} has shape {list(shape)}, the model's "
+                                 f"hyperparameters call for {list(want)}")
+        raw = self.gguf.raw(stored_as)
+        if raw.type_name not in BLOCK_LAYOUTS:
+            raise ModelLoadError(f"{self.gguf.path}: tensor {raw.name!r} is stored as {raw.type_name}, a type runlm "
+                                 f"cannot read (it reads: {', '.join(BLOCK_LAYOUTS)})")
+        return raw
+
+    def floats(self, name: str) -> np.ndarray:
+        """A small tensor (a norm's weights) as float32, a copy of its own."""
+        raw = self.raw(name)
+        if raw.type_name in FLOAT_TYPES:
+            return raw.read_rows(0, max(1, int(np.prod(raw.shape[:-1])))).view(FLOAT_TYPES[raw.type_name]).astype(
+                np.float32).reshape(raw.shape)
+        if raw.type_name in KERNEL_TYPES and len(raw.shape) == 1:
+            row = raw.read_rows(0, 1)
+            return library.dequantize_rows(row, KERNEL_TYPES[raw.type_name], 1, raw.shape[0], np.zeros(1))[0]
+        raise NativeRefusal(f"its tensor {raw.name!r} is stored as {raw.type_name}, which the native runtime does not "
+                            f"read as floats")
+
+    def linear(self, names: Sequence[str]) -> list[Part]:
+        """One projection from weights stacked along the output dimension (q/k/v, gate/up): one part where they
+        share a type and width (interleaved where every one has whole groups), else one part each."""
+        raws = [self.raw(name) for name in names]
+        for raw in raws:
+            if raw.type_name not in KERNEL_TYPES or len(raw.shape) != 2:
+                raise NativeRefusal(f"its tensor {raw.name!r} is stored as {raw.type_name}, which runlm's kernels do "
+                                    f"not run")
+        orders = [self.spec.qk_rows_order(name, self.config) for name in names]
+        if len({(raw.type_name, raw.shape[1]) for raw in raws}) == 1:
+            return [self._part(raws, orders)]
+        return [self._part([raw], [order]) for raw, order in zip(raws, orders)]
+
+    def _part(self, raws: list[RawTensor], orders: list[list[int] | None]) -> Part:
+        type_name, cols = raws[0].type_name, raws[0].shape[1]
+        block_values, block_bytes = BLOCK_LAYOUTS[type_name]
+        if cols % block_values:
+            raise NativeRefusal(f"its tensor {raws[0].name!r} has rows of {cols} values, not whole {type_name} blocks")
+        row_bytes = cols // block_values * block_bytes
+        type_id = KERNEL_TYPES[type_name]
+        group = library.group_rows(type_id) if type_name in X4_TYPES and library.simd() else 0
+        x4 = group > 0 and all(raw.shape[0] % group == 0 for raw in raws)
+        if len(raws) == 1 and orders[0] is None and raws[0].mapped and not x4:
+            return Part(raws[0].data.reshape(raws[0].shape[0], row_bytes), type_id, raws[0].shape[0])
+        total = sum(raw.shape[0] for raw in raws)
+        out = np.empty((total, row_bytes), dtype=np.uint8)
+        first = 0
+        for raw, order in zip(raws, orders):
+            rows = raw.shape[0]
+            target = out[first : first + rows]
+            if order is not None:  # the whole weight, its rows put back, then regrouped
+                stored = raw.read_rows(0, rows)[order]
+                if x4:
+                    library.relayout(stored, type_id, rows, cols, target)
+                else:
+                    target[...] = stored
+            elif not x4:
+                raw.read_rows(0, rows, target)
+            else:
+                step = max(group, _CHUNK_BYTES // row_bytes // group * group)
+                for start in range(0, rows, step):
+                    stop = min(rows, start + step)
+                    chunk = raw.read_rows(start, stop, self._scratch_rows(stop - start, row_bytes))
+                    library.relayout(chunk, type_id, stop - start, cols, target[start:stop])
+            first += rows
+        return Part(out, type_id + (X4 if x4 else 0), total)
+
+    def _scratch_rows(self, rows: int, row_bytes: int) -> np.ndarray:
+        if self._scratch.size < rows * row_bytes:
+            self._scratch = np.empty(max(_CHUNK_BYTES, rows * row_bytes), dtype=np.uint8)
+        return self._scratch[: rows * row_bytes].reshape(rows, row_bytes)
+
+
+@dataclass
+class Rows:
+    """A table looked up by row (the token embedding) or multiplied (the LM head): GGUF blocks for the kernels, or
+    a float32 matrix."""
+
+    blocks: Part | None = None
+    dense: np.ndarray | None = None
+    width: int = 0
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        if self.dense is not None:
+            return np.ascontiguousarray(self.dense[ids], dtype=np.float32)
+        return library.dequantize_rows(self.blocks.data, self.blocks.type_id, self.blocks.rows, self.width, ids)
+
+    def multiply(self, x: np.ndarray) -> np.ndarray:
+        """x [R, width] @ table.T: [R, rows] (float tables row by row, as the PyTorch backend's float head)."""
+        if self.dense is not None:
+            return np.stack([self.dense @ row for row in x]).astype(np.float32)
+        return library.linear(x, self.blocks.data, self.blocks.type_id, self.blocks.rows)
+
+
+def table(reader: WeightReader, name: str, as_head: bool, reuse: Callable[[], Rows | None] = lambda: None) -> Rows:
+    """The embedding (as_head False) or LM head (True) `name`: kernel blocks where its type has them (the head
+    interleaved where it can be; an embedding from the file's map, unless `reuse` gives the tied head's blocks),
+    float32 for float tensors."""
+    raw = reader.raw(name)
+    width = raw.shape[1]
+    if raw.type_name in FLOAT_TYPES or raw.type_name == "BF16":
+        if raw.type_name == "BF16":
+            bits = raw.read_rows(0, raw.shape[0]).view(np.uint16).astype(np.uint32) << 16
+            return Rows(dense=bits.view(np.float32).reshape(raw.shape), width=width)
+        return Rows(dense=reader.floats(name), width=width)
+    if raw.type_name not in KERNEL_TYPES:
+        raise NativeRefusal(f"its tensor {raw.name!r} is stored as {raw.type_name}, which runlm's kernels do not read")
+    if as_head:
+        return Rows(blocks=reader.linear([name])[0], width=width)
+    shared = reuse()
+    if shared is not None:
+        return shared
+    return Rows(blocks=Part(raw.data.reshape(raw.shape[0], -1), KERNEL_TYPES[raw.type_name], raw.shape[0]),
+                width=width)
+
+
+__all__ = ["FLOAT_TYPES", "NativeRefusal", "Part", "Rows", "WeightReader", "table"]
