@@ -16,7 +16,7 @@ from runlm.errors import (
 
 def lazy_exports(package: str, names: dict[str, str]):
     """A module `__getattr__` that imports each of `names` (name -> the module defining it) on first use: what
-    brings PyTorch is not imported by a process that does without it (runlm.native)."""
+    brings PyTorch is not imported by a process that does without it (the native runtime)."""
 
     def __getattr__(name: str):
         if name in names:
@@ -28,7 +28,8 @@ def lazy_exports(package: str, names: dict[str, str]):
 
 __getattr__ = lazy_exports(__name__, {
     "LoadedModel": "runlm.loading",
-    "load": "runlm.loading",
+    "load": "runlm.runtime",
+    "NativeLoaded": "runlm.native.runner",
     "ImageInput": "runlm.runner",
     "LmRunner": "runlm.runner",
     "Session": "runlm.runner",
@@ -43,6 +44,7 @@ __all__ = [
     "LmRunner",
     "LoadedModel",
     "ModelLoadError",
+    "NativeLoaded",
     "RunlmError",
     "Session",
     "SessionSnapshot",

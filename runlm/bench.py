@@ -33,18 +33,20 @@ import torch.nn.functional as F
 
 from runlm import bench_worker
 from runlm.catalog import resolve_model
+from runlm.cluster.simulate import percentile
 from runlm.engine import Engine, GenerationRequest, Scheduler
 from runlm.errors import InvalidInputError, RunlmError
 from runlm.formats.gguf import GGUFFile
-from runlm.loading import load
 from runlm.quant import kernels
 from runlm.quant.int4 import pack_linear
+from runlm.runner import as_numpy
+from runlm.runtime import load
 from runlm.sampling import SamplingParams
 from runlm.shapes import ensure_shape
 from runlm.system import cpu_name
 from runlm.text import Tokenizer
 
-PEERS = ("runlm", "runlm-f32", "runlm-lean", "llama.cpp", "transformers")
+PEERS = ("runlm", "runlm-torch", "runlm-f32", "llama.cpp", "transformers")
 GREEDY = SamplingParams(temperature=0.0)
 
 
@@ -94,9 +96,18 @@ def run_bench(args) -> int:
     results, skipped = [], []
     workers: list[PeerWorker] = []
     # The first use after an install or an update compiles the kernels (~30-45 s): here, so that no runlm peer's
-    # timed load includes the build (the workers then load it from torch's extensions cache).
+    # timed load includes the build (the workers then load them from the cache): the native runtime's, and the
+    # PyTorch extension where a peer runs on it.
     start = time.perf_counter()
-    state = "ready" if kernels.available() else f"unavailable ({kernels.unavailable_reason()})"
+    state = "ready"
+    try:
+        from runlm.native import library
+
+        library.library()
+    except RunlmError as exc:
+        state = f"unavailable ({exc})"
+    if any(peer in ("runlm-torch", "runlm-f32") for peer in peers) and not kernels.available():
+        state = f"unavailable in PyTorch ({kernels.unavailable_reason()})"
     print(f"bench: runlm's kernels {state} in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     for peer in peers:  # loaded one after the other: each load is timed alone
         reason = missing_peer(peer, path)
@@ -135,8 +146,7 @@ def run_bench(args) -> int:
         Path(args.json).write_text(
             json.dumps(
                 {"model": str(path), "threads": threads, "results": results, "skipped": skipped, "machine": machine(),
-                 "decode_limit": limit, "paired": paired_with(results),
-                 "paired_lean": paired_with(results, "runlm-lean")},
+                 "decode_limit": limit, "paired": paired_with(results)},
                 indent=2,
             )
         )
@@ -234,16 +244,7 @@ def load_tokenizer(path: Path):
 
 
 def missing_peer(peer: str, path: Path) -> str | None:
-    """Why `peer` cannot run here (None when it can). runlm-lean's image of the model is made here, so its worker's
-    timed load only maps it."""
-    if peer == "runlm-lean":
-        from runlm.native.prepare import image_for
-
-        try:
-            image_for(path, log=lambda line: print(f"bench: {line}", file=sys.stderr, flush=True))
-        except RunlmError as exc:
-            return str(exc)
-        return None
+    """Why `peer` cannot run here (None when it can)."""
     module = {"llama.cpp": "llama_cpp", "transformers": "transformers"}.get(peer)
     if module and importlib.util.find_spec(module) is None:
         return f"not installed (pip install {'llama-cpp-python' if module == 'llama_cpp' else module})"
@@ -346,12 +347,10 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": values[0], "max": values[-1]}
 
 
-def paired_with(results: list[dict], base: str = "runlm") -> dict:
-    """Every other peer's paired_ratios against `base` (runlm, or runlm-lean: what `runlm generate` runs by default;
-    none when it was not measured). runlm-lean's leave out runlm (its line against runlm-lean is runlm's)."""
-    ours = next((r for r in results if r["peer"] == base), None)
-    return {row["peer"]: paired_ratios(ours, row) for row in results
-            if ours is not None and row is not ours and not (base != "runlm" and row["peer"] == "runlm")}
+def paired_with(results: list[dict]) -> dict:
+    """Every other peer's paired_ratios against runlm (what `runlm generate` runs; none when it was not measured)."""
+    ours = next((r for r in results if r["peer"] == "runlm"), None)
+    return {row["peer"]: paired_ratios(ours, row) for row in results if ours is not None and row is not ours}
 
 
 def print_table(path: Path, threads: int, args, results: list[dict], skipped: list) -> None:
@@ -375,14 +374,13 @@ def print_table(path: Path, threads: int, args, results: list[dict], skipped: li
                 continue
             ratios = " | ".join(f"{ratio(ours[key], row[key]):>13}" for key, _, _ in COLUMNS)
             print(f"| {'runlm/' + row['peer']:<14} | {ratios} |")
-    for base in ("runlm", "runlm-lean"):
-        for peer, paired in paired_with(results, base).items():
-            if paired:
-                keys = ROUND_KEYS + ([("decode_per_bandwidth", "decode per GB/s probed beside the round")]
-                                     if "decode_per_bandwidth" in paired else [])
-                shown = ", ".join(f"{title} median {paired[key]['median']:.2f}x ({paired[key]['min']:.2f}x-"
-                                  f"{paired[key]['max']:.2f}x)" for key, title in keys)
-                print(f"{base}/{peer} round by round ({paired['rounds']} alternating rounds): {shown}")
+    for peer, paired in paired_with(results).items():
+        if paired:
+            keys = ROUND_KEYS + ([("decode_per_bandwidth", "decode per GB/s probed beside the round")]
+                                 if "decode_per_bandwidth" in paired else [])
+            shown = ", ".join(f"{title} median {paired[key]['median']:.2f}x ({paired[key]['min']:.2f}x-"
+                              f"{paired[key]['max']:.2f}x)" for key, title in keys)
+            print(f"runlm/{peer} round by round ({paired['rounds']} alternating rounds): {shown}")
     for peer, reason in skipped:
         print(f"skipped {peer}: {reason}")
 
@@ -410,20 +408,18 @@ def route_logits(runner, ids: list[int], split: int, chunk: int) -> dict:
     reused_session = runner.new_session()
     last, reused = runner.prefill_reusing(reused_session, ids + [ids[0]], snap, len(ids))
     fresh = runner.prefill(runner.new_session(), ids + [ids[0]])
-    return {"whole": whole, "stepped": torch.cat(stepped), "chunked": torch.cat(chunked),
-            "batched": torch.cat(batched), "reuse": last[None], "fresh": fresh[None], "reused": reused}
+    stack = [as_numpy(rows) for rows in (whole, *stepped)]
+    return {"whole": stack[0], "stepped": np.concatenate(stack[1:]),
+            "chunked": np.concatenate([as_numpy(rows) for rows in chunked]),
+            "batched": np.concatenate([as_numpy(rows) for rows in batched]), "reuse": as_numpy(last)[None],
+            "fresh": as_numpy(fresh)[None], "reused": reused}
 
 
 def route_deviation(runner, ids: list[int]) -> float:
     """Largest |logit difference| between the routes of `route_logits` (0.0: bit-identical)."""
     got = route_logits(runner, ids, split=len(ids) // 2, chunk=max(1, len(ids) // 5))
-    deltas = [(got[name] - got["whole"]).abs().max().item() for name in ("stepped", "chunked", "batched")]
-    return max(deltas + [(got["reuse"] - got["fresh"]).abs().max().item()])
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+    deltas = [float(np.abs(got[name] - got["whole"]).max()) for name in ("stepped", "chunked", "batched")]
+    return max(deltas + [float(np.abs(got["reuse"] - got["fresh"]).max())])
 
 
 def timed_records(handle) -> list[float]:
@@ -554,9 +550,9 @@ def served_process(*serve_args: str, start_timeout_s: float = 600, env: dict[str
             server.wait(timeout=30)
 
 
-def run_served_vs_direct(loaded, ids: list[int], gen_tokens: int, repeat: int = 1, dtype: str = "auto",
+def run_served_vs_direct(loaded, ids: list[int], gen_tokens: int, threads: int, repeat: int = 1, dtype: str = "auto",
                          kv_type: str = "auto") -> tuple[float, float, list[float]]:
-    """Decode tok/s of one stream read by an HTTP client from `runlm serve --torch` in its own process (the runner
+    """Decode tok/s of one stream read by an HTTP client from `runlm serve` in its own process (the runner
     here, behind the server), and of the runner's own greedy loop here, on the same prompt, taken in turns `repeat`
     times: the best of each, and the ratio served / direct of each adjacent pair (a shared machine's speed drifts; a
     pair shares the drift). (A server in this process would share its GIL with the client, which no user's setup
@@ -566,8 +562,9 @@ def run_served_vs_direct(loaded, ids: list[int], gen_tokens: int, repeat: int = 
     direct, served, ratios = 0.0, 0.0, []
     body = {"model": loaded.path.name, "prompt": prompt, "max_tokens": gen_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "cache_prompt": False}
-    with served_process("-m", str(loaded.path), "--torch", "--threads", str(torch.get_num_threads()), "--dtype",
-                        dtype, "--kv-type", kv_type, "--prompt-cache-mb", "0") as url:
+    runtime = "--torch" if loaded.runtime == "torch" else "--native"
+    with served_process("-m", str(loaded.path), runtime, "--threads", str(threads), "--dtype", dtype, "--kv-type",
+                        kv_type, "--prompt-cache-mb", "0") as url:
         streamed_token_times(url, dict(body, max_tokens=4))  # the server's first request warms its kernels
         for _ in range(max(1, repeat)):
             marks: list[float] = []
@@ -581,11 +578,10 @@ def run_served_vs_direct(loaded, ids: list[int], gen_tokens: int, repeat: int = 
 
 
 def run_engine_bench(args) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    loaded = load(args.model, dtype=args.dtype, kv_type=args.kv_type)
+    threads = args.threads or os.cpu_count() or 1
+    loaded = load(args.model, dtype=args.dtype, kv_type=args.kv_type, threads=threads)
     ids = loaded.tokenizer.encode(english_text())
-    print(f"model: {loaded.path.name}   threads: {torch.get_num_threads()}   machine: {machine()}")
+    print(f"model: {loaded.path.name} ({loaded.runtime} runtime)   threads: {threads}   machine: {machine()}")
     if args.streams:
         counts = [int(n) for n in args.streams.split(",")]
         print("| streams | aggregate decode tok/s | per stream tok/s | vs 1 stream | TTFT p50 ms | ITL p50 ms | "
@@ -609,7 +605,7 @@ def run_engine_bench(args) -> int:
                   f"ITL p50 {p50[0]:.1f} -> {p50[1]:.1f} ms ({p50[1] / max(p50[0], 1e-9):.2f}x), "
                   f"p99 {p99[0]:.1f} -> {p99[1]:.1f} ms ({p99[1] / max(p99[0], 1e-9):.2f}x), against the same "
                   "tokens of the same streams without it")
-        served, direct, ratios = run_served_vs_direct(loaded, ids, args.gen_tokens, max(3, args.repeat),
+        served, direct, ratios = run_served_vs_direct(loaded, ids, args.gen_tokens, threads, max(3, args.repeat),
                                                       args.dtype, args.kv_type)
         print(f"one stream served over HTTP: {served:.1f} tok/s vs the runner's own loop {direct:.1f} tok/s "
               f"(best of {len(ratios)} each: {served / direct:.0%}); served / direct in {len(ratios)} adjacent "

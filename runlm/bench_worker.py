@@ -66,14 +66,18 @@ def chunked_nll(extend_all, ids: list[int]) -> float:
 
 
 class RunlmPeer:
-    def __init__(self, path: str, threads: int, packed: bool, kv_type: str = "auto"):
-        import torch  # here, not at the top: the llama.cpp worker must not pay for torch in its memory
+    """runlm.load's runner: the native runtime ("runlm", what the CLI runs), the PyTorch backend on the same
+    kernels ("runlm-torch") or its float32 reference ("runlm-f32"). Only the last two import torch."""
 
-        from runlm import load
+    def __init__(self, path: str, threads: int, peer: str, kv_type: str = "auto"):
+        from runlm.runtime import load
 
+        if peer != "runlm":  # here, not at the top: the other workers must not pay for torch in their memory
+            import torch  # noqa: F401
         self.libraries_rss_mb = rss_mb()
-        torch.set_num_threads(threads)
-        self.runner = load(path, dtype="auto" if packed else "f32", kv_type=kv_type).runner
+        runtime = "native" if peer == "runlm" else "torch"
+        self.runner = load(path, runtime=runtime, dtype="f32" if peer == "runlm-f32" else "auto", kv_type=kv_type,
+                           threads=threads).runner
 
     def kv_mb(self, positions: int) -> float | None:
         """What the KV caches of a session of `positions` take (runlm allocates them for the session's length)."""
@@ -89,38 +93,6 @@ class RunlmPeer:
     def nll(self, ids: list[int]) -> float:
         session = self.runner.new_session()
         return chunked_nll(lambda chunk: self.runner.extend(session, chunk, all_positions=True), ids)
-
-
-class LeanPeer:
-    """runlm.native: the default path's kernels and blocks in a process without torch, on an image the bench prepared
-    before starting this worker (its load is mapping the image and building the tokenizer, as runlm's includes)."""
-
-    def __init__(self, path: str, threads: int, positions: int, kv_type: str = "auto"):
-        from runlm.formats.gguf import GGUFFile
-        from runlm.native.model import LeanModel
-        from runlm.native.prepare import image_path
-        from runlm.text import Tokenizer
-
-        self.libraries_rss_mb = rss_mb()
-        self.model = LeanModel.open(image_path(Path(path)), kv_type="f16" if kv_type == "auto" else kv_type,
-                                    threads=threads)
-        self.tokenizer = Tokenizer.from_gguf(GGUFFile(path).metadata)
-        self.positions, self.session = positions, None
-
-    def kv_mb(self, positions: int) -> float | None:
-        return self.model.kv_bytes(positions) / 2**20
-
-    def prefill(self, ids: list[int]) -> int:
-        self.session = None  # the last round's caches go before this round's come (one session's KV at a time)
-        self.session = self.model.new_session(self.positions)
-        return int(self.model.extend(self.session, ids).argmax())
-
-    def decode(self, token: int) -> int:
-        return int(self.model.extend(self.session, [token]).argmax())
-
-    def nll(self, ids: list[int]) -> float:
-        session = self.model.new_session(len(ids))
-        return chunked_nll(lambda chunk: self.model.extend(session, chunk, all_positions=True), ids)
 
 
 # llama.cpp's KV cache for each --kv-type (GGML type ids; "auto" is llama.cpp's default f16). A quantized V cache
@@ -224,11 +196,8 @@ class Measured:
         name, path, threads = spec["peer"], spec["path"], spec["threads"]
         prompt, gen, ppl_ids = spec["prompt_ids"], spec["gen_tokens"], spec["ppl_ids"]
         started = time.perf_counter()
-        if name in ("runlm", "runlm-f32"):
-            self.peer = RunlmPeer(path, threads, packed=name == "runlm", kv_type=spec.get("kv_type", "auto"))
-        elif name == "runlm-lean":
-            self.peer = LeanPeer(path, threads, positions=max(len(prompt) + gen, 16) + 16,
-                                 kv_type=spec.get("kv_type", "auto"))
+        if name in ("runlm", "runlm-torch", "runlm-f32"):
+            self.peer = RunlmPeer(path, threads, name, kv_type=spec.get("kv_type", "auto"))
         elif name == "llama.cpp":
             self.peer = LlamaCppPeer(path, threads, n_ctx=max(len(prompt) + gen, len(ppl_ids)) + 16,
                                      kv_type=spec.get("kv_type", "auto"))

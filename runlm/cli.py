@@ -1,4 +1,6 @@
-"""The `runlm` command: generate, chat, info, pull, serve, bench, simulate."""
+"""The `runlm` command: generate, chat, info, pull, serve, bench, simulate. Importing it does not import PyTorch:
+a model runs on the runtime runlm.runtime.load picks (the native one for a GGUF file on a CPU), and every command
+that answers prompts runs on the one decode loop, runlm.engine."""
 
 from __future__ import annotations
 
@@ -7,10 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-import torch
-
 from runlm import catalog
-from runlm.bench import run_bench
 from runlm.cli_args import (
     add_chat_arguments,
     add_generate_arguments,
@@ -28,9 +27,8 @@ from runlm.cluster.simulate import add_arguments as add_simulation_arguments
 from runlm.cluster.simulate import run_from_args as run_simulation_from_args
 from runlm.engine import Engine, GenerationRequest, ImageInput
 from runlm.errors import RunlmError
-from runlm.loading import load
 from runlm.pixels import image_to_rgb
-from runlm.quant import kernels
+from runlm.runtime import load, require_torch
 from runlm.shapes import SHAPES
 from runlm.system import cpu_name, meminfo_bytes
 from runlm.text import ChatTemplate
@@ -63,9 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompt-tokens", type=int, default=512)
     bench.add_argument("--gen-tokens", type=int, default=128)
     bench.add_argument(
-        "--vs", action="append", default=[], choices=["llama.cpp", "transformers", "runlm-f32", "runlm-lean"],
-        help="peers to measure in the same run (runlm-f32: our float32 reference path; runlm-lean: the default "
-             "path's kernels in a process without PyTorch, `generate --lean`)",
+        "--vs", action="append", default=[], choices=["llama.cpp", "transformers", "runlm-f32", "runlm-torch"],
+        help="peers to measure in the same run beside runlm (the native runtime, what generate runs): runlm-torch, "
+             "the PyTorch backend on the same kernels; runlm-f32, its float32 reference",
     )
     bench.add_argument(
         "--repeat",
@@ -100,16 +98,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def runtime_asked(args: argparse.Namespace) -> str:
+    """The runtime the flags ask for: --torch, --native (or --lean), else auto."""
+    if getattr(args, "torch", False):
+        return "torch"
+    return "native" if getattr(args, "native", False) else "auto"
+
+
+def _note(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 def _load(args: argparse.Namespace, model: str | None = None):
-    if getattr(args, "threads", None):
-        torch.set_num_threads(args.threads)
     name = model if model is not None else args.model
     template_file = getattr(args, "chat_template_file", None)
     template = read_template_file(template_file) if template_file else None  # fail before the load
+    if getattr(args, "max_tokens", None) is not None and args.max_tokens < 1:
+        raise RunlmError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if args.ctx is not None and args.ctx < 1:
+        raise RunlmError(f"--ctx must be positive, got {args.ctx}")
     loaded = load(
-        name, dtype=args.dtype, max_context=args.ctx, mmproj=getattr(args, "mmproj", None), device=args.device,
-        swa_full=args.swa_full, kv_type=args.kv_type,
-    )
+        name, runtime=runtime_asked(args), dtype=args.dtype, max_context=args.ctx,
+        mmproj=getattr(args, "mmproj", None), device=args.device, swa_full=args.swa_full, kv_type=args.kv_type,
+        threads=args.threads, images=getattr(args, "image", None) is not None, note=_note,
+    )  # fmt: skip
     if template is not None:
         tok = loaded.tokenizer
         bos, eos = (None if i is None else tok.token_str(i) for i in (tok.bos_id, tok.eos_id))
@@ -119,10 +131,6 @@ def _load(args: argparse.Namespace, model: str | None = None):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    if args.lean:  # the `runlm` command sends these to runlm.native before PyTorch is imported; here it already is
-        from runlm.native.cli import run
-
-        return run(args)
     image = ImageInput(*image_to_rgb(args.image)) if args.image is not None else None  # fail before the load
     loaded = _load(args)
     prompt = args.prompt
@@ -167,17 +175,14 @@ def _stream_reply(engine, text: str, args: argparse.Namespace, image=None) -> st
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    if args.lean:  # as in cmd_generate: the `runlm` command routes these before torch is imported
-        from runlm.native.cli import run_chat
-
-        return run_chat(args)
     if args.web:
         return _chat_web(args)
     loaded = _load(args)
     if loaded.chat_template is None:
         raise RunlmError(f"{loaded.path}: the model has no chat template; use `runlm generate --raw`")
     engine = _engine(loaded)  # its prompt cache makes each turn prefill only the new text
-    print(f"runlm chat: {loaded.path.name} ({loaded.family}). Empty line or Ctrl-D to quit.", file=sys.stderr)
+    print(f"runlm chat: {loaded.path.name} ({loaded.family}, {loaded.runtime} runtime). Empty line or Ctrl-D to quit.",
+          file=sys.stderr)
     return chat_loop(args.system, lambda messages: _stream_reply(engine, loaded.chat_template.render(messages), args))
 
 
@@ -191,6 +196,11 @@ def _gib(nbytes: int | None) -> str:
 
 def system_rows() -> list[tuple[str, str]]:
     """What decides runlm's speed here: the CPU, the kernels' dispatch (chosen at build time for this CPU), threads."""
+    require_torch("runlm info --system")
+    import torch
+
+    from runlm.quant import kernels
+
     isa = kernels.isa()
     rows = [
         ("cpu", cpu_name()),
@@ -215,6 +225,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             print("runlm: error: info --system describes this machine; give it no model", file=sys.stderr)
             return 2
         if args.threads:
+            import torch
+
             torch.set_num_threads(args.threads)
         for key, value in system_rows():
             print(f"{key:>16}: {value}")
@@ -232,11 +244,22 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("hidden size", str(cfg.hidden_size)),
         ("heads (q / kv)", f"{cfg.num_heads} / {cfg.num_kv_heads}"),
         ("chat template", "yes" if loaded.chat_template is not None else "no"),
-        ("kernels", kernels.isa() or f"off ({kernels.unavailable_reason() or 'disabled'}): plain PyTorch"),
+        ("runtime", loaded.runtime),
+        ("kernels", _kernels_row(loaded.runtime)),
     ]
     for key, value in rows:
         print(f"{key:>16}: {value}")
     return 0
+
+
+def _kernels_row(runtime: str) -> str:
+    if runtime == "native":
+        from runlm.native import library
+
+        return library.isa()
+    from runlm.quant import kernels
+
+    return kernels.isa() or f"off ({kernels.unavailable_reason() or 'disabled'}): plain PyTorch"
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
@@ -255,10 +278,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    if args.lean:  # as in cmd_generate: the `runlm` command routes this before torch is imported
-        from runlm.native.cli import run_serve
-
-        return run_serve(args)
     from runlm.server import serve  # optional: the [server] extra
 
     server_options = serve_options(args)
@@ -278,6 +297,7 @@ def serve_on_ray(args: argparse.Namespace, server_options: dict) -> int:
         raise RunlmError("--replicas runs on CPUs here; --device is not supported with it yet")
     replica = ReplicaOptions(model=args.model, dtype=args.dtype, ctx=args.ctx, swa_full=args.swa_full,
                              kv_type=args.kv_type, mmproj=args.mmproj, prompt_cache_mb=args.prompt_cache_mb,
+                             runtime=runtime_asked(args),
                              max_batch=args.parallel, max_queue=args.max_queue, kv_budget_mb=args.kv_budget_mb)
     cluster = ClusterOptions(replicas=args.replicas if args.replicas is not None else args.min_replicas or 1,
                              threads_per_replica=args.threads_per_replica, ray_address=args.ray_address,
@@ -288,6 +308,9 @@ def serve_on_ray(args: argparse.Namespace, server_options: dict) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    require_torch("runlm bench (its peers and the random-weight shapes)")
+    from runlm.bench import run_bench
+
     return run_bench(args)
 
 

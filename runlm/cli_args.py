@@ -1,4 +1,4 @@
-"""The command line's shared arguments, without PyTorch: `runlm generate --lean` parses them in runlm.native."""
+"""The command line's shared arguments (no PyTorch here: the CLI imports it only for a model that needs it)."""
 
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
 
 
 def serve_options(args: argparse.Namespace) -> dict:
-    """The server's options from `runlm serve`'s flags (both paths: runlm.cli and runlm.native)."""
+    """The server's options from `runlm serve`'s flags."""
     if args.max_tokens is not None and args.max_tokens < 1:
         raise RunlmError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     return dict(
@@ -153,11 +153,11 @@ def serve_keys(args: argparse.Namespace) -> list[str]:
 
 def _add_path_choice(parser: argparse.ArgumentParser) -> None:
     path = parser.add_mutually_exclusive_group()
-    path.add_argument("--lean", action="store_true",
-                      help="only the process without PyTorch (runlm.native), or an error saying why not (default: it "
-                           "where the model and flags allow, else PyTorch)")
+    path.add_argument("--native", "--lean", dest="native", action="store_true",
+                      help="only the native runtime (no PyTorch), or an error saying why not (default: it where the "
+                           "model and flags allow, else the PyTorch backend)")
     path.add_argument("--torch", action="store_true",
-                      help="the PyTorch path (default: the process without PyTorch where the model and flags allow)")
+                      help="the PyTorch backend (default: the native runtime where the model and flags allow)")
 
 
 # C0 controls but tab, newline and carriage return, DEL, and C1 controls: what starts or ends an ANSI / OSC
@@ -206,7 +206,7 @@ def chat_loop(system: str | None, answer: Callable[[list[dict]], str]) -> int:
 
 
 def chat_web(args: argparse.Namespace, serve: Callable[[argparse.Namespace], int]) -> int:
-    """`runlm chat --web`: `serve` (runlm.cli's or runlm.native's `serve`) the chat page on loopback, and open it in a
+    """`runlm chat --web`: `serve` the chat page on loopback, and open it in a
     browser once the server answers (after the load)."""
     url = f"http://127.0.0.1:{args.port}/"
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # fail now, not after loading the model

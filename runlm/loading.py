@@ -11,11 +11,12 @@ import torch
 from runlm import catalog
 from runlm.catalog import resolve_model
 from runlm.errors import InvalidInputError, ModelLoadError
+from runlm.families.config import ModelConfig, check_config, expected_shapes
 from runlm.formats.gguf import GGUFFile, GGUFSource, gguf_name, quantization_of
 from runlm.formats.safetensors import SafetensorsSource
 from runlm.models.base import WeightLoader
-from runlm.families.config import ModelConfig, check_config, expected_shapes
 from runlm.models.registry import Family, family_for_gguf, family_for_hf
+from runlm.native.loader import check_vocabulary
 from runlm.quant import kernels
 from runlm.quant.build import Q8_0_VALUES
 from runlm.quant.int4 import Int4Linear
@@ -38,6 +39,7 @@ class LoadedModel(ServedModel):
     config: ModelConfig
     quantization: str
     metadata: dict = field(default_factory=dict)
+    runtime: str = "torch"
 
 
 DTYPES = {
@@ -149,7 +151,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | 
     family = family_for_gguf(gguf.architecture, path)
     config = check_config(family.config_from_gguf(gguf), str(path), "gguf", gguf.architecture)
     tokenizer = Tokenizer.from_gguf(gguf.metadata)
-    check_vocabulary(tokenizer, config, path)
+    check_vocabulary(tokenizer, config.vocab_size, path)
     release_free_heap()  # the tokenizer's build scratch, before the weights come on top of it
     source = GGUFSource(
         gguf,
@@ -172,15 +174,6 @@ def _load_gguf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | 
     )
 
 
-def check_vocabulary(tokenizer: Tokenizer, config: ModelConfig, path: Path) -> None:
-    """Every id the tokenizer can produce must have an embedding row (a padded embedding may have more)."""
-    if tokenizer.vocab_size > config.vocab_size:
-        raise ModelLoadError(
-            f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary holds "
-            f"{config.vocab_size}: ids past {config.vocab_size - 1} would have no embedding"
-        )
-
-
 def _load_hf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | None, swa_full: bool) -> LoadedModel:
     config_file = path / "config.json"
     if not config_file.is_file():
@@ -196,7 +189,7 @@ def _load_hf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | No
     if not (path / "tokenizer.json").is_file():
         raise ModelLoadError(f"{path}: no tokenizer.json")
     tokenizer = Tokenizer.from_hf_dir(path)
-    check_vocabulary(tokenizer, config, path)
+    check_vocabulary(tokenizer, config.vocab_size, path)
     source = SafetensorsSource(path, family.hf_prefixes, expect=expected_shapes(config))
     model = family.build(config, WeightLoader(source, dtype, packed=False))  # safetensors hold plain floats
     runner = family.runner(model, family.name, max_context, swa_full=swa_full)

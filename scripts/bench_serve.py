@@ -1,14 +1,13 @@
-"""Servers side by side: `runlm serve --lean` (what `runlm serve` runs by default), `runlm serve --torch` (the
-PyTorch path) and llama-cpp-python's server on one GGUF, each in a
-process of its own, taking the same requests in turn: a 512-token prompt streamed to 128 tokens (decode tok/s from
-the first token's arrival to the last), then four 64-token requests at once (aggregate tok/s). Prints each server's
-peak resident memory (VmHWM) after the requests, and the ratios against llama.cpp's server.
+"""Servers side by side: `runlm serve` (the native runtime), `runlm serve --torch` (the PyTorch backend) and
+llama-cpp-python's server on one GGUF, each in a process of its own, taking the same requests in turn: a 512-token
+prompt streamed to 128 tokens (decode tok/s from the first token's arrival to the last), then four 64-token requests
+at once (aggregate tok/s). Prints each server's peak resident memory (VmHWM) after the requests, and the ratios
+against llama.cpp's server.
 
     python scripts/bench_serve.py MODEL.gguf [--threads 2] [--rounds 2]
 
 llama-cpp-python's server needs `pip install 'llama-cpp-python[server]'`; it runs with logits_all and use_mlock off
-(its defaults are on: every position's logits kept, the whole file locked in memory). runlm's lean server prepares
-the model's lean image first (once).
+(its defaults are on: every position's logits kept, the whole file locked in memory).
 """
 
 from __future__ import annotations
@@ -26,12 +25,11 @@ from pathlib import Path
 import httpx
 
 from runlm.bench import english_text, free_port
-from runlm.native.prepare import image_for
 
 PROMPT_CHARS = 2200  # ~512 tokens of English with a Llama 3 tokenizer
 SERVERS = {
-    "runlm-lean": lambda model, threads, port: [sys.executable, "-m", "runlm", "serve", "-m", model, "--lean",
-                                                "--threads", str(threads), "--port", str(port)],
+    "runlm": lambda model, threads, port: [sys.executable, "-m", "runlm", "serve", "-m", model, "--native",
+                                           "--threads", str(threads), "--port", str(port)],
     "runlm-torch": lambda model, threads, port: [sys.executable, "-m", "runlm", "serve", "-m", model, "--torch",
                                                  "--threads", str(threads), "--port", str(port)],
     "llama.cpp": lambda model, threads, port: [sys.executable, "-m", "llama_cpp.server", "--model", model,
@@ -70,7 +68,6 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     model = str(Path(args.model).resolve())
-    image_for(Path(model))
     text = english_text()
     prompt = text[:PROMPT_CHARS]
     short = [text[i * 3000 : i * 3000 + 400] for i in range(1, 5)]

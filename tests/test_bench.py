@@ -123,17 +123,15 @@ def test_bench_streams_reports_batching_admission_serving_and_routes(smollm2_ggu
     assert "max |delta logit| 0\n" in out  # the packed path is route-invariant: bit-identical logits
 
 
-def test_the_lean_process_is_paired_with_the_other_peers_too():
-    """runlm-lean (what `runlm generate` runs by default) gets its own round-by-round ratios against every peer but
-    runlm, whose line against it is runlm's."""
+def test_every_peer_is_paired_with_runlm_round_by_round():
+    """Each peer's rounds against runlm's (what `runlm generate` runs), one ratio per alternating round."""
     from runlm.bench import paired_with
 
     def row(peer: str, decodes: list[float]) -> dict:
         return {"peer": peer, "rounds": [{"prefill_tok_s": 100.0, "decode_tok_s": d} for d in decodes]}
 
-    results = [row("runlm", [10, 11, 12]), row("runlm-lean", [12, 15, 13]), row("llama.cpp", [10, 10, 10])]
-    lean = paired_with(results, "runlm-lean")
-    assert list(lean) == ["llama.cpp"]
-    assert lean["llama.cpp"]["decode_tok_s"] == {"median": 1.3, "min": 1.2, "max": 1.5}
-    assert list(paired_with(results)) == ["runlm-lean", "llama.cpp"]
-    assert paired_with(results[::2], "runlm-lean") == {}
+    results = [row("runlm", [12, 15, 13]), row("runlm-torch", [10, 11, 12]), row("llama.cpp", [10, 10, 10])]
+    paired = paired_with(results)
+    assert list(paired) == ["runlm-torch", "llama.cpp"]
+    assert paired["llama.cpp"]["decode_tok_s"] == {"median": 1.3, "min": 1.2, "max": 1.5}
+    assert paired_with(results[1:]) == {}

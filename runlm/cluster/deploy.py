@@ -74,16 +74,14 @@ class RunlmFront:
     """The HTTP ingress: the single server's app over the replicas."""
 
     def __init__(self, replicas: Any, options: ReplicaOptions, server_options: dict[str, Any]):
-        import torch
-
         from runlm.cluster.remote import RemoteScheduler, replica_reports
         from runlm.engine import Engine
-        from runlm.loading import load
+        from runlm.runtime import load
         from runlm.server.app import create_app
 
-        torch.set_num_threads(1)  # the front plans and tokenizes; the replicas own the cores
+        # the front plans and tokenizes; the replicas own the cores
         loaded = load(options.model, dtype=options.dtype, max_context=options.ctx, mmproj=options.mmproj,
-                      swa_full=options.swa_full)
+                      swa_full=options.swa_full, threads=1, runtime=options.runtime)
         engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length, prompt_cache_mb=0)
         scheduler = RemoteScheduler(engine, replicas, max_batch=options.max_batch, max_queue=options.max_queue,
                                     stats=replica_reports)

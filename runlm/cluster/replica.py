@@ -16,8 +16,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
-
 from runlm.engine import Engine, Scheduler
 from runlm.engine.core import GenerationRequest, StreamRecord, Usage
 from runlm.engine.grammar import GrammarConstraint
@@ -71,6 +69,7 @@ class ReplicaOptions:
     ctx: int | None = None
     swa_full: bool = False
     kv_type: str = "auto"  # the KV caches' element type (runlm.load's kv_type)
+    runtime: str = "auto"  # runlm.load's runtime
     mmproj: str | None = None
     prompt_cache_mb: float = 256
     max_batch: int = 8
@@ -82,12 +81,11 @@ class ModelReplica:
     """A model, its engine and its scheduler; `generate` streams one request's records."""
 
     def __init__(self, options: ReplicaOptions, replica_id: str | None = None):
-        from runlm.loading import load
+        from runlm.runtime import load
 
-        if options.threads:
-            torch.set_num_threads(options.threads)
         self.loaded = load(options.model, dtype=options.dtype, max_context=options.ctx, mmproj=options.mmproj,
-                           swa_full=options.swa_full, kv_type=options.kv_type)
+                           swa_full=options.swa_full, kv_type=options.kv_type, threads=options.threads,
+                           runtime=options.runtime)
         self.engine = Engine(self.loaded.runner, self.loaded.tokenizer, context_length=self.loaded.context_length,
                              prompt_cache_mb=options.prompt_cache_mb)
         self.scheduler = Scheduler(self.engine, max_queue=options.max_queue, max_batch=options.max_batch,

@@ -34,7 +34,6 @@ from dataclasses import asdict, dataclass, field, fields
 from itertools import accumulate
 from pathlib import Path
 
-from runlm.bench import percentile
 from runlm.cluster.routing import (
     BLOCK_TOKENS,
     POLICIES,
@@ -45,6 +44,12 @@ from runlm.cluster.routing import (
     make_policy,
 )
 from runlm.errors import InvalidInputError, RunlmError
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile of `values` (nearest rank; 0.0 for none)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
 @dataclass(frozen=True)

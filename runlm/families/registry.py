@@ -27,7 +27,8 @@ def specs() -> dict[str, FamilySpec]:
 
 def supported() -> str:
     every = specs().values()
-    return ", ".join(sorted({a for s in every for a in s.gguf_architectures} | {t for s in every for t in s.hf_model_types}))
+    names = {a for s in every for a in s.gguf_architectures} | {t for s in every for t in s.hf_model_types}
+    return ", ".join(sorted(names))
 
 
 def for_gguf(arch: str, path: Path | str) -> FamilySpec:

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from runlm.errors import InvalidInputError
-from runlm.formats import WeightSource
 from runlm.families.config import ModelConfig
+from runlm.formats import WeightSource
 from runlm.models.fused import Rows, fuse_blocks
 from runlm.nn import FullKVCache, Rope, SlidingKVCache, kv_row_width
 from runlm.quant import kernels

@@ -40,9 +40,9 @@ from runlm.errors import (
     TokenizerError,
     UnsupportedArchitectureError,
 )
+from runlm.families.config import integer, number
 from runlm.formats.gguf import GGUFFile, find_mmproj
 from runlm.formats.safetensors import SafetensorsSource
-from runlm.families.config import integer, number
 from runlm.nn import RMSNorm
 from runlm.runner import ImageInput
 from runlm.text import Tokenizer

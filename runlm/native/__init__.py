@@ -1,8 +1,7 @@
-"""Decoding without PyTorch: a process that holds a model's weights once and little else.
+"""The native runtime: GGUF models on runlm's C++ kernels, in a process that never imports PyTorch.
 
-PyTorch alone is ~220 MiB resident before any model; llama.cpp's whole process is ~40 MiB before its weights. A lean
-process runs the same C++ blocks as the default path (kernels.cpp, built standalone: `native`) on a lean image of
-the model (`image`): the weights as the fused kernels read them, written once by a process with PyTorch
-(`prepare`) and mapped here. `engine` runs forwards over sessions; `generate` is the decode loop; `cli` is
-`runlm generate --lean`. Nothing under runlm.native imports torch except `prepare`, which runs in a child process.
+`weights` reads a GGUF file's tensors into the layouts the kernels read (regrouped in C at load; nothing written to
+disk); `model` builds each block from the family's spec (runlm.families) as one C struct and runs forwards over
+sessions; `runner` is the runner contract over it; `loader` adds the tokenizer and chat template (what runlm.load
+returns for a GGUF file on a CPU); `library` is the kernels' C interface through ctypes.
 """

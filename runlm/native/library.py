@@ -180,5 +180,5 @@ def relayout(source: np.ndarray, type_id: int, rows: int, cols: int, out: np.nda
     check(library().rl_relayout(address(source), type_id, rows, cols, address(out)))
 
 
-__all__ = ["Block", "KernelError", "Weight", "check", "dequantize_rows", "group_rows", "isa", "library", "linear", "relayout",
-           "rms_norm", "set_threads", "simd"]
+__all__ = ["Block", "KernelError", "Weight", "check", "dequantize_rows", "group_rows", "isa", "library", "linear",
+           "relayout", "rms_norm", "set_threads", "simd"]

@@ -21,7 +21,7 @@ from runlm.families.config import ModelConfig, check_config, default_attention_s
 from runlm.families.spec import FamilySpec
 from runlm.formats.gguf import GGUFFile, find_mmproj
 from runlm.native import library
-from runlm.native.weights import NativeRefusal, Rows, WeightReader, table
+from runlm.native.weights import NativeRefusal, WeightReader, table
 from runlm.quant import build
 from runlm.quant.build import Q8_0_BYTES, Q8_0_VALUES
 from runlm.rope import inv_freq, table_block

@@ -1,7 +1,7 @@
-"""The runner contract over a lean model, so the engine, the scheduler and the HTTP server run in a process without
-PyTorch (`runlm serve --lean`). Logits are float32 numpy arrays; the sampler (runlm.sampling) takes them as they are.
+"""The runner contract over a native model, so the engine, the scheduler and the HTTP server run in a process without
+PyTorch. Logits are float32 numpy arrays; the sampler (runlm.sampling) takes them as they are.
 
-Sessions hold a LeanSession; the prompt cache's snapshots are copies of its filled KV rows. A batch step (decode
+Sessions hold a NativeSession; the prompt cache's snapshots are copies of its filled KV rows. A batch step (decode
 tokens and prompt chunks of several sequences) is one forward over all their rows, as on the PyTorch path.
 """
 
@@ -14,19 +14,20 @@ from pathlib import Path
 import numpy as np
 
 from runlm.errors import InvalidInputError
-from runlm.native.model import LeanModel, LeanSession
+from runlm.families.config import ModelConfig
+from runlm.native.model import NativeModel, NativeSession
 from runlm.runner import LmRunner, ServedModel, Session, SessionSnapshot
 from runlm.text import ChatTemplate, Tokenizer
 
 
-class LeanRunner(LmRunner):
-    def __init__(self, model: LeanModel):
+class NativeRunner(LmRunner):
+    def __init__(self, model: NativeModel):
         self.model = model
-        self.rings = [bool(block["ring"]) for block in model.header["blocks"]]
-        self.windows = [int(block["window"]) for block in model.header["blocks"]]
+        self.rings = [block.ring for block in model.blocks]
+        self.windows = [block.window for block in model.blocks]
 
     def family(self) -> str:
-        return self.model.header["family"]
+        return self.model.family
 
     def vocab_size(self) -> int:
         return self.model.vocab_size
@@ -41,8 +42,8 @@ class LeanRunner(LmRunner):
     def new_session(self, positions: int | None = None) -> Session:
         """The KV arrays are made for `positions` (the context when None) at once; the OS gives their pages as they
         are written."""
-        lean = self.model.new_session(positions or self.model.context)
-        return Session(tokens=lean.tokens, state=lean)  # one list: the session's tokens are the lean session's
+        native = self.model.new_session(positions or self.model.context)
+        return Session(tokens=native.tokens, state=native)  # one list: the session's tokens are the native one's
 
     def kv_bytes(self, positions: int) -> int:
         return self.model.kv_bytes(positions)
@@ -71,55 +72,48 @@ class LeanRunner(LmRunner):
 
     def export(self, session: Session) -> SessionSnapshot:
         """The filled rows of every full cache and each ring whole (a ring's slots are positions mod its window)."""
-        lean: LeanSession = session.state
-        n = len(lean.tokens)
-        keys = [k.copy() if ring else k[:, :, :n].copy() for k, ring in zip(lean.keys, self.rings)]
-        values = [v.copy() if ring else v[:, :, :n].copy() for v, ring in zip(lean.values, self.rings)]
+        native: NativeSession = session.state
+        n = len(native.tokens)
+        keys = [k.copy() if ring else k[:, :, :n].copy() for k, ring in zip(native.keys, self.rings)]
+        values = [v.copy() if ring else v[:, :, :n].copy() for v, ring in zip(native.values, self.rings)]
         nbytes = sum(a.nbytes for a in keys + values)
-        return SessionSnapshot(token_ids=list(lean.tokens), cache=(keys, values), nbytes=nbytes, family=self.family())
+        return SessionSnapshot(token_ids=list(native.tokens), cache=(keys, values), nbytes=nbytes, family=self.family())
 
     def restore(self, session: Session, snap: SessionSnapshot, length: int | None = None) -> bool:
         """False where the snapshot cannot give the first `length` positions: another runner's, more positions than
         the session holds, or a prefix cut short of a ring that has wrapped (its slots hold later positions)."""
         held = len(snap.token_ids)
         length = held if length is None else length
-        lean: LeanSession = session.state
+        native: NativeSession = session.state
         if snap.family != self.family() or not isinstance(snap.cache, tuple) or not 0 <= length <= held:
             return False
-        if length > lean.capacity or any(ring and held > window and length < held
+        if length > native.capacity or any(ring and held > window and length < held
                                          for ring, window in zip(self.rings, self.windows)):
             return False
-        for target, source, ring in zip(lean.keys + lean.values, snap.cache[0] + snap.cache[1], self.rings * 2):
+        for target, source, ring in zip(native.keys + native.values, snap.cache[0] + snap.cache[1], self.rings * 2):
             if target.shape[:2] != source.shape[:2] or target.dtype != source.dtype:
                 return False
             if ring:
                 target[...] = source
             else:
                 target[:, :, :length] = source[:, :, :length]
-        lean.tokens[:] = snap.token_ids[:length]
+        native.tokens[:] = snap.token_ids[:length]
         return True
 
 
 @dataclass
-class LeanConfig:
-    """What the server reads of a model's configuration."""
+class NativeLoaded(ServedModel):
+    """A model on the native runtime with what callers need around it (runlm.LoadedModel's fields, without PyTorch)."""
 
-    hidden_size: int
-    num_layers: int
-
-
-@dataclass
-class LeanLoaded(ServedModel):
-    """A lean model with what the server needs around it (runlm.LoadedModel's fields, without PyTorch)."""
-
-    runner: LeanRunner
+    runner: NativeRunner
     tokenizer: Tokenizer
     chat_template: ChatTemplate | None
     path: Path
     quantization: str
-    config: LeanConfig
+    config: ModelConfig
     format: str = "gguf"
     metadata: dict = field(default_factory=dict)
+    runtime: str = "native"
 
 
-__all__ = ["LeanConfig", "LeanLoaded", "LeanRunner"]
+__all__ = ["NativeLoaded", "NativeRunner"]

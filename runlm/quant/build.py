@@ -112,6 +112,6 @@ def decode_walk_name() -> str:
 
 
 __all__ = [
-    "BLOCK_LAYOUTS", "CFLAGS", "DECODE_WALKS", "ENV_VAR", "KERNEL_TYPES", "Q8_0_BYTES", "Q8_0_VALUES", "SOURCE", "VARIANT_CFLAGS",
-    "WALK_ENV_VAR", "X4", "X4_TYPES", "build_key", "decode_walk_name", "variant", "variant_cflags",
+    "BLOCK_LAYOUTS", "CFLAGS", "DECODE_WALKS", "ENV_VAR", "KERNEL_TYPES", "Q8_0_BYTES", "Q8_0_VALUES", "QK_K", "SOURCE",
+    "VARIANT_CFLAGS", "WALK_ENV_VAR", "X4", "X4_TYPES", "build_key", "decode_walk_name", "variant", "variant_cflags",
 ]

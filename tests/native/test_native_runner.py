@@ -10,22 +10,21 @@ import numpy as np
 import pytest
 
 from runlm.errors import ContextOverflowError, InvalidInputError
-from runlm.native.model import LeanModel
-from runlm.native.prepare import image_for
-from runlm.native.runner import LeanRunner
+from runlm.native.model import NativeModel
+from runlm.native.runner import NativeRunner
 from runlm.quant import kernels
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
 
 
 @pytest.fixture(scope="module")
-def smol(smollm2_gguf, tmp_path_factory):
-    return LeanRunner(LeanModel.open(image_for(smollm2_gguf, target=tmp_path_factory.mktemp("smol") / "m.lean")))
+def smol(smollm2_gguf):
+    return NativeRunner(NativeModel.open(smollm2_gguf))
 
 
 @pytest.fixture(scope="module")
-def gemma(gemma3_gguf, tmp_path_factory):
-    return LeanRunner(LeanModel.open(image_for(gemma3_gguf, target=tmp_path_factory.mktemp("gemma") / "m.lean")))
+def gemma(gemma3_gguf):
+    return NativeRunner(NativeModel.open(gemma3_gguf))
 
 
 def test_a_restored_prefix_continues_as_a_fresh_prefill(smol):
@@ -107,9 +106,9 @@ def test_a_batch_step_gives_each_session_its_own_logits(name, request):
     assert [len(s.tokens) for s in sessions] == [len(p) + len(q) for p, q in zip(prompts, steps)]
 
 
-def test_hidden_states_are_the_default_paths(smollm2_gguf, smol):
-    """The final norm's output at every position, past one prefill chunk: what the default path's runner gives."""
-    from runlm import load
+def test_hidden_states_are_the_pytorch_backends(smollm2_gguf, smol):
+    """The final norm's output at every position, past one prefill chunk: what the PyTorch backend's runner gives."""
+    from runlm.loading import load
 
     ids = list(range(100, 100 + 300))
     want = load(smollm2_gguf).runner.hidden_states(ids).numpy()

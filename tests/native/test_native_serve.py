@@ -1,11 +1,9 @@
-"""`runlm serve --lean`: the whole server (OpenAI routes, scheduler, prompt cache) over runlm.native's runner, in a
-process where `import torch` is made to fail, answering what the PyTorch path's server (`--torch`) answers, through the
-official openai client on loopback."""
+"""`runlm serve` on the native runtime: the whole server (OpenAI routes, scheduler, prompt cache) over runlm.native's
+runner, in a process where `import torch` is made to fail, answering what the PyTorch backend's server (`--torch`)
+answers, through the official openai client on loopback."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -14,7 +12,6 @@ import openai
 import pytest
 from server_harness import openai_client, serve_cli
 
-from runlm.native.prepare import image_for
 from runlm.quant import kernels
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
@@ -24,14 +21,13 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def servers(smollm2_gguf, tmp_path_factory):
-    """(lean, PyTorch path) base URLs, both serving SmolLM2."""
-    image_for(smollm2_gguf)  # made by a process with PyTorch; the lean server only maps it
+    """(native, PyTorch backend) base URLs, both serving SmolLM2."""
     blocker = tmp_path_factory.mktemp("blocker")
     (blocker / "torch").mkdir()
     (blocker / "torch" / "__init__.py").write_text("raise ImportError('torch is blocked in this test')\n")
-    with serve_cli("-m", str(smollm2_gguf), "--lean", env={"PYTHONPATH": str(blocker)}) as lean, \
+    with serve_cli("-m", str(smollm2_gguf), "--native", env={"PYTHONPATH": str(blocker)}) as native, \
             serve_cli("-m", str(smollm2_gguf), "--torch") as default:
-        yield lean, default
+        yield native, default
 
 
 def answers(base_url: str) -> dict:
@@ -48,16 +44,16 @@ def answers(base_url: str) -> dict:
             "n2": [choice.text for choice in n2.choices]}
 
 
-def test_the_lean_server_answers_as_the_default_one(servers):
-    lean, default = servers
-    got = answers(lean)
+def test_the_native_server_answers_as_the_pytorch_backends(servers):
+    native, default = servers
+    got = answers(native)
     assert got == answers(default)
     assert got["greedy"].strip() and got["sampled"] and len(got["logprobs"]) > 4 and got["n2"][0] != got["n2"][1]
 
 
 def test_prompt_cache_and_requests_in_flight_together(servers):
-    lean, _ = servers
-    client = openai_client(lean)
+    native, _ = servers
+    client = openai_client(native)
     model = client.models.list().data[0].id
     messages = [{"role": "user", "content": "Tell me a fact about the moon, please, in one sentence."}]
     first = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0)
@@ -76,13 +72,13 @@ def test_prompt_cache_and_requests_in_flight_together(servers):
         assert list(pool.map(ask, topics)) == alone
 
 
-def test_embeddings_are_the_default_servers(servers):
-    """Mean-pooled final-norm states: the lean model's hidden states are the default path's (the same blocks and
+def test_embeddings_are_the_pytorch_backends(servers):
+    """Mean-pooled final-norm states: the native model's hidden states are the PyTorch backend's (the same blocks and
     norm), so the vectors match to float rounding of the pooling."""
-    lean, default = servers
+    native, default = servers
     texts = ["The quick brown fox", "Grüße aus München!", "def add(a, b): return a + b"]
     vectors = []
-    for base in (lean, default):
+    for base in (native, default):
         client = openai_client(base)
         reply = client.embeddings.create(model=client.models.list().data[0].id, input=texts, dimensions=64)
         vectors.append(np.array([item.embedding for item in reply.data]))
@@ -92,19 +88,11 @@ def test_embeddings_are_the_default_servers(servers):
 
 
 def test_what_it_cannot_do_is_a_4xx_and_it_keeps_serving(servers):
-    lean, _ = servers
-    client = openai_client(lean)
+    native, _ = servers
+    client = openai_client(native)
     model = client.models.list().data[0].id
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=model, max_tokens=4, messages=[
             {"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}])
-    assert httpx.get(f"{lean}/health").json()["status"] == "ok"
-
-
-def test_serve_lean_refuses_replicas_in_one_line(smollm2_gguf):
-    out = subprocess.run([sys.executable, "-m", "runlm", "serve", "--lean", "-m", str(smollm2_gguf), "--replicas",
-                          "2"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 1
-    assert out.stderr.strip().splitlines() == ["runlm: error: --replicas: not with --lean (it runs GGUF text models "
-                                               "on the CPU kernels)"]
+    assert httpx.get(f"{native}/health").json()["status"] == "ok"

@@ -67,17 +67,15 @@ def test_chat_web_fails_fast_when_the_port_is_taken(monkeypatch, capsys):
     assert f"port {port} is not free" in capsys.readouterr().err
 
 
-def test_chat_web_lean_serves_the_page_from_the_lean_server(monkeypatch):
-    """`runlm chat --web --lean`: the same page, served by `serve --lean` (runlm.native.cli.run_serve) on loopback."""
-    from runlm.native import cli as lean_cli
-
+def test_chat_web_native_serves_the_page_from_the_native_server(monkeypatch):
+    """`runlm chat --web --native`: the same page, served by `serve --native` on loopback."""
     port = free_port()
     opened = threading.Event()
     monkeypatch.setattr("webbrowser.open", lambda url: opened.set() or True)
     seen = {}
 
     def fake_serve(args):  # stands in for loading the lean model and running uvicorn
-        seen.update(lean=args.lean, web=args.web, host=args.host, port=args.port, replicas=args.replicas)
+        seen.update(native=args.native, web=args.web, host=args.host, port=args.port, replicas=args.replicas)
         with socket.socket() as server:
             server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             server.bind(("127.0.0.1", port))
@@ -85,6 +83,6 @@ def test_chat_web_lean_serves_the_page_from_the_lean_server(monkeypatch):
             assert opened.wait(20), "the page was not opened once the server listened"
         return 0
 
-    monkeypatch.setattr(lean_cli, "run_serve", fake_serve)
-    assert lean_cli.main(["chat", "--web", "--lean", "--port", str(port), "-m", "some-model"]) == 0
-    assert seen == {"lean": True, "web": False, "host": "127.0.0.1", "port": port, "replicas": None}
+    monkeypatch.setattr(cli, "cmd_serve", fake_serve)
+    assert cli.main(["chat", "--web", "--native", "--port", str(port), "-m", "some-model"]) == 0
+    assert seen == {"native": True, "web": False, "host": "127.0.0.1", "port": port, "replicas": None}

@@ -1,0 +1,54 @@
+"""A GGUF model on the native runtime, with its tokenizer and chat template: what runlm.load returns there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runlm import catalog
+from runlm.errors import InvalidInputError, ModelLoadError
+from runlm.formats.gguf import GGUFFile, quantization_of
+from runlm.native.model import KV_TYPES, NativeModel
+from runlm.native.runner import NativeLoaded, NativeRunner
+from runlm.system import release_free_heap, steady_heap
+from runlm.text import ChatTemplate, Tokenizer
+
+# kv_type "auto": float16, as the PyTorch backend picks for quantized weights
+AUTO_KV_TYPE = "f16"
+
+
+def load_native(path: Path, kv_type: str = "auto", max_context: int | None = None, threads: int | None = None,
+                catalog_name: str | None = None) -> NativeLoaded:
+    """The model at `path` (a GGUF file) on the native runtime; NativeRefusal where it cannot run there."""
+    kv = AUTO_KV_TYPE if kv_type == "auto" else kv_type
+    if kv not in KV_TYPES:
+        raise InvalidInputError(f"kv_type must be one of auto, {', '.join(KV_TYPES)}, got {kv_type!r}")
+    if max_context is not None and max_context < 1:
+        raise InvalidInputError(f"max_context must be positive, got {max_context}")
+    steady_heap()  # the forwards' activation buffers stay on the heap between blocks (runlm.system)
+    gguf = GGUFFile(path)
+    model = NativeModel(gguf, kv, threads)
+    if max_context is not None:
+        model.context = min(model.context, max_context)
+    tokenizer = Tokenizer.from_gguf(gguf.metadata)
+    check_vocabulary(tokenizer, model.config.vocab_size, path)
+    template = ChatTemplate.from_gguf(gguf.metadata)
+    fmt = catalog.CATALOG[catalog_name].chat_format if catalog_name else model.spec.chat_format
+    if template is None and fmt is not None:
+        bos, eos = (None if i is None else tokenizer.token_str(i) for i in (tokenizer.bos_id, tokenizer.eos_id))
+        template = ChatTemplate.builtin(fmt, bos, eos)
+    loaded = NativeLoaded(NativeRunner(model), tokenizer, template, Path(path), quantization_of(gguf), model.config,
+                          metadata={k: v for k, v in gguf.metadata.items() if not k.startswith("tokenizer.ggml.")})
+    release_free_heap()  # the tokenizer's build scratch and the header's objects leave the process
+    return loaded
+
+
+def check_vocabulary(tokenizer: Tokenizer, vocab_size: int, path: Path) -> None:
+    """Every id the tokenizer can produce must have an embedding row (a padded embedding may have more)."""
+    if tokenizer.vocab_size > vocab_size:
+        raise ModelLoadError(
+            f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary holds "
+            f"{vocab_size}: ids past {vocab_size - 1} would have no embedding"
+        )
+
+
+__all__ = ["AUTO_KV_TYPE", "check_vocabulary", "load_native"]
