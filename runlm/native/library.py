@@ -1,11 +1,14 @@
-"""runlm's C++ kernels without PyTorch: kernels.cpp compiled with -DRUNLM_STANDALONE into a plain shared library
-(cached per CPU, source and flags under $RUNLM_HOME/lean, ~35 s the first time), called through ctypes on numpy
-arrays. The flags, the variant (RUNLM_GGUF_KERNELS) and the decode walk are the extension's (runlm.quant.build), so
+"""runlm's C++ kernels without PyTorch: kernels.cpp compiled with -DRUNLM_STANDALONE into a plain shared library per
+instruction-set variant when runlm is installed (setup.py), the one this CPU runs chosen here at run time
+(runlm.quant.build.variant), called through ctypes on numpy arrays. Where the install built none (a platform without
+a compiler then, or a source changed since: each library carries its source's key), it is compiled at first use into
+$RUNLM_HOME/lean, ~30 s. The flags, the variant (RUNLM_GGUF_KERNELS) and the decode walk are the extension's (runlm.quant.build), so
 both builds compute the same bits. A transformer block goes to C as one `Block` struct (kernels.cpp's RlBlock)."""
 
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -25,6 +28,7 @@ _PI = ctypes.POINTER(ctypes.c_int64)  # takes an `int64s` array
 _SIGNATURES = {
     "rl_last_error": ([], ctypes.c_char_p),
     "rl_isa": ([], ctypes.c_char_p),
+    "rl_source_key": ([], ctypes.c_char_p),
     "rl_group_rows": ([_i64], _i64),
     "rl_simd": ([], _i64),
     "rl_set_threads": ([ctypes.c_int], ctypes.c_int),
@@ -69,8 +73,22 @@ class KernelError(RunlmError):
 
 
 def _library_path() -> Path:
-    """Where this CPU's build of this source with these flags lives."""
+    """Where this CPU's build of this source with these flags lives when the install built none."""
     return runlm_home() / "lean" / f"runlm_kernels_{build.variant()}_{build.build_key()}.so"
+
+
+def installed_library() -> ctypes.CDLL | None:
+    """The variant's library the install built, where there is one of this source and these flags."""
+    spec = importlib.util.find_spec(f"runlm.native._kernels_{build.variant()}")
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        lib = ctypes.CDLL(spec.origin)
+        lib.rl_source_key.restype = ctypes.c_char_p
+        key = lib.rl_source_key().decode()
+    except (OSError, AttributeError):
+        return None
+    return lib if key == build.source_key(build.variant()) else None
 
 
 def _compile(target: Path) -> None:
@@ -80,7 +98,7 @@ def _compile(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
-        command = [compiler, "-std=c++20", *build.variant_cflags(), "-shared", "-fPIC", "-DRUNLM_STANDALONE",
+        command = [compiler, *build.STANDALONE_FLAGS, *build.variant_cflags(), "-shared", "-fPIC",
                    str(build.SOURCE), "-o", str(built)]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
@@ -96,10 +114,12 @@ def library() -> ctypes.CDLL:
         if _library is None:
             if build.variant() == "off":
                 raise ModelLoadError(f"runlm lean needs runlm's C++ kernels, which {build.ENV_VAR}=0 turns off")
-            path = _library_path()
-            if not path.is_file():
-                _compile(path)
-            lib = ctypes.CDLL(str(path))
+            lib = installed_library()
+            if lib is None:
+                path = _library_path()
+                if not path.is_file():
+                    _compile(path)
+                lib = ctypes.CDLL(str(path))
             for name, (args, result) in _SIGNATURES.items():
                 function = getattr(lib, name)
                 function.argtypes, function.restype = args, result

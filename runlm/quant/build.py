@@ -2,8 +2,8 @@
 (runlm.quant.kernels) and the standalone library of the decode process without torch (runlm.native.library). Importing
 this module does not import torch.
 
-Environment: RUNLM_GGUF_KERNELS=0 disables the kernels; =scalar builds the portable scalar path, =avx2 the AVX2 path
-without AVX-512 (what an AVX2-only CPU runs), instead of the native one. RUNLM_DECODE_WALK=line|burst picks how the
+Environment: RUNLM_GGUF_KERNELS=0 disables the kernels; =scalar picks the portable scalar path, =avx2 the AVX2 path
+without AVX-512 (what an AVX2-only CPU runs), instead of the best this CPU runs (ISA_VARIANTS). RUNLM_DECODE_WALK=line|burst picks how the
 16-row kernels prefetch a decode GEMV's weights instead of the CPU's default (`DECODE_WALKS`).
 """
 
@@ -56,8 +56,23 @@ BLOCK_LAYOUTS: dict[str, tuple[int, int]] = {
 X4 = 256  # added to a type id: the weight is in the interleaved layout (kernels.cpp's X4)
 X4_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 SOURCE = Path(__file__).with_name("kernels.cpp")
-CFLAGS = ["-O3", "-march=native", "-fopenmp"]
-VARIANT_CFLAGS = {"native": [], "scalar": ["-DRUNLM_SCALAR"], "avx2": ["-mno-avx512f", "-mno-avxvnni"]}
+CFLAGS = ["-O3", "-fopenmp"]
+# what makes kernels.cpp the plain shared library of the native runtime (no PyTorch)
+STANDALONE_FLAGS = ["-std=c++20", "-DRUNLM_STANDALONE"]
+# The instruction-set variants of the kernels: one shared library each, all built when runlm is installed, the best
+# this CPU runs chosen at run time (as ggml's GGML_CPU_ALL_VARIANTS). name -> (compiler flags, the /proc/cpuinfo
+# flags a CPU needs for the code those flags let the compiler emit). Best first.
+ISA_VARIANTS: dict[str, tuple[list[str], frozenset[str]]] = {
+    "amx": (["-march=x86-64-v4", "-mavx512vnni", "-mamx-tile", "-mamx-int8"],
+            frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni", "amx_tile",
+                       "amx_int8"})),
+    "avx512": (["-march=x86-64-v4", "-mavx512vnni"],
+               frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"})),
+    "avx2": (["-march=x86-64-v3"], frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe"})),
+    "scalar": (["-DRUNLM_SCALAR"], frozenset()),
+}
+# elsewhere than x86-64 (ARM): the compiler's own choice for this CPU, and the portable scalar path
+OTHER_VARIANTS: dict[str, list[str]] = {"native": ["-march=native"], "scalar": ["-DRUNLM_SCALAR"]}
 ENV_VAR = "RUNLM_GGUF_KERNELS"
 WALK_ENV_VAR = "RUNLM_DECODE_WALK"
 # How the 16-row (AVX-512) kernels prefetch and walk a decode GEMV's weights: (line_ahead bytes, burst_ahead bytes,
@@ -76,17 +91,45 @@ Q8_0_VALUES, Q8_0_BYTES = 32, 34
 log = logging.getLogger("runlm.kernels")
 
 
+def x86_64() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+def variants() -> dict[str, list[str]]:
+    """Every variant of this architecture and its compiler flags (on top of CFLAGS)."""
+    if x86_64():
+        return {name: flags for name, (flags, _) in ISA_VARIANTS.items()}
+    return dict(OTHER_VARIANTS)
+
+
+def best_variant(flags: str | None = None) -> str:
+    """The best variant a CPU with these /proc/cpuinfo `flags` (default: this one's) runs."""
+    if not x86_64():
+        return "native"
+    have = set((cpu_flags() if flags is None else flags).split())
+    return next(name for name, (_, needs) in ISA_VARIANTS.items() if needs <= have)
+
+
 def variant() -> str:
-    """The build RUNLM_GGUF_KERNELS asks for: "native" (default), "scalar", "avx2", or "off"."""
+    """The build RUNLM_GGUF_KERNELS asks for: the best this CPU runs (default, or "native"), a variant by name
+    ("avx2", "scalar", ...: for testing what other CPUs run), or "off"."""
     value = os.environ.get(ENV_VAR, "").strip().lower()
     if value in ("0", "off", "false", "no"):
         return "off"
-    return value if value in VARIANT_CFLAGS else "native"
+    return value if value in variants() else best_variant()
 
 
-def variant_cflags() -> list[str]:
-    """The compiler flags of this process's build (the variant's on top of CFLAGS)."""
-    return CFLAGS + VARIANT_CFLAGS.get(variant(), [])
+def variant_cflags(name: str | None = None) -> list[str]:
+    """The compiler flags of a variant (default: this process's)."""
+    return CFLAGS + variants().get(name or variant(), [])
+
+
+def source_key(name: str) -> str:
+    """What a build of variant `name` is made of (the kernel source and its flags), hashed: a library built at
+    install carries it (rl_source_key), so one built from an older source is never loaded."""
+    key = hashlib.sha1(SOURCE.read_bytes())
+    key.update(" ".join(variant_cflags(name)).encode())
+    return key.hexdigest()[:16]
 
 
 def build_key(*extra: str) -> str:
@@ -112,6 +155,7 @@ def decode_walk_name() -> str:
 
 
 __all__ = [
-    "BLOCK_LAYOUTS", "CFLAGS", "DECODE_WALKS", "ENV_VAR", "KERNEL_TYPES", "Q8_0_BYTES", "Q8_0_VALUES", "QK_K", "SOURCE",
-    "VARIANT_CFLAGS", "WALK_ENV_VAR", "X4", "X4_TYPES", "build_key", "decode_walk_name", "variant", "variant_cflags",
+    "BLOCK_LAYOUTS", "CFLAGS", "STANDALONE_FLAGS", "DECODE_WALKS", "ENV_VAR", "KERNEL_TYPES", "Q8_0_BYTES", "Q8_0_VALUES", "QK_K", "SOURCE",
+    "ISA_VARIANTS", "WALK_ENV_VAR", "X4", "X4_TYPES", "best_variant", "build_key", "decode_walk_name", "source_key",
+    "variant", "variant_cflags", "variants",
 ]

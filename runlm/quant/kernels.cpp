@@ -4311,6 +4311,13 @@ extern "C" {
 
 const char* rl_last_error() { return g_error.c_str(); }
 
+// What this library was built from (runlm.quant.build.source_key), set by the install's build: the loader refuses a
+// library of another source or flags. Empty in a build made at first use (its cache name carries the key instead).
+#ifndef RUNLM_SOURCE_KEY
+#define RUNLM_SOURCE_KEY ""
+#endif
+const char* rl_source_key() { return RUNLM_SOURCE_KEY; }
+
 const char* rl_isa() {
   static const std::string isa = gguf_isa();
   return isa.c_str();

@@ -28,8 +28,8 @@ With many activation rows (prefill) GGUFLinear switches to dequantize + float32 
 16-row groups never do).
 
 Environment: RUNLM_GGUF_KERNELS=0 disables the kernels; RUNLM_GGUF_KERNELS=scalar builds the portable scalar
-path, RUNLM_GGUF_KERNELS=avx2 the AVX2 path without AVX-512 (what an AVX2-only CPU runs), instead of the native
-one (for testing them; one variant per process, since all register `runlm::`). RUNLM_DECODE_WALK=line|burst picks
+path, RUNLM_GGUF_KERNELS=avx2 the AVX2 path without AVX-512 (what an AVX2-only CPU runs), instead of the best this
+CPU runs (for testing them; one variant per process, since all register `runlm::`). RUNLM_DECODE_WALK=line|burst picks
 how the 16-row kernels prefetch a decode GEMV's weights instead of the CPU's default (`DECODE_WALKS`).
 """
 
@@ -279,7 +279,7 @@ def amx_absence() -> str:
         return "not on this CPU (the vector kernels run prefill)"
     if os.environ.get("RUNLM_AMX", "").strip() == "0":
         return "on this CPU, off by RUNLM_AMX=0"
-    if build.variant() != "native":
+    if build.variant() != "amx":
         return f"on this CPU, not in the {build.variant()} build"
     return "on this CPU, but the kernel did not grant the process the tile state"
 

@@ -1,0 +1,44 @@
+"""The kernels' shared libraries, compiled when runlm is installed: kernels.cpp as the native runtime's plain C
+library, once per instruction-set variant (runlm.quant.build.variants; the one the CPU runs is chosen at run time).
+Everything else about the package is in pyproject.toml."""
+
+import os
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from runlm.quant import build  # noqa: E402  (build.py reads only the standard library)
+
+
+class BuildKernels(build_ext):
+    """Builds the variants two at a time, and leaves out one this compiler cannot build (an old compiler without
+    AMX, say): that variant is then compiled at first use on a CPU that needs it, if ever."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if self.parallel is None:
+            self.parallel = min(4, os.cpu_count() or 1)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # noqa: BLE001  a compiler error of one variant
+            print(f"runlm: not building {ext.name} ({exc}); it is compiled at first use where needed",
+                  file=sys.stderr)
+
+
+def kernels(name: str) -> Extension:
+    source = os.path.relpath(build.SOURCE, os.path.dirname(os.path.abspath(__file__)))
+    return Extension(
+        f"runlm.native._kernels_{name}",
+        sources=[source],
+        language="c++",
+        extra_compile_args=[*build.STANDALONE_FLAGS, *build.variant_cflags(name), "-g0",
+                            f'-DRUNLM_SOURCE_KEY="{build.source_key(name)}"'],
+        extra_link_args=["-fopenmp"],
+    )
+
+
+setup(ext_modules=[kernels(name) for name in build.variants()], cmdclass={"build_ext": BuildKernels})
