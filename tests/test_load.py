@@ -13,8 +13,8 @@ import pytest
 import torch
 from reference.tiny import build_gemma3, build_llama
 
-from runlm import load
 from runlm.errors import InvalidInputError, ModelLoadError, UnsupportedArchitectureError
+from runlm.loading import load
 from runlm.quant import kernels
 
 
@@ -114,7 +114,7 @@ def test_bad_runner_inputs(tiny_llama, fmt):
     with pytest.raises(InvalidInputError, match="n_new"):
         runner.generate([1, 2], -1)
     with pytest.raises(InvalidInputError, match="prefill"):
-        type(runner)(runner.model).decode_logits(1)
+        type(runner)(runner.model, runner.family()).decode_logits(1)
     runner.prefill_logits([1, 2])
     with pytest.raises(InvalidInputError, match="outside the vocabulary"):
         runner.decode_logits(10**6)
@@ -203,7 +203,7 @@ def test_q8_0_kv_cache_is_refused_where_the_fused_kernels_do_not_run(tiny_llama,
         with pytest.raises(InvalidInputError, match=f"kv_type 'q8_0' cannot be used here: {reason}"):
             load(path, kv_type="q8_0", **options)
     code = f"""
-from runlm import load
+from runlm.loading import load
 from runlm.errors import InvalidInputError
 try:
     load({str(tmp_path / "model-q8_0.gguf")!r}, kv_type="q8_0")
@@ -220,7 +220,7 @@ except InvalidInputError as exc:
 
 PEAK_GROWTH_WHILE_LOADING = """
 import sys, torch
-from runlm import load
+from runlm.loading import load
 from runlm.formats.gguf import GGUFFile
 from runlm.quant import kernels
 from runlm.text import Tokenizer

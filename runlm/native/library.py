@@ -2,8 +2,9 @@
 instruction-set variant when runlm is installed (setup.py), the one this CPU runs chosen here at run time
 (runlm.quant.build.variant), called through ctypes on numpy arrays. Where the install built none (a platform without
 a compiler then, or a source changed since: each library carries its source's key), it is compiled at first use into
-$RUNLM_HOME/lean, ~30 s. The flags, the variant (RUNLM_GGUF_KERNELS) and the decode walk are the extension's (runlm.quant.build), so
-both builds compute the same bits. A transformer block goes to C as one `Block` struct (kernels.cpp's RlBlock)."""
+$RUNLM_HOME/lean, ~30 s. The flags, the variant (RUNLM_GGUF_KERNELS) and the decode walk are the PyTorch extension's
+(runlm.quant.build), so both builds compute the same bits. A transformer block goes to C as one `Block` struct
+(kernels.cpp's RlBlock)."""
 
 from __future__ import annotations
 

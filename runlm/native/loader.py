@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from runlm import catalog
 from runlm.errors import InvalidInputError, ModelLoadError
 from runlm.formats.gguf import GGUFFile, quantization_of
-from runlm.native.model import KV_TYPES, NativeModel
+from runlm.native.model import KV_TYPES, NativeModel, model_config
 from runlm.native.runner import NativeLoaded, NativeRunner
 from runlm.system import release_free_heap, steady_heap
 from runlm.text import ChatTemplate, Tokenizer
@@ -25,12 +26,15 @@ def load_native(path: Path, kv_type: str = "auto", max_context: int | None = Non
     if max_context is not None and max_context < 1:
         raise InvalidInputError(f"max_context must be positive, got {max_context}")
     steady_heap()  # the forwards' activation buffers stay on the heap between blocks (runlm.system)
+    forget_converted_copies()
     gguf = GGUFFile(path)
-    model = NativeModel(gguf, kv, threads)
+    spec, config = model_config(gguf)
+    tokenizer = Tokenizer.from_gguf(gguf.metadata)  # before the weights: a vocabulary that does not fit fails first
+    check_vocabulary(tokenizer, config.vocab_size, path)
+    release_free_heap()  # the tokenizer's build scratch, before the weights come on top of it
+    model = NativeModel(gguf, kv, threads, (spec, config))
     if max_context is not None:
         model.context = min(model.context, max_context)
-    tokenizer = Tokenizer.from_gguf(gguf.metadata)
-    check_vocabulary(tokenizer, model.config.vocab_size, path)
     template = ChatTemplate.from_gguf(gguf.metadata)
     fmt = catalog.CATALOG[catalog_name].chat_format if catalog_name else model.spec.chat_format
     if template is None and fmt is not None:
@@ -38,8 +42,16 @@ def load_native(path: Path, kv_type: str = "auto", max_context: int | None = Non
         template = ChatTemplate.builtin(fmt, bos, eos)
     loaded = NativeLoaded(NativeRunner(model), tokenizer, template, Path(path), quantization_of(gguf), model.config,
                           metadata={k: v for k, v in gguf.metadata.items() if not k.startswith("tokenizer.ggml.")})
-    release_free_heap()  # the tokenizer's build scratch and the header's objects leave the process
+    release_free_heap()  # what the build freed (the header's objects, the layout scratch) leaves the process
     return loaded
+
+
+def forget_converted_copies() -> None:
+    """Remove the converted copies of models ("lean images", about a GGUF's size each) that earlier versions of runlm
+    kept under $RUNLM_HOME/lean/images: nothing reads them any more."""
+    images = catalog.runlm_home() / "lean" / "images"
+    if images.is_dir():
+        shutil.rmtree(images, ignore_errors=True)
 
 
 def check_vocabulary(tokenizer: Tokenizer, vocab_size: int, path: Path) -> None:
@@ -51,4 +63,4 @@ def check_vocabulary(tokenizer: Tokenizer, vocab_size: int, path: Path) -> None:
         )
 
 
-__all__ = ["AUTO_KV_TYPE", "check_vocabulary", "load_native"]
+__all__ = ["AUTO_KV_TYPE", "check_vocabulary", "forget_converted_copies", "load_native"]

@@ -50,6 +50,12 @@ class BlockShape:
     ring: bool  # its cache is a ring of the window
 
 
+def model_config(gguf: GGUFFile) -> tuple[FamilySpec, ModelConfig]:
+    """A GGUF model's family spec and its numbers, checked (nothing of its tensors read yet)."""
+    spec = for_gguf(gguf.architecture, gguf.path)
+    return spec, check_config(spec.config_from_gguf(gguf), str(gguf.path), "gguf", gguf.architecture)
+
+
 def refusal(spec: FamilySpec, config: ModelConfig, path: Path) -> str | None:
     """Why a model cannot run on the native runtime, from its spec and numbers alone (None: nothing yet; its tensor
     types are checked as they are read)."""
@@ -65,15 +71,16 @@ def refusal(spec: FamilySpec, config: ModelConfig, path: Path) -> str | None:
 class NativeModel:
     """A GGUF model on the native runtime: forward passes over sessions, logits out (float32 numpy)."""
 
-    def __init__(self, gguf: GGUFFile, kv_type: str = "f16", threads: int | None = None):
+    def __init__(self, gguf: GGUFFile, kv_type: str = "f16", threads: int | None = None,
+                 described: tuple[FamilySpec, ModelConfig] | None = None):
+        """`described`: the file's model_config, where the caller has read it already."""
         if kv_type not in KV_TYPES:
             raise InvalidInputError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
         if build.variant() == "off":
             raise NativeRefusal(f"the native runtime needs runlm's C++ kernels, which {build.ENV_VAR}=0 turns off")
         self.path = gguf.path
-        self.spec = for_gguf(gguf.architecture, gguf.path)
-        self.config = config = check_config(self.spec.config_from_gguf(gguf), str(gguf.path), "gguf",
-                                            gguf.architecture)
+        self.spec, self.config = described or model_config(gguf)
+        config = self.config
         if (why := refusal(self.spec, config, gguf.path)) is not None:
             raise NativeRefusal(f"{gguf.path}: cannot run on the native runtime: {why}")
         lib = library.library()

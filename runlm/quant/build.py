@@ -3,8 +3,9 @@
 this module does not import torch.
 
 Environment: RUNLM_GGUF_KERNELS=0 disables the kernels; =scalar picks the portable scalar path, =avx2 the AVX2 path
-without AVX-512 (what an AVX2-only CPU runs), instead of the best this CPU runs (ISA_VARIANTS). RUNLM_DECODE_WALK=line|burst picks how the
-16-row kernels prefetch a decode GEMV's weights instead of the CPU's default (`DECODE_WALKS`).
+without AVX-512 (what an AVX2-only CPU runs), instead of the best this CPU runs (ISA_VARIANTS).
+RUNLM_DECODE_WALK=line|burst picks how the 16-row kernels prefetch a decode GEMV's weights instead of the CPU's
+default (`DECODE_WALKS`).
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ def decode_walk_name() -> str:
 
 
 __all__ = [
-    "BLOCK_LAYOUTS", "CFLAGS", "STANDALONE_FLAGS", "DECODE_WALKS", "ENV_VAR", "KERNEL_TYPES", "Q8_0_BYTES", "Q8_0_VALUES", "QK_K", "SOURCE",
-    "ISA_VARIANTS", "WALK_ENV_VAR", "X4", "X4_TYPES", "best_variant", "build_key", "decode_walk_name", "source_key",
-    "variant", "variant_cflags", "variants",
+    "BLOCK_LAYOUTS", "CFLAGS", "DECODE_WALKS", "ENV_VAR", "ISA_VARIANTS", "KERNEL_TYPES", "Q8_0_BYTES", "Q8_0_VALUES",
+    "QK_K", "SOURCE", "STANDALONE_FLAGS", "WALK_ENV_VAR", "X4", "X4_TYPES", "best_variant", "build_key",
+    "decode_walk_name", "source_key", "variant", "variant_cflags", "variants",
 ]

@@ -23,20 +23,28 @@ def request(smollm2, text: str, max_tokens: int = MAX_TOKENS) -> GenerationReque
                              sampling=SamplingParams(temperature=0.0), ignore_eos=True)
 
 
+def cache_arrays(session) -> list:
+    """A session's key and value caches (the native runtime's numpy arrays; the PyTorch backend's layer tensors)."""
+    state = session.state
+    if hasattr(state, "keys"):
+        return state.keys + state.values
+    return [t.numpy() for layer in state for t in (layer.k, layer.v)]
+
+
 def cache_bytes(session) -> int:
-    return sum(t.numel() * t.element_size() for layer in session.state for t in (layer.k, layer.v))
+    return sum(a.nbytes for a in cache_arrays(session))
 
 
 def test_a_session_is_sized_once_and_holds_what_kv_bytes_says(smollm2):
     engine = Engine(smollm2.runner, smollm2.tokenizer, context_length=smollm2.context_length, prompt_cache_mb=0)
     gen = engine.new_generation(request(smollm2, "The capital of France is"))
     engine.start(gen)
-    buffers = [layer.k.data_ptr() for layer in gen.session.state]
+    buffers = [a.ctypes.data for a in cache_arrays(gen.session)]
     assert cache_bytes(gen.session) == engine.kv_bytes(gen)
     while not gen.finished:
         engine.step([gen])
     assert len(gen.generated) == MAX_TOKENS
-    assert [layer.k.data_ptr() for layer in gen.session.state] == buffers  # never grown, never copied
+    assert [a.ctypes.data for a in cache_arrays(gen.session)] == buffers  # never grown, never copied
 
 
 def test_requests_wait_for_the_budget_and_one_past_it_is_refused(smollm2):

@@ -11,8 +11,8 @@ import pytest
 import torch
 from reference.tiny import GEMMA_WINDOW, build_gemma3, build_llama, build_qwen3
 
-from runlm import load
 from runlm.errors import InvalidInputError
+from runlm.loading import load
 from runlm.runner import LmRunner
 
 BUILDERS = {"llama32": build_llama, "qwen3": build_qwen3, "gemma": build_gemma3}

@@ -14,9 +14,9 @@ import pytest
 import torch
 from reference.tiny import QUANTIZED_COPIES, build_gemma3, build_llama, build_qwen3
 
-from runlm import load
 from runlm.bench import english_text
 from runlm.bench_worker import nll_of
+from runlm.loading import load
 from runlm.quant import kernels
 from runlm.runner import LmRunner
 
@@ -116,3 +116,22 @@ def test_q8_0_kv_cache_logits_close_to_f16(fixture, request):
     agreement = (logits["q8_0"].argmax(-1) == logits["f16"].argmax(-1)).float().mean().item()
     max_delta, min_agreement = Q8_0_BOUNDS[fixture]
     assert delta <= max_delta and agreement >= min_agreement, (delta, agreement)
+
+
+@pytest.mark.parametrize("quant", QUANTIZED_COPIES)
+def test_the_native_runtime_gives_the_backends_logits(tiny_dir, quant):
+    """runlm.load's default for these files, the native runtime, built from the same family spec: the packed
+    backend's logits at every position and after decode steps (its float head: within float rounding)."""
+    import numpy as np
+
+    from runlm import load as load_default
+
+    path = tiny_dir / f"model-{quant.lower()}.gguf"
+    native, backend = load_default(path), load(path)
+    assert (native.runtime, backend.runtime) == ("native", "torch")
+    prompt = ids(20, seed=5)
+    got = [native.runner.extend(session := native.runner.new_session(40), prompt, all_positions=True)]
+    got += [native.runner.decode(session, t)[None] for t in (5, 6)]
+    want = [backend.runner.extend(session := backend.runner.new_session(40), prompt, all_positions=True).numpy()]
+    want += [backend.runner.decode(session, t)[None].numpy() for t in (5, 6)]
+    np.testing.assert_allclose(np.concatenate(got), np.concatenate(want), rtol=1e-5, atol=1e-5)

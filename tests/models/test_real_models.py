@@ -12,7 +12,7 @@ import pytest
 import torch
 from reference.hf_gguf import hf_causal_lm
 
-from runlm import load
+from runlm.loading import load
 
 LOGIT_TOL = 2e-3  # max abs diff of f32 logits (magnitudes ~20-40): float summation order only
 AGREEMENT = 0.98  # teacher-forced argmax agreement

@@ -14,8 +14,8 @@ import pytest
 import torch
 from reference.tiny import GEMMA_WINDOW, QUANTIZED_COPIES, build_gemma3, build_llama, build_qwen3
 
-from runlm import load
 from runlm.bench import route_logits
+from runlm.loading import load
 from runlm.quant import kernels
 
 BUILDERS = {"llama32": build_llama, "qwen3": build_qwen3, "gemma": build_gemma3}

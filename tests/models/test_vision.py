@@ -15,9 +15,9 @@ import pytest
 import torch
 from reference.tiny_vision import IMAGE_SIZE, MM_TOKENS, WINDOW, _write_mmproj, build_gemma3_vision
 
-from runlm import load
 from runlm.cli import main
 from runlm.errors import InvalidInputError, UnsupportedOperationError
+from runlm.loading import load
 from runlm.models.vision import multimodal_ids, preprocess, vision_from_mmproj
 from runlm.quant import kernels
 from runlm.runner import ImageInput

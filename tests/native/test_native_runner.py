@@ -115,3 +115,18 @@ def test_hidden_states_are_the_pytorch_backends(smollm2_gguf, smol):
     np.testing.assert_array_equal(smol.hidden_states(ids), want)
     with pytest.raises(InvalidInputError):
         smol.hidden_states([])
+
+
+def test_a_load_writes_nothing_and_removes_older_converted_copies(smollm2_gguf, tmp_path, monkeypatch):
+    """The native runtime keeps no copy of a model: a load leaves runlm's home as it was, less the converted copies
+    ("lean images") that older versions left there."""
+    from runlm import load
+
+    monkeypatch.setenv("RUNLM_HOME", str(tmp_path))
+    old = tmp_path / "lean" / "images" / "SmolLM2-0123abcd-0123456789ab.lean"
+    old.parent.mkdir(parents=True)
+    old.write_bytes(b"RUNLM-LEAN\x00\x01" + bytes(64))
+    loaded = load(smollm2_gguf)
+    assert loaded.runtime == "native" and loaded.runner.predict_logits([1, 2, 3]).shape == (loaded.runner.vocab_size(),)
+    assert not old.parent.exists()
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["lean"]
