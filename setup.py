@@ -34,6 +34,7 @@ def kernels(name: str) -> Extension:
     return Extension(
         f"runlm.native._kernels_{name}",
         sources=[source],
+        depends=[os.path.relpath(part, os.path.dirname(os.path.abspath(__file__))) for part in build.SOURCES],
         language="c++",
         extra_compile_args=[*build.STANDALONE_FLAGS, *build.variant_cflags(name), "-g0",
                             f'-DRUNLM_SOURCE_KEY="{build.source_key(name)}"'],

@@ -26,27 +26,29 @@ def table_block(inv_freq: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarra
 
 def inv_freq(head_dim: int, theta: float, scaling: dict | None = None,
              freq_factors: np.ndarray | None = None) -> np.ndarray:
-    """Inverse frequencies [head_dim / 2] float32 (computed in float64), with linear or llama3 scaling (the kinds
-    runlm.families.config.ROPE_SCALINGS lets through). `freq_factors` is GGUF's `rope_freqs` tensor: llama.cpp
-    stores llama3 scaling as per-dimension divisors instead of config values."""
-    base = 1.0 / float(theta) ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    """Inverse frequencies [head_dim / 2] float32, with linear or llama3 scaling (the kinds
+    runlm.families.config.ROPE_SCALINGS lets through). Computed in float32 step by step as transformers computes
+    them (`1 / theta ** (arange(0, D, 2) / D)`), so the tables stay within an ulp of its. `freq_factors` is GGUF's
+    `rope_freqs` tensor: llama.cpp stores llama3 scaling as per-dimension divisors instead of config values."""
+    f32 = np.float32
+    base = f32(1.0) / (f32(theta) ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(f32) / f32(head_dim)))
     if freq_factors is not None:
-        return (base / np.asarray(freq_factors, dtype=np.float64)).astype(np.float32)
+        return base / np.asarray(freq_factors, dtype=f32)
     scaling = scaling or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind in ("default", None):
-        return base.astype(np.float32)
+        return base
     if kind == "linear":
-        return (base / float(scaling["factor"])).astype(np.float32)
+        return base / f32(scaling["factor"])
     if kind == "llama3":
-        factor, low, high = (float(scaling[k]) for k in ("factor", "low_freq_factor", "high_freq_factor"))
-        old_ctx = float(scaling["original_max_position_embeddings"])
-        wavelen = 2 * math.pi / base
+        factor, low, high = (f32(scaling[k]) for k in ("factor", "low_freq_factor", "high_freq_factor"))
+        old_ctx = f32(scaling["original_max_position_embeddings"])
+        wavelen = f32(2 * math.pi) / base
         scaled = np.where(wavelen > old_ctx / low, base / factor, base)
         smooth = (old_ctx / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        smoothed = (f32(1) - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
-        return np.where(medium, smoothed, scaled).astype(np.float32)
+        return np.where(medium, smoothed, scaled).astype(f32)
     raise NotImplementedError(f"rope scaling type {kind!r} is not supported")
 
 

@@ -56,21 +56,25 @@ BLOCK_LAYOUTS: dict[str, tuple[int, int]] = {
 # Groups are 4 rows, except in an AVX-512 build: 16 rows, for the 512-bit kernels (`group_rows`).
 X4 = 256  # added to a type id: the weight is in the interleaved layout (kernels.cpp's X4)
 X4_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
-SOURCE = Path(__file__).with_name("kernels.cpp")
+# The kernels' one translation unit, and every file of it (its parts, split by concern, in runlm/native/csrc)
+SOURCE = Path(__file__).resolve().parents[1] / "native" / "csrc" / "kernels.cpp"
+SOURCES = sorted(SOURCE.parent.glob("*.[ch]*"))
 CFLAGS = ["-O3", "-fopenmp"]
 # what makes kernels.cpp the plain shared library of the native runtime (no PyTorch)
 STANDALONE_FLAGS = ["-std=c++20", "-DRUNLM_STANDALONE"]
 # The instruction-set variants of the kernels: one shared library each, all built when runlm is installed, the best
 # this CPU runs chosen at run time (as ggml's GGML_CPU_ALL_VARIANTS). name -> (compiler flags, the /proc/cpuinfo
-# flags a CPU needs for the code those flags let the compiler emit). Best first.
+# flags a CPU needs for the code those flags let the compiler emit). Best first. Each is tuned for the machine that
+# builds it (-mtune only schedules: any CPU with the variant's instructions runs it); the tuning also decides some
+# floating-point contractions, so both builds on a machine (this library and the PyTorch extension) share it.
 ISA_VARIANTS: dict[str, tuple[list[str], frozenset[str]]] = {
-    "amx": (["-march=x86-64-v4", "-mavx512vnni", "-mamx-tile", "-mamx-int8"],
+    "amx": (["-march=x86-64-v4", "-mavx512vnni", "-mamx-tile", "-mamx-int8", "-mtune=native"],
             frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni", "amx_tile",
                        "amx_int8"})),
-    "avx512": (["-march=x86-64-v4", "-mavx512vnni"],
+    "avx512": (["-march=x86-64-v4", "-mavx512vnni", "-mtune=native"],
                frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"})),
-    "avx2": (["-march=x86-64-v3"], frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe"})),
-    "scalar": (["-DRUNLM_SCALAR"], frozenset()),
+    "avx2": (["-march=x86-64-v3", "-mtune=native"], frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe"})),
+    "scalar": (["-DRUNLM_SCALAR", "-mtune=native"], frozenset()),
 }
 # elsewhere than x86-64 (ARM): the compiler's own choice for this CPU, and the portable scalar path
 OTHER_VARIANTS: dict[str, list[str]] = {"native": ["-march=native"], "scalar": ["-DRUNLM_SCALAR"]}
@@ -128,7 +132,9 @@ def variant_cflags(name: str | None = None) -> list[str]:
 def source_key(name: str) -> str:
     """What a build of variant `name` is made of (the kernel source and its flags), hashed: a library built at
     install carries it (rl_source_key), so one built from an older source is never loaded."""
-    key = hashlib.sha1(SOURCE.read_bytes())
+    key = hashlib.sha1()
+    for source in SOURCES:
+        key.update(source.read_bytes())
     key.update(" ".join(variant_cflags(name)).encode())
     return key.hexdigest()[:16]
 
@@ -139,7 +145,8 @@ def build_key(*extra: str) -> str:
     checkouts or versions of runlm on one machine then keep builds of their own, instead of rebuilding over (and
     loading) each other's in one directory."""
     key = hashlib.sha1(f"{platform.machine()}|{platform.processor()}|{cpu_flags()}|{variant_cflags()}|{extra}".encode())
-    key.update(SOURCE.read_bytes())
+    for source in SOURCES:
+        key.update(source.read_bytes())
     return key.hexdigest()[:12]
 
 
@@ -157,6 +164,6 @@ def decode_walk_name() -> str:
 
 __all__ = [
     "BLOCK_LAYOUTS", "CFLAGS", "DECODE_WALKS", "ENV_VAR", "ISA_VARIANTS", "KERNEL_TYPES", "Q8_0_BYTES", "Q8_0_VALUES",
-    "QK_K", "SOURCE", "STANDALONE_FLAGS", "WALK_ENV_VAR", "X4", "X4_TYPES", "best_variant", "build_key",
+    "QK_K", "SOURCE", "SOURCES", "STANDALONE_FLAGS", "WALK_ENV_VAR", "X4", "X4_TYPES", "best_variant", "build_key",
     "decode_walk_name", "source_key", "variant", "variant_cflags", "variants",
 ]

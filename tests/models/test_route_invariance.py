@@ -23,9 +23,9 @@ BUILDERS = {"llama32": build_llama, "qwen3": build_qwen3, "gemma": build_gemma3}
 
 def assert_identical(got: dict) -> None:
     for name in ("stepped", "chunked", "batched"):
-        assert torch.equal(got[name], got["whole"]), name
+        assert np.array_equal(got[name], got["whole"]), name
     assert got["reused"] == len(got["whole"])  # the prompt cache really reused the whole snapshot
-    assert torch.equal(got["reuse"], got["fresh"])
+    assert np.array_equal(got["reuse"], got["fresh"])
 
 
 @pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")

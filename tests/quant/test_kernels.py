@@ -1,4 +1,4 @@
-"""runlm's GGUF block kernels (runlm/quant/kernels.cpp via runlm.quant.kernels) against float references.
+"""runlm's GGUF block kernels (runlm/native/csrc via runlm.quant.kernels) against float references.
 
 Tolerances (relative Frobenius error of the output [M, N]):
 * EXACT_TOL = 2e-6 against x_q @ dequantize(W).T in float64, where x_q is the activation quantized to 8 bits the

@@ -1,0 +1,225 @@
+// runlm kernels: the C interface (standalone build) and the PyTorch ops.
+// A part of kernels.cpp's one translation unit, included in order.
+#ifdef RUNLM_STANDALONE
+// ------------------------------------------------------------------------------------------------------------
+// C interface of the standalone build (runlm.native.library calls it through ctypes). Pointers are the caller's, valid for the
+// call (a stack's weights: for the stack's life). Each function returns 0, or -1 with rl_last_error() saying why.
+
+// One weight as the kernels read it: GGUF blocks (type id, + X4 for the interleaved layout) of `rows` rows.
+struct RlWeight {
+  const uint8_t* data;
+  int64_t type;
+  int64_t rows;
+};
+
+// One transformer block, whole: what rl_stack_add_block takes (runlm.native.library.Block mirrors it field by field).
+// Norms in the order they apply: two (pre-norm: before attention, before the MLP) or four (sandwich: before and
+// after each). q/k/v and gate/up may come in parts of different types, stacked along the output dimension.
+struct RlBlock {
+  const float* norms[4];
+  int64_t n_norms;
+  int64_t hidden;
+  double eps;
+  const float* q_norm;  // per-head RMSNorm weights, or null
+  const float* k_norm;
+  RlWeight qkv[3];
+  int64_t n_qkv;
+  RlWeight o;
+  RlWeight gate_up[2];
+  int64_t n_gate_up;
+  RlWeight down;
+  int64_t gelu;  // the MLP's activation: GELU (tanh) when set, else SiLU
+  int64_t rope;  // which RoPE table the block rotates with
+  int64_t window;  // sliding-window length, 0 for full attention
+  int64_t n_heads;
+  int64_t n_kv_heads;
+  double scale;  // attention's query scale
+};
+
+namespace {
+thread_local std::string g_error;
+
+template <class F>
+int guarded(F&& f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    g_error = e.what();
+    return -1;
+  }
+}
+
+std::vector<Weight> weight_parts(const RlWeight* parts, int64_t n) {
+  std::vector<Weight> out;
+  for (int64_t i = 0; i < n; ++i) {
+    TypeInfo info{};
+    RUNLM_CHECK(type_info(parts[i].type, &info), "unsupported GGML type id ", parts[i].type);
+    RUNLM_CHECK(parts[i].data != nullptr && parts[i].rows > 0, "a weight part has no data or no rows");
+    out.push_back(Weight{parts[i].data, parts[i].type, parts[i].rows});
+  }
+  return out;
+}
+}  // namespace
+
+extern "C" {
+
+const char* rl_last_error() { return g_error.c_str(); }
+
+// What this library was built from (runlm.quant.build.source_key), set by the install's build: the loader refuses a
+// library of another source or flags. Empty in a build made at first use (its cache name carries the key instead).
+#ifndef RUNLM_SOURCE_KEY
+#define RUNLM_SOURCE_KEY ""
+#endif
+const char* rl_source_key() { return RUNLM_SOURCE_KEY; }
+
+const char* rl_isa() {
+  static const std::string isa = gguf_isa();
+  return isa.c_str();
+}
+
+int64_t rl_group_rows(int64_t type) { return group_rows(type); }
+
+int64_t rl_simd() { return gguf_simd(); }
+
+int rl_set_threads(int threads) {
+  return guarded([&] {
+    RUNLM_CHECK(threads > 0, "threads must be positive, got ", threads);
+    omp_set_num_threads(threads);
+  });
+}
+
+int rl_set_decode_walk(int64_t line_ahead, int64_t burst_ahead, int64_t kquant_streams, int64_t wide32_streams) {
+  return guarded([&] { gguf_set_decode_walk(line_ahead, burst_ahead, kquant_streams, wide32_streams); });
+}
+
+int rl_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t type, int64_t N, float* y) {
+  return guarded([&] {
+    TypeInfo info{};
+    RUNLM_CHECK(type_info(type, &info) && K % info.qk == 0, "unsupported GGML type id ", type, " or width ", K);
+    linear_rows(x, M, K, Weight{w, type, N}, y);
+  });
+}
+
+int rl_dequantize_rows(const uint8_t* w, int64_t type, int64_t N, int64_t K, const int64_t* ids, int64_t n,
+                       float* out) {
+  return guarded([&] {
+    for (int64_t i = 0; i < n; ++i) RUNLM_CHECK(ids[i] >= 0 && ids[i] < N, "row ", ids[i], " is out of range for ", N);
+    RUNLM_DISPATCH(type, dequant_picked, w, K, ids, n, out)
+  });
+}
+
+int rl_rms_norm(const float* x, int64_t rows, int64_t n, const float* w, double eps, float* out) {
+  return guarded([&] { rms_norm_rows(x, rows, n, w, eps, out); });
+}
+
+int rl_relayout(const uint8_t* src, int64_t type, int64_t N, int64_t K, uint8_t* dst) {
+  return guarded([&] {
+    const int64_t base = type >= X4 ? type - X4 : type;
+    RUNLM_CHECK(group_rows(base) > 0 && N % group_rows(base) == 0, "no interleaved layout of ", N, " rows for type ",
+                base);
+    relayout_bytes(src, type, N, K, dst);
+  });
+}
+
+struct RlStack {
+  std::vector<BlockWeights> blocks;
+  std::vector<int64_t> ropes;
+};
+
+void* rl_stack_new() { return new RlStack(); }
+
+void rl_stack_free(void* stack) { delete static_cast<RlStack*>(stack); }
+
+int rl_stack_add_block(void* stack, const RlBlock* block) {
+  return guarded([&] {
+    const RlBlock& in = *block;
+    RUNLM_CHECK(in.n_norms == 2 || in.n_norms == 4, "two (pre-norm) or four (sandwich) norms expected");
+    RUNLM_CHECK(in.n_qkv >= 1 && in.n_qkv <= 3 && in.n_gate_up >= 1 && in.n_gate_up <= 2,
+                "one to three q/k/v parts and one or two gate/up parts expected");
+    RUNLM_CHECK(in.n_kv_heads > 0 && in.n_heads % in.n_kv_heads == 0, "heads must group evenly");
+    BlockWeights b;
+    b.norms.assign(in.norms, in.norms + in.n_norms);
+    b.hidden = in.hidden, b.eps = in.eps, b.q_norm = in.q_norm, b.k_norm = in.k_norm, b.scale = in.scale;
+    b.qkv = weight_parts(in.qkv, in.n_qkv);
+    RUNLM_CHECK(in.o.rows == in.hidden && in.down.rows == in.hidden, "o and down must give hidden rows");
+    b.o = weight_parts(&in.o, 1)[0];
+    b.gate_up = weight_parts(in.gate_up, in.n_gate_up);
+    b.down = weight_parts(&in.down, 1)[0];
+    b.gelu = in.gelu != 0, b.window = in.window, b.n_heads = in.n_heads, b.n_kv_heads = in.n_kv_heads;
+    int64_t qkv_width = 0;
+    for (const Weight& w : b.qkv) qkv_width += w.rows;
+    b.head_dim = qkv_width / (in.n_heads + 2 * in.n_kv_heads);
+    RUNLM_CHECK(b.head_dim > 0 && qkv_width == (in.n_heads + 2 * in.n_kv_heads) * b.head_dim,
+                "qkv projection width does not match the heads");
+    static_cast<RlStack*>(stack)->blocks.push_back(std::move(b));
+    static_cast<RlStack*>(stack)->ropes.push_back(in.rope);
+  });
+}
+
+// h [R, hidden] through every block, in place. cos / sin [R, D] per RoPE; k / v caches block-major (block b's caches
+// of the n_seqs sequences at b * n_seqs ...), capacities per sequence and rings per block.
+int rl_stack_run(void* stack, float* h, int64_t R, const float* const* cos, const float* const* sin, int64_t n_ropes,
+                 int64_t D, void* const* k_caches, void* const* v_caches, const int64_t* caps, const int64_t* rings,
+                 int64_t n_seqs, int64_t kv_type, const int64_t* row_seq, const int64_t* row_pos) {
+  return guarded([&] {
+    const RlStack& s = *static_cast<RlStack*>(stack);
+    RUNLM_CHECK(D % 8 == 0 && (kv_type != kKvQ8 || D % kQ8Values == 0), "bad head dim ", D, " for cache type ",
+                kv_type);
+    const std::vector<int64_t> rseq(row_seq, row_seq + R), rpos(row_pos, row_pos + R);
+    for (size_t b = 0; b < s.blocks.size(); ++b) {
+      RUNLM_CHECK(s.ropes[b] >= 0 && s.ropes[b] < n_ropes, "block ", b, " has no RoPE table");
+      RUNLM_CHECK(s.blocks[b].head_dim == D, "block ", b, " has heads of ", s.blocks[b].head_dim, " values, not ", D);
+      const std::vector<void*> ks(k_caches + b * n_seqs, k_caches + (b + 1) * n_seqs);
+      const std::vector<void*> vs(v_caches + b * n_seqs, v_caches + (b + 1) * n_seqs);
+      const std::vector<int64_t> cs(caps + b * n_seqs, caps + (b + 1) * n_seqs);
+      const bool ring = rings[b] != 0;
+      const std::vector<SeqRows> seqs = seq_rows("rl_stack_run", rseq, rpos, ks, vs, cs, s.blocks[b].window, ring);
+      block_rows(s.blocks[b], h, R, cos[s.ropes[b]], sin[s.ropes[b]], D, seqs, kv_type, ring, rseq, rpos);
+    }
+  });
+}
+
+}  // extern "C"
+#else
+
+TORCH_LIBRARY(runlm, m) {
+  m.class_<BlockStack>("BlockStack")
+      .def(torch::init<>())
+      .def("add_block", &BlockStack::add_block)
+      .def("run", &BlockStack::run);
+  m.def("gguf_linear(Tensor x, Tensor w, int type, int out_features, int in_features) -> Tensor");
+  m.def("gguf_dequantize(Tensor w, int type, int out_features, int in_features) -> Tensor");
+  m.def("gguf_dequantize_rows(Tensor w, int type, int out_features, int in_features, Tensor ids) -> Tensor");
+  m.def("gguf_relayout(Tensor w, int type, int out_features, int in_features) -> Tensor");
+  m.def("gguf_relayout_into(Tensor w, Tensor(a!) out, int type, int out_features, int in_features) -> ()");
+  m.def("gguf_simd() -> int", &gguf_simd);
+  m.def("gguf_set_decode_walk(int line_ahead, int burst_ahead, int kquant_streams, int wide32_streams) -> ()",
+        &gguf_set_decode_walk);
+  m.def("gguf_decode_walk() -> int[]", &gguf_decode_walk);
+  m.def("gguf_group_rows(int type) -> int", &group_rows);
+  m.def("gguf_isa() -> str", &gguf_isa);
+  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
+  m.def(
+      "decode_attention(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, int pos, "
+      "int n_heads, int n_kv_heads, float scale) -> Tensor");
+  m.def(
+      "transformer_block(Tensor h, Tensor[] norms, float eps, Tensor? q_norm, Tensor? k_norm, Tensor[] qkv_ws, "
+      "int[] qkv_types, int[] qkv_rows, Tensor o_w, int o_type, Tensor[] gate_up_ws, int[] gate_up_types, "
+      "int[] gate_up_rows, Tensor down_w, int down_type, bool gelu, Tensor cos, Tensor sin, Tensor(a!)[] k_caches, "
+      "Tensor(b!)[] v_caches, int window, bool ring, int[] row_seq, int[] row_pos, int n_heads, int n_kv_heads, "
+      "float scale) "
+      "-> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(runlm, CPU, m) {
+  m.impl("gguf_linear", &gguf_linear);
+  m.impl("gguf_dequantize", &gguf_dequantize);
+  m.impl("gguf_dequantize_rows", &gguf_dequantize_rows);
+  m.impl("gguf_relayout", &gguf_relayout);
+  m.impl("gguf_relayout_into", &gguf_relayout_into);
+  m.impl("rms_norm", &rms_norm);
+  m.impl("decode_attention", &decode_attention);
+  m.impl("transformer_block", &transformer_block);
+}
+#endif  // RUNLM_STANDALONE

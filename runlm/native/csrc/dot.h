@@ -1,0 +1,255 @@
+// runlm kernels: dot products of the row layout, scalar and AVX2 / AVX-512 VNNI.
+// A part of kernels.cpp's one translation unit, included in order.
+// ------------------------------------------------------------------------------------------------------------
+// Kernels: dot<RW, R>(w[RW], a[R], nb, out) computes out[i * R + r] = <weight row w[i], activation row a[r]> over
+// nb weight blocks. RW weight rows x R activation rows run as independent accumulator chains (FMA latency, not
+// throughput, bounds a single chain); each weight block is unpacked once for the R activation rows.
+//
+// Scalar path: each weight block decodes to int8 codes q[QK] and integer group scales / mins with
+// weight = d * isc[g] * q + dm * imn[g] over groups of G values; the integer parts are summed exactly per block
+// (like the AVX2 path), then scaled in float.
+
+// A K-quant super-block's part of a (weight row, activation row) dot product goes to float in one sequence in every
+// K-quant kernel (row layout, x4, AVX2, VNNI, scalar): its integer sums are exact (isum: scales x codes x activation
+// codes, code offsets included; msum: mins . activation sums), then y = fma(d * da, isum, y) and, for the formats
+// with mins, y = fma(-(dmin * da), msum, y). So the layouts and builds agree bit for bit.
+inline float kquant_step(float y, float d, float da, int32_t isum) {
+  return std::fma(d * da, static_cast<float>(isum), y);
+}
+inline float kquant_min_step(float y, float dmin, float da, int32_t msum) {
+  return std::fma(-(dmin * da), static_cast<float>(msum), y);
+}
+
+template <class T, int RW, int R>
+void scalar_dot(const uint8_t* const* w, const typename T::Act* const* a, int64_t nb, float* out) {
+  constexpr int QK = T::QK, G = T::G, NG = QK / G;
+  int8_t q[QK];
+  int isc[NG], imn[NG];
+  float d, dm;
+  float acc[RW * R] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 0; i < RW; ++i) {
+      T::decode(w[i] + b * T::SIZE, q, isc, imn, &d, &dm);
+      for (int r = 0; r < R; ++r) {
+        const auto& ab = a[r][b];
+        int isum = 0;  // sum over groups of scale * (codes . activation codes), exact
+        for (int g = 0; g < NG; ++g) {
+          int s = 0;
+          for (int j = g * G; j < g * G + G; ++j) s += static_cast<int>(q[j]) * static_cast<int>(ab.qs[j]);
+          isum += isc[g] * s;
+        }
+        if constexpr (QK == 32) {
+          acc[i * R + r] += d * ab.d * static_cast<float>(isum) + dm * ab.s;  // ab.s = d_a * sum(codes)
+        } else {
+          acc[i * R + r] = kquant_step(acc[i * R + r], d, ab.d, isum);
+          if constexpr (T::kMins) {
+            int msum = 0;  // sum over groups of min * activation group sum
+            for (int g = 0; g < NG; ++g)
+              for (int k = g * (G / 16); k < (g + 1) * (G / 16); ++k) msum += imn[g] * ab.bsums[k];
+            acc[i * R + r] = kquant_min_step(acc[i * R + r], -dm, ab.d, msum);  // decode gives dm = -dmin
+          }
+        }
+      }
+    }
+  }
+  for (int k = 0; k < RW * R; ++k) out[k] = acc[k];
+}
+
+#if RUNLM_AVX2
+
+inline __m256i ones16() { return _mm256_set1_epi16(1); }
+
+// unsigned x signed bytes -> 8 int32 sums of 4 products
+inline __m256i dot_u8s8(__m256i u, __m256i s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones16()); }
+
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// 16 bytes of nibbles -> 32 bytes 0..15: low nibbles (elements 0..15) then high nibbles (16..31)
+inline __m256i nibbles32(const uint8_t* p) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
+}
+
+// 32 bits (little-endian) -> byte j is 0xFF where bit j is set
+inline __m256i bits32(const uint8_t* p) {
+  const __m256i shuf = _mm256_setr_epi64x(0x0000000000000000LL, 0x0101010101010101LL, 0x0202020202020202LL,
+                                          0x0303030303030303LL);
+  const __m256i mask = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  const __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(u32(p))), shuf);
+  return _mm256_cmpeq_epi8(_mm256_and_si256(b, mask), mask);
+}
+
+inline __m256i unpack_q5_0(const uint8_t* blk) {
+  return _mm256_or_si256(nibbles32(blk + 6), _mm256_and_si256(bits32(blk + 2), _mm256_set1_epi8(0x10)));
+}
+
+inline __m256i unpack_q5_1(const uint8_t* blk) {
+  return _mm256_or_si256(nibbles32(blk + 8), _mm256_and_si256(bits32(blk + 4), _mm256_set1_epi8(0x10)));
+}
+
+// Byte shuffles picking scale 2c eight times then 2c+1 eight times, for c = 0..7.
+alignas(16) const uint8_t kScalePairShuffle[8][16] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1},
+    {2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5},
+    {6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
+    {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9},
+    {10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
+    {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13},
+    {14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15},
+};
+
+// 16 signed scale bytes -> int16 x 16: [s(2c)] * 8, [s(2c+1)] * 8
+inline __m256i scale_pair(__m128i sc8, int c) {
+  const __m128i shuf = _mm_load_si128(reinterpret_cast<const __m128i*>(kScalePairShuffle[c]));
+  return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, shuf));
+}
+
+// int32 += (unsigned q . signed a per 16-bit pair) * int16 scales
+inline __m256i scaled_dot(__m256i sum, __m256i q, const int8_t* a, __m256i scales) {
+  return _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(q, load256(a)), scales));
+}
+
+inline __m256i prod_u8s8(__m256i q, __m256i a) { return dot_u8s8(q, a); }
+
+// signed x signed: |w| (unsigned) times a carrying w's sign (activation codes stay within -127..127)
+inline __m256i prod_s8s8(__m256i q, __m256i a) { return dot_u8s8(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q)); }
+
+// [sum p0, sum p1, sum p2, sum p3] in each 128-bit half (the two halves still to be added)
+inline __m256i reduce4(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+  const __m256i t01 = _mm256_add_epi32(_mm256_unpacklo_epi32(p0, p1), _mm256_unpackhi_epi32(p0, p1));
+  const __m256i t23 = _mm256_add_epi32(_mm256_unpacklo_epi32(p2, p3), _mm256_unpackhi_epi32(p2, p3));
+  return _mm256_add_epi32(_mm256_unpacklo_epi64(t01, t23), _mm256_unpackhi_epi64(t01, t23));
+}
+
+// 32-wide formats: result = sum_b dw * da * prod(q, a) + corr_mult * sum_b cw * (da * sum a), where q = unpack(blk)
+// are the weight codes and cw is d (codes with an offset: corr_mult = -8 for Q4_0, -16 for Q5_0) or the block min
+// m (corr_mult = 1 for Q4_1, Q5_1); Q8_0 has no correction.
+template <int RW, int R, class Unpack, class Prod>
+inline void dot32_avx(const uint8_t* const* w, const A32* const* a, int64_t nb, float* out, int size, Unpack unpack,
+                      Prod prod, bool has_corr, bool has_min, float corr_mult) {
+  if constexpr (RW == 4 && R == 1) {
+    // Decode (one activation row): the 4 rows' block dots are reduced into one vector and their f16 scales
+    // converted together, so the int->float conversion and scaling run once per block for all 4 rows.
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accc = _mm_setzero_ps();
+    const A32* ar = a[0];
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* b0 = w[0] + b * size;
+      const uint8_t* b1 = w[1] + b * size;
+      const uint8_t* b2 = w[2] + b * size;
+      const uint8_t* b3 = w[3] + b * size;
+      const __m256i av = load256(ar[b].qs);
+      const __m256i s = reduce4(prod(unpack(b0), av), prod(unpack(b1), av), prod(unpack(b2), av), prod(unpack(b3), av));
+      // f16 fields (d, and m right after it) of the 4 blocks: [d0 m0 d1 m1 | d2 m2 d3 m3]
+      const __m128i h = _mm_setr_epi32(static_cast<int>(u32(b0)), static_cast<int>(u32(b1)), static_cast<int>(u32(b2)),
+                                       static_cast<int>(u32(b3)));
+      const __m128 lo = _mm_cvtph_ps(h), hi = _mm_cvtph_ps(_mm_unpackhi_epi64(h, h));
+      const __m128 d4 = _mm_shuffle_ps(lo, hi, 0x88);  // d0 d1 d2 d3
+      const __m128 sd = _mm_mul_ps(d4, _mm_set1_ps(ar[b].d));
+      acc = _mm256_fmadd_ps(_mm256_set_m128(sd, sd), _mm256_cvtepi32_ps(s), acc);
+      if (has_corr) {
+        const __m128 c4 = has_min ? _mm_shuffle_ps(lo, hi, 0xDD) : d4;  // m0 m1 m2 m3
+        accc = _mm_fmadd_ps(c4, _mm_set1_ps(ar[b].s), accc);
+      }
+    }
+    const __m128 t = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    _mm_storeu_ps(out, _mm_fmadd_ps(_mm_set1_ps(corr_mult), accc, t));
+    return;
+  }
+  __m256 acc[RW * R];
+  float corr[RW * R];
+  for (int k = 0; k < RW * R; ++k) {
+    acc[k] = _mm256_setzero_ps();
+    corr[k] = 0.f;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 0; i < RW; ++i) {
+      const uint8_t* blk = w[i] + b * size;
+      const float dw = f16(blk);
+      const float cw = has_min ? f16(blk + 2) : dw;
+      const __m256i q = unpack(blk);
+      for (int r = 0; r < R; ++r) {
+        const A32& ab = a[r][b];
+        const __m256 p = _mm256_cvtepi32_ps(prod(q, load256(ab.qs)));
+        acc[i * R + r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab.d), p, acc[i * R + r]);
+        if (has_corr) corr[i * R + r] += cw * ab.s;
+      }
+    }
+  }
+  for (int k = 0; k < RW * R; ++k) out[k] = hsum_ps(acc[k]) + corr_mult * corr[k];
+}
+
+// int32 [sum of v[0], ..., sum of v[R - 1]] (R <= 4; other lanes 0): the exact integer sums of R vectors at once
+template <int R>
+inline __m128i sum_each(const __m256i* v) {
+  static_assert(R >= 1 && R <= 4, "up to 4 vectors");
+  if constexpr (R == 1) return _mm_cvtsi32_si128(hsum_i32(v[0]));
+  const __m256i z = _mm256_setzero_si256();
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], R > 1 ? v[1] : z),
+                                      _mm256_hadd_epi32(R > 2 ? v[2] : z, R > 3 ? v[3] : z));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+// The K-quant dot skeleton (Q2_K .. Q6_K, row layout): block(blk, b, sumi, mins) gives weight block `blk` (block
+// index b) met by the R activation rows as int32 vectors whose lanes add up to the block's exact integer sums
+// (mins: formats with mins); the R rows' sums go to float together, lane r in kquant_step's sequence. d (and dmin
+// right after it) are the block's f16 scales at byte T::D_AT.
+template <class T, int RW, int R, class Block>
+inline void kquant_dot(const uint8_t* const* w, const AK* const* a, int64_t nb, float* out, Block block) {
+  __m128 acc[RW];  // lane r: activation row r
+  for (int i = 0; i < RW; ++i) acc[i] = _mm_setzero_ps();
+  if constexpr (R == 1 && RW > 1) {  // one activation row (decode): the RW weight rows' sums go to float together
+    __m128 y = _mm_setzero_ps();       // lane i: weight row i
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256i sumi[RW], mins[RW];
+      for (int i = 0; i < RW; ++i) block(w[i] + b * T::SIZE, b, sumi + i, mins + i);
+      // the rows' f16 scales (built in registers: scalar stores read back as a vector would stall)
+      auto scales = [&](int at) {
+        auto h = [&](int i) { return i < RW ? f16(w[i] + b * T::SIZE + at) : 0.f; };
+        return _mm_setr_ps(h(0), h(1), h(2), h(3));
+      };
+      const __m128 da = _mm_set1_ps(a[0][b].d);
+      y = _mm_fmadd_ps(_mm_mul_ps(scales(T::D_AT), da), _mm_cvtepi32_ps(sum_each<RW>(sumi)), y);
+      if constexpr (T::kMins)
+        y = _mm_fnmadd_ps(_mm_mul_ps(scales(T::D_AT + 2), da), _mm_cvtepi32_ps(sum_each<RW>(mins)), y);
+    }
+    alignas(16) float o[4];
+    _mm_store_ps(o, y);
+    for (int i = 0; i < RW; ++i) out[i] = o[i];
+    return;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    auto act = [&](int r) { return r < R ? a[r][b].d : 0.f; };
+    const __m128 da = _mm_setr_ps(act(0), act(1), act(2), act(3));  // lane r: activation row r
+    for (int i = 0; i < RW; ++i) {
+      const uint8_t* blk = w[i] + b * T::SIZE;
+      __m256i sumi[R], mins[R];
+      block(blk, b, sumi, mins);
+      const __m128 d = _mm_set1_ps(f16(blk + T::D_AT));
+      acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, da), _mm_cvtepi32_ps(sum_each<R>(sumi)), acc[i]);
+      if constexpr (T::kMins) {
+        const __m128 dmin = _mm_set1_ps(f16(blk + T::D_AT + 2));
+        acc[i] = _mm_fnmadd_ps(_mm_mul_ps(dmin, da), _mm_cvtepi32_ps(sum_each<R>(mins)), acc[i]);
+      }
+    }
+  }
+  for (int i = 0; i < RW; ++i) {
+    alignas(16) float o[4];
+    _mm_store_ps(o, acc[i]);
+    for (int r = 0; r < R; ++r) out[i * R + r] = o[r];
+  }
+}
+
+// group mins x activation group sums (mins16: one int16 min per 16 activation values), 8 int32 lanes
+inline __m256i min_products(__m256i mins16, const AK& ab) { return _mm256_madd_epi16(mins16, load256(ab.bsums)); }
+
+// sumi - 2^SHIFT * (group scales x activation group sums): codes stored with an offset of 2^SHIFT.
+template <int SHIFT>
+inline __m256i with_offset(__m256i sumi, __m256i sc16, const AK& ab) {
+  const __m256i corr = _mm256_madd_epi16(sc16, load256(ab.bsums));
+  return _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, SHIFT));
+}
+
+#endif
+

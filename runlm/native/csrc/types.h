@@ -1,0 +1,318 @@
+// runlm kernels: per-type traits. A part of kernels.cpp's one translation unit (included in order).
+// ------------------------------------------------------------------------------------------------------------
+// Per-type traits: QK (values per block), SIZE (bytes per block), G (group size of the scalar decode),
+// Act (activation block type), decode (scalar), dot<RW, R> (AVX2 or scalar).
+
+struct Q4_0 {
+  static constexpr int QK = 32, SIZE = 18, G = 32;
+  using Act = A32;
+  static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    for (int j = 0; j < 16; ++j) {
+      q[j] = static_cast<int8_t>((b[2 + j] & 0x0F) - 8);
+      q[j + 16] = static_cast<int8_t>((b[2 + j] >> 4) - 8);
+    }
+    isc[0] = 1, imn[0] = 0, *d = f16(b), *dm = 0.f;
+  }
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+#if RUNLM_AVX2
+    dot32_avx<RW, R>(w, a, nb, out, SIZE, [](const uint8_t* blk) { return nibbles32(blk + 2); }, prod_u8s8, true, false,
+                     -8.f);
+#else
+    scalar_dot<Q4_0, RW, R>(w, a, nb, out);
+#endif
+  }
+};
+
+struct Q4_1 {
+  static constexpr int QK = 32, SIZE = 20, G = 32;
+  using Act = A32;
+  static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    for (int j = 0; j < 16; ++j) {
+      q[j] = static_cast<int8_t>(b[4 + j] & 0x0F);
+      q[j + 16] = static_cast<int8_t>(b[4 + j] >> 4);
+    }
+    isc[0] = 1, imn[0] = 1, *d = f16(b), *dm = f16(b + 2);
+  }
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+#if RUNLM_AVX2
+    dot32_avx<RW, R>(w, a, nb, out, SIZE, [](const uint8_t* blk) { return nibbles32(blk + 4); }, prod_u8s8, true, true,
+                     1.f);
+#else
+    scalar_dot<Q4_1, RW, R>(w, a, nb, out);
+#endif
+  }
+};
+
+struct Q5_0 {
+  static constexpr int QK = 32, SIZE = 22, G = 32;
+  using Act = A32;
+  static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    const uint32_t qh = u32(b + 2);
+    for (int j = 0; j < 16; ++j) {
+      q[j] = static_cast<int8_t>(((b[6 + j] & 0x0F) | (((qh >> j) & 1) << 4)) - 16);
+      q[j + 16] = static_cast<int8_t>(((b[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+    }
+    isc[0] = 1, imn[0] = 0, *d = f16(b), *dm = 0.f;
+  }
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+#if RUNLM_AVX2
+    dot32_avx<RW, R>(w, a, nb, out, SIZE, unpack_q5_0, prod_u8s8, true, false, -16.f);
+#else
+    scalar_dot<Q5_0, RW, R>(w, a, nb, out);
+#endif
+  }
+};
+
+struct Q5_1 {
+  static constexpr int QK = 32, SIZE = 24, G = 32;
+  using Act = A32;
+  static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    const uint32_t qh = u32(b + 4);
+    for (int j = 0; j < 16; ++j) {
+      q[j] = static_cast<int8_t>((b[8 + j] & 0x0F) | (((qh >> j) & 1) << 4));
+      q[j + 16] = static_cast<int8_t>((b[8 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+    }
+    isc[0] = 1, imn[0] = 1, *d = f16(b), *dm = f16(b + 2);
+  }
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+#if RUNLM_AVX2
+    dot32_avx<RW, R>(w, a, nb, out, SIZE, unpack_q5_1, prod_u8s8, true, true, 1.f);
+#else
+    scalar_dot<Q5_1, RW, R>(w, a, nb, out);
+#endif
+  }
+};
+
+struct Q8_0 {
+  static constexpr int QK = 32, SIZE = 34, G = 32;
+  using Act = A32;
+  static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    std::memcpy(q, b + 2, 32);
+    isc[0] = 1, imn[0] = 0, *d = f16(b), *dm = 0.f;
+  }
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+#if RUNLM_AVX2
+    dot32_avx<RW, R>(w, a, nb, out, SIZE, [](const uint8_t* blk) { return load256(blk + 2); }, prod_s8s8, false, false,
+                     0.f);
+#else
+    scalar_dot<Q8_0, RW, R>(w, a, nb, out);
+#endif
+  }
+};
+
+struct Q2_K {
+  static constexpr int QK = QK_K, SIZE = 84, G = 16, D_AT = 80;  // D_AT: f16 d, then dmin
+  static constexpr bool kMins = true;
+  using Act = AK;
+  static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    for (int h = 0; h < 2; ++h)
+      for (int s = 0; s < 4; ++s)
+        for (int l = 0; l < 32; ++l) q[128 * h + 32 * s + l] = static_cast<int8_t>((b[16 + 32 * h + l] >> (2 * s)) & 3);
+    for (int g = 0; g < 16; ++g) {
+      isc[g] = b[g] & 0x0F;
+      imn[g] = b[g] >> 4;
+    }
+    *d = f16(b + 80), *dm = -f16(b + 82);
+  }
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+#if RUNLM_AVX2
+    const __m256i m3 = _mm256_set1_epi8(3);
+    kquant_dot<Q2_K, RW, R>(w, a, nb, out, [&](const uint8_t* blk, int64_t b, __m256i* sums, __m256i* mins) {
+      const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
+      const __m128i sc8 = _mm_and_si128(sm, _mm_set1_epi8(0x0F));
+      const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0x0F)));
+      __m256i sumi[R];  // kept here, not in *sums, so it can stay in registers
+      for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) {
+        __m256i bits = load256(blk + 16 + 32 * h);
+        for (int s = 0; s < 4; ++s) {
+          const int c = 4 * h + s;
+          const __m256i q = _mm256_and_si256(bits, m3);
+          bits = _mm256_srli_epi16(bits, 2);
+          const __m256i scv = scale_pair(sc8, c);
+          for (int r = 0; r < R; ++r) sumi[r] = scaled_dot(sumi[r], q, a[r][b].qs + 32 * c, scv);
+        }
+      }
+      for (int r = 0; r < R; ++r) sums[r] = sumi[r], mins[r] = min_products(mins16, a[r][b]);
+    });
+#else
+    scalar_dot<Q2_K, RW, R>(w, a, nb, out);
+#endif
+  }
+};
+
+struct Q3_K {
+  static constexpr int QK = QK_K, SIZE = 110, G = 16, D_AT = 108;
+  static constexpr bool kMins = false;
+  using Act = AK;
+  static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    int8_t sc[16];
+    k3_scales(b + 96, sc);
+    for (int h = 0; h < 2; ++h)
+      for (int s = 0; s < 4; ++s)
+        for (int l = 0; l < 32; ++l) {
+          const int low = (b[32 + 32 * h + l] >> (2 * s)) & 3;
+          const int hb = (b[l] >> (4 * h + s)) & 1;
+          q[128 * h + 32 * s + l] = static_cast<int8_t>(low + 4 * hb - 4);
+        }
+    for (int g = 0; g < 16; ++g) {
+      isc[g] = sc[g];
+      imn[g] = 0;
+    }
+    *d = f16(b + 108), *dm = 0.f;
+  }
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+#if RUNLM_AVX2
+    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
+    kquant_dot<Q3_K, RW, R>(w, a, nb, out, [&](const uint8_t* blk, int64_t b, __m256i* sums, __m256i* /*mins*/) {
+      alignas(16) int8_t sc[16];
+      k3_scales(blk + 96, sc);
+      const __m128i sc8 = _mm_load_si128(reinterpret_cast<const __m128i*>(sc));
+      __m256i hm = load256(blk);
+      __m256i sumi[R];  // kept here, not in *sums, so it can stay in registers
+      for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) {
+        __m256i bits = load256(blk + 32 + 32 * h);
+        for (int s = 0; s < 4; ++s) {
+          const int c = 4 * h + s;
+          // q' = low2 | high << 2 in 0..7; the weight code is q' - 4
+          const __m256i q =
+              _mm256_or_si256(_mm256_and_si256(bits, m3), _mm256_and_si256(_mm256_slli_epi16(hm, 2), m4));
+          bits = _mm256_srli_epi16(bits, 2);
+          hm = _mm256_srli_epi16(hm, 1);
+          const __m256i scv = scale_pair(sc8, c);
+          for (int r = 0; r < R; ++r) sumi[r] = scaled_dot(sumi[r], q, a[r][b].qs + 32 * c, scv);
+        }
+      }
+      const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+      for (int r = 0; r < R; ++r) sums[r] = with_offset<2>(sumi[r], sc16, a[r][b]);  // codes are q' - 4
+    });
+#else
+    scalar_dot<Q3_K, RW, R>(w, a, nb, out);
+#endif
+  }
+};
+
+// Q4_K / Q5_K share everything but the fifth bit.
+template <bool FIVE>
+struct QK45 {
+  static constexpr int QK = QK_K, SIZE = FIVE ? 176 : 144, G = 32, D_AT = 0;
+  static constexpr bool kMins = true;
+  static constexpr int QS = FIVE ? 48 : 16;  // offset of the nibbles
+  using Act = AK;
+  static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    uint8_t sc[8], mn[8];
+    k4_scale_min(b + 4, sc, mn);
+    const uint8_t* qs = b + QS;
+    for (int j = 0; j < 4; ++j)
+      for (int l = 0; l < 32; ++l) {
+        int lo = qs[32 * j + l] & 0x0F, hi = qs[32 * j + l] >> 4;
+        if (FIVE) {
+          lo |= ((b[16 + l] >> (2 * j)) & 1) << 4;
+          hi |= ((b[16 + l] >> (2 * j + 1)) & 1) << 4;
+        }
+        q[64 * j + l] = static_cast<int8_t>(lo);
+        q[64 * j + 32 + l] = static_cast<int8_t>(hi);
+      }
+    for (int g = 0; g < 8; ++g) {
+      isc[g] = sc[g];
+      imn[g] = mn[g];
+    }
+    *d = f16(b), *dm = -f16(b + 2);
+  }
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+#if RUNLM_AVX2
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m16 = _mm256_set1_epi8(0x10);
+    kquant_dot<QK45<FIVE>, RW, R>(w, a, nb, out, [&](const uint8_t* blk, int64_t b, __m256i* sums, __m256i* mins) {
+      alignas(16) uint8_t sc[8], mn[8];
+      k4_scale_min(blk + 4, sc, mn);
+      const __m128i mn8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn));
+      const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));  // m0 m0 m1 m1 ... per 16
+      __m256i hb = FIVE ? load256(blk + 16) : _mm256_setzero_si256();
+      __m256i sumi[R];  // kept here, not in *sums, so it can stay in registers
+      for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j) {
+        const __m256i bits = load256(blk + QS + 32 * j);
+        __m256i ql = _mm256_and_si256(bits, m4);
+        __m256i qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+        if (FIVE) {
+          ql = _mm256_or_si256(ql, _mm256_and_si256(_mm256_slli_epi16(hb, 4), m16));
+          qh = _mm256_or_si256(qh, _mm256_and_si256(_mm256_slli_epi16(hb, 3), m16));
+          hb = _mm256_srli_epi16(hb, 2);
+        }
+        const __m256i scl = _mm256_set1_epi16(sc[2 * j]), sch = _mm256_set1_epi16(sc[2 * j + 1]);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* aq = a[r][b].qs + 64 * j;
+          sumi[r] = scaled_dot(scaled_dot(sumi[r], ql, aq, scl), qh, aq + 32, sch);
+        }
+      }
+      for (int r = 0; r < R; ++r) sums[r] = sumi[r], mins[r] = min_products(mins16, a[r][b]);
+    });
+#else
+    scalar_dot<QK45<FIVE>, RW, R>(w, a, nb, out);
+#endif
+  }
+};
+using Q4_K = QK45<false>;
+using Q5_K = QK45<true>;
+
+struct Q6_K {
+  static constexpr int QK = QK_K, SIZE = 210, G = 16, D_AT = 208;
+  static constexpr bool kMins = false;
+  using Act = AK;
+  static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    for (int h = 0; h < 2; ++h)
+      for (int k = 0; k < 4; ++k)
+        for (int l = 0; l < 32; ++l) {
+          const int low = (b[64 * h + (k % 2) * 32 + l] >> (4 * (k / 2))) & 0x0F;
+          const int high = (b[128 + 32 * h + l] >> (2 * k)) & 3;
+          q[128 * h + 32 * k + l] = static_cast<int8_t>((low | (high << 4)) - 32);
+        }
+    for (int g = 0; g < 16; ++g) {
+      isc[g] = static_cast<int8_t>(b[192 + g]);
+      imn[g] = 0;
+    }
+    *d = f16(b + 208), *dm = 0.f;
+  }
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+#if RUNLM_AVX2
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    kquant_dot<Q6_K, RW, R>(w, a, nb, out, [&](const uint8_t* blk, int64_t b, __m256i* sums, __m256i* /*mins*/) {
+      const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+      __m256i sumi[R];  // kept here, not in *sums, so it can stay in registers
+      for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) {
+        const __m256i l0 = load256(blk + 64 * h), l1 = load256(blk + 64 * h + 32);
+        const __m256i hb = load256(blk + 128 + 32 * h);
+        // element 128h + 32k + l: low nibble k/2 of ql[64h + 32(k%2) + l], bits 2k..2k+1 of qh[32h + l]
+        const __m256i q[4] = {
+            _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
+            _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                            _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30)),
+        };
+        for (int k = 0; k < 4; ++k) {
+          const int c = 4 * h + k;
+          const __m256i scv = scale_pair(sc8, c);
+          for (int r = 0; r < R; ++r) sumi[r] = scaled_dot(sumi[r], q[k], a[r][b].qs + 32 * c, scv);
+        }
+      }
+      const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+      for (int r = 0; r < R; ++r) sums[r] = with_offset<5>(sumi[r], sc16, a[r][b]);  // codes are q - 32
+    });
+#else
+    scalar_dot<Q6_K, RW, R>(w, a, nb, out);
+#endif
+  }
+};
+
