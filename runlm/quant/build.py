@@ -73,7 +73,8 @@ ISA_VARIANTS: dict[str, tuple[list[str], frozenset[str]]] = {
                        "amx_int8"})),
     "avx512": (["-march=x86-64-v4", "-mavx512vnni", "-mtune=native"],
                frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"})),
-    "avx2": (["-march=x86-64-v3", "-mtune=native"], frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe"})),
+    "avx2": (["-march=x86-64-v3", "-mtune=native"],
+             frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe"})),
     "scalar": (["-DRUNLM_SCALAR", "-mtune=native"], frozenset()),
 }
 # elsewhere than x86-64 (ARM): the compiler's own choice for this CPU, and the portable scalar path

@@ -10,6 +10,7 @@ with the default float16 KV cache (a new key is rounded before any route reads i
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from reference.tiny import GEMMA_WINDOW, QUANTIZED_COPIES, build_gemma3, build_llama, build_qwen3
@@ -49,7 +50,7 @@ def test_float32_kv_cache(tmp_path):
     assert {layer.k.dtype for layer in runner.new_session().state} == {torch.float32}
     got = route_logits(runner, ids, split=GEMMA_WINDOW + 1, chunk=7)
     assert_identical(got)
-    assert not torch.equal(got["whole"], route_logits(load(path).runner, ids, GEMMA_WINDOW + 1, 7)["whole"])
+    assert not np.array_equal(got["whole"], route_logits(load(path).runner, ids, GEMMA_WINDOW + 1, 7)["whole"])
 
 
 @pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
@@ -93,12 +94,14 @@ def test_q8_0_kv_cache_on_real_smollm2(smollm2_gguf):
 
 
 @pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
-def test_a_long_prefill_runs_in_chunks_with_the_same_logits(smollm2_loaded, monkeypatch):
+def test_a_long_prefill_runs_in_chunks_with_the_same_logits(smollm2_gguf, monkeypatch):
+    """The PyTorch backend's chunking (the native runtime's: tests/native)."""
     from runlm.models import base
 
-    runner = smollm2_loaded.runner
+    loaded = load(smollm2_gguf)
+    runner = loaded.runner
     text = "Pack my box with five dozen liquor jugs. " * 60
-    ids = smollm2_loaded.tokenizer.encode(text)[: 2 * base.PREFILL_CHUNK + 9]
+    ids = loaded.tokenizer.encode(text)[: 2 * base.PREFILL_CHUNK + 9]
     whole = runner.extend(runner.new_session(), ids, all_positions=True)[-1]  # one pass over every position
     calls: list[int] = []  # rows of each model call
     model_call = type(runner.model).__call__
