@@ -260,11 +260,15 @@ def _parse(buf: np.ndarray) -> tuple[dict[str, Any], dict[str, _TensorInfo]]:
                 raise _Corrupt(f"array of unknown value type {item_type}")
             if count > (size - at) // _MIN_WIDTH[item_type]:
                 raise _Corrupt(f"an array of {count} items runs past the end of the file")
-            if item_type == 8:
-                items = []
-                for _ in range(count):
-                    item, at = read_str(at)
-                    items.append(item)
+            if item_type == 8:  # a vocabulary: read_str's steps inline (half the time for 262k strings)
+                items = [""] * count
+                for i in range(count):
+                    (length,) = unpack_u64(mem, at)
+                    end = at + 8 + length
+                    if end > size:
+                        raise _Corrupt(f"a string of {length} bytes at byte {at} runs past the end of the file")
+                    items[i] = str(mem[at + 8 : end], "utf-8", "replace")
+                    at = end
                 return items, at
             if item_type in _NUMPY:
                 array = np.frombuffer(mem, dtype=_NUMPY[item_type], count=count, offset=at)

@@ -211,7 +211,8 @@ def _check_gguf_tokenizer_types(metadata: Mapping[str, Any]) -> None:
             raise TokenizerError(f"GGUF metadata {key} is {_short(value)}, expected an array of {what}")
         if not is_list and not isinstance(value, kind):
             raise TokenizerError(f"GGUF metadata {key} is {_short(value)}, expected a {what}")
-        if is_list and not all(isinstance(item, kind) and not isinstance(item, bool) for item in value):
+        allowed = set(kind) if isinstance(kind, tuple) else {kind}  # exact types: a bool is not a number here
+        if is_list and not set(map(type, value)) <= allowed:
             raise TokenizerError(f"GGUF metadata {key} holds items that are not {what}s")
 
 
