@@ -38,7 +38,8 @@ class NativeSession:
     tokens: list[int] = field(default_factory=list)
     keys: list[np.ndarray] = field(default_factory=list)
     values: list[np.ndarray] = field(default_factory=list)
-    capacity: int = 0  # positions the full (non-ring) caches hold
+    capacity: int = 0  # positions the full (non-ring) caches hold now
+    limit: int = 0  # positions they may grow to (NativeModel.reserve); the capacity for a session sized once
 
 
 @dataclass
@@ -161,15 +162,34 @@ class NativeModel:
         return self.spec.name
 
     # -- sessions ----------------------------------------------------------------------------------------------
-    def new_session(self, positions: int) -> NativeSession:
-        """A session with room for `positions` tokens (sliding-window blocks keep a ring of their window)."""
-        if not 0 < positions <= self.context:
-            raise ContextOverflowError(f"{positions} positions do not fit the context of {self.context}")
-        session = NativeSession(capacity=positions)
+    def new_session(self, positions: int, limit: int | None = None) -> NativeSession:
+        """A session with room for `positions` tokens (sliding-window blocks keep a ring of their window), growing
+        as needed up to `limit` positions (default: none past `positions`)."""
+        limit = positions if limit is None else limit
+        if not 0 < positions <= limit <= self.context:
+            raise ContextOverflowError(f"{max(positions, limit)} positions do not fit the context of {self.context}")
+        session = NativeSession(capacity=positions, limit=limit)
         for shape in self._cache_shapes(positions):
             session.keys.append(np.zeros(shape, dtype=self.kv_dtype))
             session.values.append(np.zeros(shape, dtype=self.kv_dtype))
         return session
+
+    def reserve(self, session: NativeSession, positions: int) -> None:
+        """Room for `positions` tokens in the session's full caches: grown (at least doubled, copied) within its
+        limit, or ContextOverflowError. A cache sized for the whole context up front would be mostly untouched, but
+        transparent huge pages make the first write to each head's rows take 2 MiB."""
+        if positions <= session.capacity:
+            return
+        if positions > session.limit:
+            raise ContextOverflowError(f"{positions} positions do not fit the session's {session.limit}")
+        grown = min(session.limit, max(positions, 2 * session.capacity))
+        for caches in (session.keys, session.values):
+            for index, (cache, block) in enumerate(zip(caches, self.blocks)):
+                if not block.ring:
+                    bigger = np.zeros((*cache.shape[:2], grown, cache.shape[3]), dtype=cache.dtype)
+                    bigger[:, :, : session.capacity] = cache
+                    caches[index] = bigger
+        session.capacity = grown
 
     def _cache_shapes(self, positions: int) -> list[tuple[int, int, int, int]]:
         """Each block's key (and value) cache shape for a session of `positions`."""
@@ -263,9 +283,7 @@ class NativeModel:
     def _check(self, session: NativeSession, ids: list[int]) -> None:
         if any(not 0 <= int(t) < self.vocab_size for t in ids):
             raise InvalidInputError(f"token ids must be in [0, {self.vocab_size})")
-        if len(session.tokens) + len(ids) > session.capacity:
-            raise ContextOverflowError(f"{len(session.tokens) + len(ids)} positions do not fit the session's "
-                                       f"{session.capacity}")
+        self.reserve(session, len(session.tokens) + len(ids))
 
     def _blocks(self, ids: np.ndarray, session: NativeSession, start: int) -> np.ndarray:
         return self._run(ids, [session], [0] * len(ids), list(range(start, start + len(ids))))

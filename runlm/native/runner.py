@@ -19,6 +19,9 @@ from runlm.native.model import NativeModel, NativeSession
 from runlm.runner import LmRunner, ServedModel, Session, SessionSnapshot
 from runlm.text import ChatTemplate, Tokenizer
 
+# positions a session made without a size starts with (it grows, doubling, up to the context)
+INITIAL_POSITIONS = 256
+
 
 class NativeRunner(LmRunner):
     def __init__(self, model: NativeModel):
@@ -40,9 +43,12 @@ class NativeRunner(LmRunner):
         return self.extend(self.new_session(len(prompt_ids)), prompt_ids)
 
     def new_session(self, positions: int | None = None) -> Session:
-        """The KV arrays are made for `positions` (the context when None) at once; the OS gives their pages as they
-        are written."""
-        native = self.model.new_session(positions or self.model.context)
+        """The KV arrays are made for `positions` at once; a session made without a size starts small and grows as
+        it fills, up to the context (NativeModel.reserve)."""
+        if positions is None:  # sized as it fills, up to the context
+            native = self.model.new_session(min(INITIAL_POSITIONS, self.model.context), limit=self.model.context)
+        else:
+            native = self.model.new_session(positions)
         return Session(tokens=native.tokens, state=native)  # one list: the session's tokens are the native one's
 
     def kv_bytes(self, positions: int) -> int:
@@ -87,9 +93,10 @@ class NativeRunner(LmRunner):
         native: NativeSession = session.state
         if snap.family != self.family() or not isinstance(snap.cache, tuple) or not 0 <= length <= held:
             return False
-        if length > native.capacity or any(ring and held > window and length < held
+        if length > native.limit or any(ring and held > window and length < held
                                          for ring, window in zip(self.rings, self.windows)):
             return False
+        self.model.reserve(native, length)
         for target, source, ring in zip(native.keys + native.values, snap.cache[0] + snap.cache[1], self.rings * 2):
             if target.shape[:2] != source.shape[:2] or target.dtype != source.dtype:
                 return False

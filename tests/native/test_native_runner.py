@@ -130,3 +130,18 @@ def test_a_load_writes_nothing_and_removes_older_converted_copies(smollm2_gguf, 
     assert loaded.runtime == "native" and loaded.runner.predict_logits([1, 2, 3]).shape == (loaded.runner.vocab_size(),)
     assert not old.parent.exists()
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["lean"]
+
+
+def test_a_session_without_a_size_grows_as_it_fills(smol):
+    """Sized for the whole context up front, a session's caches would be mostly untouched, yet each head's first rows
+    would take a 2 MiB huge page: it starts small and doubles, with the logits of a session sized once."""
+    grown = smol.new_session()
+    assert grown.state.capacity < smol.max_context() == grown.state.limit
+    ids = list(range(500, 500 + grown.state.capacity + 40))
+    sized = smol.new_session(len(ids) + 1)
+    np.testing.assert_array_equal(smol.extend(grown, ids), smol.extend(sized, ids))
+    assert grown.state.capacity >= len(ids) and grown.tokens == sized.tokens
+    np.testing.assert_array_equal(smol.extend(grown, [7]), smol.extend(sized, [7]))
+    restored = smol.new_session()
+    assert smol.restore(restored, smol.export(grown)) and restored.state.capacity >= len(ids) + 1
+    np.testing.assert_array_equal(smol.extend(restored, [9]), smol.extend(grown, [9]))
