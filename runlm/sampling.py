@@ -6,8 +6,8 @@ look at the temperature-1 distribution and temperature only reshapes what surviv
 greedy (argmax after bias and penalties). Log-probs are taken from the raw model distribution, before any
 of this, because that is what OpenAI reports.
 
-It runs on numpy, so the PyTorch path and the lean process (`runlm generate --lean`, no torch) share it: their
-logits are the same bits, so a seeded reply is the same tokens on both.
+It runs on numpy, so the native runtime (no torch) and the PyTorch backend share it: their logits are the same bits,
+so a seeded reply is the same tokens on both.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def installed_library() -> ctypes.CDLL | None:
 def _compile(target: Path) -> None:
     compiler = os.environ.get("CXX", "g++").split()[0]
     if shutil.which(compiler) is None:
-        raise ModelLoadError(f"runlm lean: no C++ compiler ({compiler} not found): install g++ or set CXX")
+        raise ModelLoadError(f"runlm's kernels: no C++ compiler ({compiler} not found): install g++ or set CXX")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
@@ -104,7 +104,7 @@ def _compile(target: Path) -> None:
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             first = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr[:300])
-            raise ModelLoadError(f"runlm lean: building the kernels failed: {first.strip()}")
+            raise ModelLoadError(f"runlm's kernels: building them failed: {first.strip()}")
         os.replace(built, target)  # atomic: a concurrent build never loads a half-written file
 
 
@@ -114,7 +114,7 @@ def library() -> ctypes.CDLL:
     with _lock:
         if _library is None:
             if build.variant() == "off":
-                raise ModelLoadError(f"runlm lean needs runlm's C++ kernels, which {build.ENV_VAR}=0 turns off")
+                raise ModelLoadError(f"the native runtime needs runlm's C++ kernels, which {build.ENV_VAR}=0 turns off")
             lib = installed_library()
             if lib is None:
                 path = _library_path()

@@ -10,6 +10,7 @@ layout) are the PyTorch backend's (runlm.quant.kernels.GGUFLinear.from_parts), s
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -106,7 +107,7 @@ class WeightReader:
         if len(raws) == 1 and orders[0] is None and raws[0].mapped and not x4:
             return Part(raws[0].data.reshape(raws[0].shape[0], row_bytes), type_id, raws[0].shape[0])
         total = sum(raw.shape[0] for raw in raws)
-        out = np.empty((total, row_bytes), dtype=np.uint8)
+        out = weight_buffer(total, row_bytes)
         first = 0
         for raw, order in zip(raws, orders):
             rows = raw.shape[0]
@@ -132,6 +133,16 @@ class WeightReader:
         if self._scratch.size < rows * row_bytes:
             self._scratch = np.empty(max(_CHUNK_BYTES, rows * row_bytes), dtype=np.uint8)
         return self._scratch[: rows * row_bytes].reshape(rows, row_bytes)
+
+
+def weight_buffer(rows: int, row_bytes: int) -> np.ndarray:
+    """A [rows, row_bytes] byte array for regrouped weights, in memory of its own mapping. numpy asks for transparent
+    huge pages on large arrays, and where the kernel grants them on demand (THP "madvise") each first write to 2 MiB
+    faults in a huge page: on a 2-core VM that made filling the weights run at ~0.3 GB/s, against ~1.5 GB/s in 4 KiB
+    pages. The GEMVs read these weights at the same speed either way."""
+    if rows * row_bytes == 0:
+        return np.empty((rows, row_bytes), dtype=np.uint8)
+    return np.frombuffer(mmap.mmap(-1, rows * row_bytes), dtype=np.uint8).reshape(rows, row_bytes)
 
 
 @dataclass
@@ -177,4 +188,4 @@ def table(reader: WeightReader, name: str, as_head: bool, reuse: Callable[[], Ro
                 width=width)
 
 
-__all__ = ["FLOAT_TYPES", "NativeRefusal", "Part", "Rows", "WeightReader", "table"]
+__all__ = ["FLOAT_TYPES", "NativeRefusal", "Part", "Rows", "WeightReader", "table", "weight_buffer"]
