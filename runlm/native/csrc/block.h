@@ -443,7 +443,7 @@ at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double e
 
 // Every block of a model in one call. The blocks' weight arguments are kept here once, at load: a small model's
 // decode step otherwise pays one dispatch from Python per block (argument conversion, the KV bookkeeping around
-// it: ~40-80 us each on this VM), while the other threads wait. Each block runs exactly as transformer_block runs
+// it: ~40-80 us each on a 2-core VM), while the other threads wait. Each block runs exactly as transformer_block runs
 // it, so the results are its results.
 struct BlockStack : torch::CustomClassHolder {
   struct Block {

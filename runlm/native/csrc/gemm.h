@@ -46,7 +46,7 @@ inline void activation_tiles(const Ctx<T>& c, int64_t n, int64_t m0, int64_t m1)
   int64_t m = m0;
 #if RUNLM_AVX512
   // Q5_K's 16-row groups take 8 activation rows at a time: its codes (nibbles and fifth bits) are unpacked once per
-  // 8 rows instead of 4. Interleaved A/B on the Zen 5 VM (session 19, 1B-shape GEMMs, M = 8-128): 1.02-1.21x;
+  // 8 rows instead of 4. Interleaved A/B on an AMD EPYC Zen 5 (1B-shape GEMMs, M = 8-128): 1.02-1.21x;
   // for Q4_K and Q8_0 the same change was 0.74-0.85x, for Q6_K even. The results are the 4-row tiles' bit for bit.
   if constexpr (std::is_same_v<T, X4Layout<Q5_K>>)
     for (; m + 8 <= m1; m += 8) tile<T, RW, 8>(c, n, m);
