@@ -121,8 +121,8 @@ class NativeModel:
         head_name = spec.head_name(reader.has("lm_head.weight"), config)
         self.head = table(reader, head_name, as_head=True)
         tied = head_name == "model.embed_tokens.weight" and self.head.blocks is not None
-        self.embed = table(reader, "model.embed_tokens.weight", as_head=False,
-                           reuse=lambda: self.head if tied else None)
+        # a tied head's blocks serve the embedding's lookups too: one copy of the table, as on the PyTorch backend
+        self.embed = self.head if tied else table(reader, "model.embed_tokens.weight", as_head=False)
         self.embed_scale = spec.embed_scale(config)
         self.final_softcap = config.final_softcap
 

@@ -11,7 +11,7 @@ layout) are the PyTorch backend's (runlm.quant.kernels.GGUFLinear.from_parts), s
 from __future__ import annotations
 
 import mmap
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -166,10 +166,9 @@ class Rows:
         return library.linear(x, self.blocks.data, self.blocks.type_id, self.blocks.rows)
 
 
-def table(reader: WeightReader, name: str, as_head: bool, reuse: Callable[[], Rows | None] = lambda: None) -> Rows:
+def table(reader: WeightReader, name: str, as_head: bool) -> Rows:
     """The embedding (as_head False) or LM head (True) `name`: kernel blocks where its type has them (the head
-    interleaved where it can be; an embedding from the file's map, unless `reuse` gives the tied head's blocks),
-    float32 for float tensors."""
+    interleaved where it can be, an embedding from the file's map), float32 for float tensors."""
     raw = reader.raw(name)
     width = raw.shape[1]
     if raw.type_name in FLOAT_TYPES or raw.type_name == "BF16":
@@ -181,9 +180,6 @@ def table(reader: WeightReader, name: str, as_head: bool, reuse: Callable[[], Ro
         raise NativeRefusal(f"its tensor {raw.name!r} is stored as {raw.type_name}, which runlm's kernels do not read")
     if as_head:
         return Rows(blocks=reader.linear([name])[0], width=width)
-    shared = reuse()
-    if shared is not None:
-        return shared
     return Rows(blocks=Part(raw.data.reshape(raw.shape[0], -1), KERNEL_TYPES[raw.type_name], raw.shape[0]),
                 width=width)
 
