@@ -5,6 +5,7 @@ that answers prompts runs on the one decode loop, runlm.engine."""
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
@@ -28,7 +29,7 @@ from runlm.cluster.simulate import run_from_args as run_simulation_from_args
 from runlm.engine import Engine, GenerationRequest, ImageInput
 from runlm.errors import RunlmError
 from runlm.pixels import image_to_rgb
-from runlm.runtime import load, require_torch
+from runlm.runtime import TORCH_EXTRA, load, require_torch
 from runlm.shapes import SHAPES
 from runlm.system import cpu_name, meminfo_bytes
 from runlm.text import ChatTemplate
@@ -194,27 +195,34 @@ def _gib(nbytes: int | None) -> str:
     return "?" if nbytes is None else f"{nbytes / 2**30:.1f} GiB"
 
 
-def system_rows() -> list[tuple[str, str]]:
-    """What decides runlm's speed here: the CPU, the kernels' dispatch (chosen at build time for this CPU), threads."""
-    require_torch("runlm info --system")
-    import torch
+def system_rows(threads: int | None = None) -> list[tuple[str, str]]:
+    """What decides runlm's speed here: the CPU, the kernels' variant (the one the native runtime loads for this
+    CPU), threads. No PyTorch: its version is read from the installed package's metadata."""
+    from runlm.native import library
+    from runlm.quant import build
 
-    from runlm.quant import kernels
-
-    isa = kernels.isa()
+    try:
+        isa = library.isa()
+    except RunlmError as exc:
+        isa = None
+        off = str(exc)
     rows = [
         ("cpu", cpu_name()),
         ("cores", str(os.cpu_count())),
-        ("threads", str(torch.get_num_threads())),
-        ("kernels", isa or f"off ({kernels.unavailable_reason() or 'disabled'}): plain PyTorch"),
+        ("threads", str(threads or os.environ.get("OMP_NUM_THREADS") or os.cpu_count())),
+        ("kernels", isa or f"off ({off})"),
     ]
     if isa is not None:
-        rows.append(("kernel flags", kernels.build_flags()))
-        rows.append(("AMX tiles", "used for K-quant and Q8_0 prefill" if "amx" in isa else kernels.amx_absence()))
-        rows.append(("decode walk", kernels.decode_walk_summary()))
+        rows.append(("kernel flags", " ".join(build.variant_cflags())))
+        rows.append(("AMX tiles", "used for K-quant and Q8_0 prefill" if "amx" in isa else build.amx_absence()))
+        rows.append(("decode walk", build.decode_walk_summary(isa)))
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = f"not installed (the PyTorch backend: {TORCH_EXTRA})"
     rows += [
         ("memory", _gib(meminfo_bytes("MemTotal")) + " total, " + _gib(meminfo_bytes("MemAvailable")) + " available"),
-        ("torch", f"{torch.__version__} (cuda: {'yes' if torch.cuda.is_available() else 'no'})"),
+        ("torch", torch_version),
     ]
     return rows
 
@@ -224,11 +232,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         if args.model_arg or args.model:
             print("runlm: error: info --system describes this machine; give it no model", file=sys.stderr)
             return 2
-        if args.threads:
-            import torch
-
-            torch.set_num_threads(args.threads)
-        for key, value in system_rows():
+        for key, value in system_rows(args.threads):
             print(f"{key:>16}: {value}")
         return 0
     loaded = _load(args, args.model_arg or args.model)

@@ -72,3 +72,11 @@ def test_a_directory_model_takes_the_pytorch_backend_quietly(tmp_path):
     out = runlm("generate", "-m", str(tmp_path / "hf"), "--raw", "--max-tokens", "4", "Once upon a time")
     assert out.returncode == 0, out.stderr
     assert "native" not in out.stderr and out.stdout.strip()
+
+
+def test_info_system_needs_no_torch(without_torch):
+    """`runlm info --system` describes the native runtime's kernels; PyTorch's version is read, not imported."""
+    out = runlm("info", "--system", env=without_torch)
+    assert out.returncode == 0, out.stderr
+    fields = dict(line.strip().split(": ", 1) for line in out.stdout.splitlines())
+    assert fields["kernels"] and "torch" in fields and "Traceback" not in out.stderr

@@ -163,8 +163,33 @@ def decode_walk_name() -> str:
     return "burst" if cpu_vendor() == "AuthenticAMD" else "line"
 
 
+def decode_walk_summary(isa: str) -> str:
+    """The decode walk of a build for instruction set `isa` in words (`runlm info --system`): the 16-row kernels'
+    (AVX-512 builds) walk, or none."""
+    if not isa.startswith("avx512"):
+        return "none: this build has no 16-row kernels"
+    walk = decode_walk_name()
+    line, burst, kquant_streams, wide32_streams = DECODE_WALKS[walk]
+    how = f"a prefetch {line} B on with each weight line" if line else "no line prefetch"
+    if burst:
+        how += f", the super-block >= {burst} B on, whole, before each decode step"
+    groups = f"groups per thread side by side: {kquant_streams} (K-quants), {wide32_streams} (32-wide types)"
+    return f"{walk} ({how}; {groups}; {WALK_ENV_VAR}={'|'.join(DECODE_WALKS)} to choose)"
+
+
+def amx_absence() -> str:
+    """Why K-quant and Q8_0 prefill do not run on AMX tiles here (for a build whose instruction set has no "+amx")."""
+    if "amx_int8" not in cpu_flags().split():
+        return "not on this CPU (the vector kernels run prefill)"
+    if os.environ.get("RUNLM_AMX", "").strip() == "0":
+        return "on this CPU, off by RUNLM_AMX=0"
+    if variant() != "amx":
+        return f"on this CPU, not in the {variant()} build"
+    return "on this CPU, but the kernel did not grant the process the tile state"
+
+
 __all__ = [
     "BLOCK_LAYOUTS", "CFLAGS", "DECODE_WALKS", "ENV_VAR", "ISA_VARIANTS", "KERNEL_TYPES", "Q8_0_BYTES", "Q8_0_VALUES",
-    "QK_K", "SOURCE", "SOURCES", "STANDALONE_FLAGS", "WALK_ENV_VAR", "X4", "X4_TYPES", "best_variant", "build_key",
-    "decode_walk_name", "source_key", "variant", "variant_cflags", "variants",
+    "QK_K", "SOURCE", "SOURCES", "STANDALONE_FLAGS", "WALK_ENV_VAR", "X4", "X4_TYPES", "amx_absence", "best_variant",
+    "build_key", "decode_walk_name", "decode_walk_summary", "source_key", "variant", "variant_cflags", "variants",
 ]

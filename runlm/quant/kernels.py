@@ -55,7 +55,6 @@ from torch.utils import cpp_extension
 from runlm.errors import InvalidInputError, ModelLoadError
 from runlm.quant import build
 from runlm.quant.dequant import BLOCK_LAYOUTS, dequantize, normalize_type_name
-from runlm.system import cpu_flags
 
 KERNEL_TYPES, X4_TYPES, X4 = build.KERNEL_TYPES, build.X4_TYPES, build.X4
 
@@ -256,16 +255,8 @@ def decode_walk() -> str | None:
 
 
 def decode_walk_summary() -> str:
-    """The decode walk in words, for `runlm info --system`."""
-    walk = decode_walk()
-    if walk is None:
-        return "none: this build has no 16-row kernels"
-    line, burst, kquant_streams, wide32_streams = DECODE_WALKS[walk]
-    how = f"a prefetch {line} B on with each weight line" if line else "no line prefetch"
-    if burst:
-        how += f", the super-block >= {burst} B on, whole, before each decode step"
-    groups = f"groups per thread side by side: {kquant_streams} (K-quants), {wide32_streams} (32-wide types)"
-    return f"{walk} ({how}; {groups}; {WALK_ENV_VAR}={'|'.join(DECODE_WALKS)} to choose)"
+    """The decode walk in words (build.decode_walk_summary for this build)."""
+    return build.decode_walk_summary(isa() or "")
 
 
 def build_flags() -> str:
@@ -275,13 +266,7 @@ def build_flags() -> str:
 
 def amx_absence() -> str:
     """Why K-quant and Q8_0 prefill do not run on AMX tiles here (when `isa()` has no "+amx")."""
-    if "amx_int8" not in cpu_flags().split():
-        return "not on this CPU (the vector kernels run prefill)"
-    if os.environ.get("RUNLM_AMX", "").strip() == "0":
-        return "on this CPU, off by RUNLM_AMX=0"
-    if build.variant() != "amx":
-        return f"on this CPU, not in the {build.variant()} build"
-    return "on this CPU, but the kernel did not grant the process the tile state"
+    return build.amx_absence()
 
 
 def unavailable_reason() -> str | None:
