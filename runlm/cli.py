@@ -246,7 +246,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("vocabulary", str(cfg.vocab_size)),
         ("layers", str(cfg.num_layers)),
         ("hidden size", str(cfg.hidden_size)),
-        ("heads (q / kv)", f"{cfg.num_heads} / {cfg.num_kv_heads}"),
+        ("heads (q / kv)", f"{cfg.num_heads} / {cfg.num_kv_heads} of {cfg.head_dim}"),
+        *_family_rows(loaded),
         ("chat template", "yes" if loaded.chat_template is not None else "no"),
         ("runtime", loaded.runtime),
         ("kernels", _kernels_row(loaded.runtime)),
@@ -254,6 +255,13 @@ def cmd_info(args: argparse.Namespace) -> int:
     for key, value in rows:
         print(f"{key:>16}: {value}")
     return 0
+
+
+def _family_rows(loaded) -> list[tuple[str, str]]:
+    from runlm import families
+
+    spec = next((s for s in families.specs().values() if s.name == loaded.family), None)
+    return [] if spec is None else spec.describe(loaded.config)
 
 
 def _kernels_row(runtime: str) -> str:

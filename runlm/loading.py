@@ -157,7 +157,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | 
         gguf,
         rename=lambda name: gguf_name(name, family.gguf_overrides),
         row_perm=lambda name: family.gguf_row_perm(name, config),
-        expect=expected_shapes(config),
+        expect=expected_shapes(config, family.qk_norm_whole),
     )
     model = family.build(config, WeightLoader(source, dtype, packed))
     runner = family.runner(model, family.name, max_context, swa_full=swa_full)
@@ -190,7 +190,7 @@ def _load_hf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | No
         raise ModelLoadError(f"{path}: no tokenizer.json")
     tokenizer = Tokenizer.from_hf_dir(path)
     check_vocabulary(tokenizer, config.vocab_size, path)
-    source = SafetensorsSource(path, family.hf_prefixes, expect=expected_shapes(config))
+    source = SafetensorsSource(path, family.hf_prefixes, expect=expected_shapes(config, family.qk_norm_whole))
     model = family.build(config, WeightLoader(source, dtype, packed=False))  # safetensors hold plain floats
     runner = family.runner(model, family.name, max_context, swa_full=swa_full)
     return LoadedModel(

@@ -262,7 +262,8 @@ def attention(
 
 
 class Attention(nn.Module):
-    """Fused-QKV GQA attention with RoPE, optional per-head q/k norms and a sliding window."""
+    """Fused-QKV GQA attention with RoPE, an optional Q/K/V bias, optional q/k norms (per head, or over the whole
+    projections with `qk_norm_whole`) and a sliding window."""
 
     def __init__(
         self,
@@ -277,10 +278,13 @@ class Attention(nn.Module):
         k_norm: nn.Module | None = None,
         window: int | None = None,
         softcap: float | None = None,
+        qkv_bias: torch.Tensor | None = None,
+        qk_norm_whole: bool = False,
     ):
         super().__init__()
         self.qkv, self.o_proj, self.rope = qkv, o_proj, rope
-        self.q_norm, self.k_norm = q_norm, k_norm
+        self.q_norm, self.k_norm, self.qk_norm_whole = q_norm, k_norm, qk_norm_whole
+        self.register_buffer("qkv_bias", qkv_bias, persistent=False)
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.scale, self.window, self.softcap = scale, window, softcap
         # RoPE + cache write + attention in one C++ call for single-token steps (set by models.fused at load).
@@ -290,9 +294,16 @@ class Attention(nn.Module):
         """(qkv, normed q and k, v) for x [B, T, hidden], heads split out."""
         b, t, _ = x.shape
         hq, hkv = self.n_heads, self.n_kv_heads
-        qkv = self.qkv(x).view(b, t, hq + 2 * hkv, self.head_dim)
+        qkv = self.qkv(x)
+        if self.qkv_bias is not None:
+            qkv = qkv + self.qkv_bias.to(qkv.dtype)
+        if self.q_norm is not None and self.qk_norm_whole:
+            q_width, k_width = hq * self.head_dim, hkv * self.head_dim
+            qkv = torch.cat([self.q_norm(qkv[..., :q_width]), self.k_norm(qkv[..., q_width : q_width + k_width]),
+                             qkv[..., q_width + k_width :]], dim=-1)
+        qkv = qkv.view(b, t, hq + 2 * hkv, self.head_dim)
         qk, v = qkv[:, :, : hq + hkv], qkv[:, :, hq + hkv :]
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.qk_norm_whole:
             qk = torch.cat([self.q_norm(qk[:, :, :hq]), self.k_norm(qk[:, :, hq:])], dim=2)
             qkv = torch.cat([qk, v], dim=2)
         return qkv, qk, v
@@ -350,44 +361,56 @@ class GatedMLP(nn.Module):
         return self.down(self.act(gate) * up)
 
 
-class PreNormBlock(nn.Module):
-    """x + attn(norm(x)), then x + mlp(norm(x)): Llama, Qwen3 and most decoders."""
+def _residual(h: torch.Tensor, sublayer: torch.Tensor, scale: float) -> torch.Tensor:
+    return h + sublayer if scale == 1.0 else h + sublayer * scale
 
-    def __init__(self, attn_norm: nn.Module, attn: Attention, mlp_norm: nn.Module, mlp: GatedMLP):
+
+class PreNormBlock(nn.Module):
+    """x + attn(norm(x)), then x + mlp(norm(x)): Llama, Qwen3 and most decoders. `residual_scale` multiplies each
+    sublayer's output before it is added (Granite)."""
+
+    def __init__(self, attn_norm: nn.Module, attn: Attention, mlp_norm: nn.Module, mlp: GatedMLP,
+                 residual_scale: float = 1.0):
         super().__init__()
         self.attn_norm, self.attn, self.mlp_norm, self.mlp = attn_norm, attn, mlp_norm, mlp
+        self.residual_scale = residual_scale
         self.fused = None  # the whole block in one call, where models.fused set one
 
     def forward(self, h, positions, rope_tables, cache, start, image_group=None):
         if self.fused is not None and image_group is None:
             return self.fused(h, rope_tables, [cache], [start])
-        h = h + self.attn(self.attn_norm(h), positions, rope_tables, cache, start, image_group)
-        return h + self.mlp(self.mlp_norm(h))
+        h = _residual(h, self.attn(self.attn_norm(h), positions, rope_tables, cache, start, image_group),
+                      self.residual_scale)
+        return _residual(h, self.mlp(self.mlp_norm(h)), self.residual_scale)
 
     def forward_batch(self, h, positions, rope_tables, caches, starts):
         if self.fused is not None:
             return self.fused(h, rope_tables, caches, starts)
-        h = h + self.attn.forward_batch(self.attn_norm(h), positions, rope_tables, caches, starts)
-        return h + self.mlp(self.mlp_norm(h))
+        h = _residual(h, self.attn.forward_batch(self.attn_norm(h), positions, rope_tables, caches, starts),
+                      self.residual_scale)
+        return _residual(h, self.mlp(self.mlp_norm(h)), self.residual_scale)
 
 
 class SandwichBlock(nn.Module):
-    """Norms before and after both attention and MLP, as Gemma 2/3 do."""
+    """Norms before and after both attention and MLP, as Gemma 2/3 do; with nn.Identity before each, the post-norm
+    block of OLMo 2."""
 
-    def __init__(self, norms: list[nn.Module], attn: Attention, mlp: GatedMLP):
+    def __init__(self, norms: list[nn.Module], attn: Attention, mlp: GatedMLP, residual_scale: float = 1.0):
         super().__init__()
         self.pre_attn, self.post_attn, self.pre_mlp, self.post_mlp = norms
-        self.attn, self.mlp = attn, mlp
+        self.attn, self.mlp, self.residual_scale = attn, mlp, residual_scale
         self.fused = None  # the whole block in one call, where models.fused set one
 
     def forward(self, h, positions, rope_tables, cache, start, image_group=None):
         if self.fused is not None and image_group is None:
             return self.fused(h, rope_tables, [cache], [start])
-        h = h + self.post_attn(self.attn(self.pre_attn(h), positions, rope_tables, cache, start, image_group))
-        return h + self.post_mlp(self.mlp(self.pre_mlp(h)))
+        attended = self.attn(self.pre_attn(h), positions, rope_tables, cache, start, image_group)
+        h = _residual(h, self.post_attn(attended), self.residual_scale)
+        return _residual(h, self.post_mlp(self.mlp(self.pre_mlp(h))), self.residual_scale)
 
     def forward_batch(self, h, positions, rope_tables, caches, starts):
         if self.fused is not None:
             return self.fused(h, rope_tables, caches, starts)
-        h = h + self.post_attn(self.attn.forward_batch(self.pre_attn(h), positions, rope_tables, caches, starts))
-        return h + self.post_mlp(self.mlp(self.pre_mlp(h)))
+        attended = self.attn.forward_batch(self.pre_attn(h), positions, rope_tables, caches, starts)
+        h = _residual(h, self.post_attn(attended), self.residual_scale)
+        return _residual(h, self.post_mlp(self.mlp(self.pre_mlp(h))), self.residual_scale)

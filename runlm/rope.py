@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 
+from runlm.families.config import ModelConfig
+
 ROPE_BLOCK = 1024  # positions per block of the RoPE tables
 
 
@@ -52,4 +54,26 @@ def inv_freq(head_dim: int, theta: float, scaling: dict | None = None,
     raise NotImplementedError(f"rope scaling type {kind!r} is not supported")
 
 
-__all__ = ["ROPE_BLOCK", "inv_freq", "table_block"]
+def rope_frequencies(config: ModelConfig, freq_factors: np.ndarray | None = None) -> list[np.ndarray]:
+    """Every RoPE a model's layers use, in the order `rope_index` numbers them: the global one, the sliding-window
+    layers' own base where they have one, then zeros for layers without RoPE (cos 1, sin 0: the rows pass unchanged,
+    bit for bit)."""
+    layers = range(config.num_layers)
+    ropes = [inv_freq(config.head_dim, config.rope_theta, config.rope_scaling, freq_factors)]
+    if config.rope_local_theta is not None and any(config.is_sliding(i) for i in layers):
+        ropes.append(inv_freq(config.head_dim, config.rope_local_theta, config.local_rope_scaling))
+    if not all(config.has_rope(i) for i in layers):
+        ropes.append(np.zeros(config.head_dim // 2, dtype=np.float32))
+    return ropes
+
+
+def rope_index(config: ModelConfig, layer: int) -> int:
+    """Which of `rope_frequencies(config)` layer `layer` rotates with."""
+    layers = range(config.num_layers)
+    local = config.rope_local_theta is not None and any(config.is_sliding(i) for i in layers)
+    if not config.has_rope(layer):
+        return 1 + local
+    return 1 if local and config.is_sliding(layer) else 0
+
+
+__all__ = ["ROPE_BLOCK", "inv_freq", "rope_frequencies", "rope_index", "table_block"]

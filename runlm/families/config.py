@@ -34,9 +34,20 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None
     final_softcap: float | None = None
     attn_softcap: float | None = None
+    # Granite's multipliers: embeddings, each sublayer's output before the residual add, the attention scale (instead
+    # of 1/sqrt(head_dim)), and the divisor of the logits.
+    embedding_scale: float | None = None
+    residual_scale: float = 1.0
+    attention_scale: float | None = None
+    logit_scale: float | None = None
+    # Layers that apply RoPE (SmolLM3 skips it in every fourth); empty: all of them.
+    rope_layers: list[bool] = field(default_factory=list)
 
     def is_sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
+
+    def has_rope(self, layer: int) -> bool:
+        return not self.rope_layers or self.rope_layers[layer]
 
 
 # Sane bounds: far above any released model, far below what would let a forged file ask for terabytes
@@ -71,6 +82,11 @@ KEY_NAMES: dict[str, tuple[str, str]] = {
     "final_softcap": ("final_logit_softcapping", "final_logit_softcapping"),
     "attn_softcap": ("attn_logit_softcapping", "attn_logit_softcapping"),
     "query_pre_attn_scalar": ("attention.key_length", "query_pre_attn_scalar"),
+    "embedding_scale": ("embedding_scale", "embedding_multiplier"),
+    "residual_scale": ("residual_scale", "residual_multiplier"),
+    "attention_scale": ("attention.scale", "attention_multiplier"),
+    "logit_scale": ("logit_scale", "logits_scaling"),
+    "rope_layers": ("block_count", "no_rope_layers"),
 }
 # rope_type -> the entries rope_inv_freq reads (runlm/nn.py implements these and no others).
 ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
@@ -127,9 +143,12 @@ def check_config(config: ModelConfig, where: str, source: str = "gguf", arch: st
     if not 0 < number(config.rms_eps, f"{where}: {key('rms_eps')}") < 1:
         raise fail("rms_eps", f"is {config.rms_eps}, expected a small positive number")
     number(config.rope_theta, f"{where}: {key('rope_theta')}")
-    for name in ("rope_local_theta", "query_pre_attn_scalar", "final_softcap", "attn_softcap"):
+    for name in ("rope_local_theta", "query_pre_attn_scalar", "final_softcap", "attn_softcap", "embedding_scale",
+                 "residual_scale", "attention_scale", "logit_scale"):
         if getattr(config, name) is not None:
             number(getattr(config, name), f"{where}: {key(name)}")
+    if config.rope_layers and len(config.rope_layers) != config.num_layers:
+        raise fail("rope_layers", f"gives {len(config.rope_layers)} layers' RoPE for {config.num_layers} layers")
     for scaling in (config.rope_scaling, config.local_rope_scaling):
         check_rope_scaling(scaling, f"{where}: {key('rope_scaling')}")
     if config.layer_types:
@@ -162,17 +181,21 @@ def check_rope_scaling(scaling: Any, what: str) -> None:
         raise ModelLoadError(f"{what}: llama3 low_freq_factor and high_freq_factor are equal, expected a range")
 
 
-def expected_shapes(config: ModelConfig) -> Callable[[str], tuple[int, ...] | None]:
+def expected_shapes(config: ModelConfig, qk_norm_whole: bool = False) -> Callable[[str], tuple[int, ...] | None]:
     """The shape each shared-layer weight must have under `config` (HF names; None: no rule), so a source can
-    refuse a tensor that does not match the hyperparameters before its data is read (WeightSource.expect)."""
+    refuse a tensor that does not match the hyperparameters before its data is read (WeightSource.expect).
+    `qk_norm_whole`: the family's q / k norms span the whole projections (FamilySpec.qk_norm_whole)."""
     hidden, heads, kv, hd = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
     table = {
+        "self_attn.q_proj.bias": (heads * hd,),
+        "self_attn.k_proj.bias": (kv * hd,),
+        "self_attn.v_proj.bias": (kv * hd,),
         "self_attn.q_proj.weight": (heads * hd, hidden),
         "self_attn.k_proj.weight": (kv * hd, hidden),
         "self_attn.v_proj.weight": (kv * hd, hidden),
         "self_attn.o_proj.weight": (hidden, heads * hd),
-        "self_attn.q_norm.weight": (hd,),
-        "self_attn.k_norm.weight": (hd,),
+        "self_attn.q_norm.weight": (heads * hd,) if qk_norm_whole else (hd,),
+        "self_attn.k_norm.weight": (kv * hd,) if qk_norm_whole else (hd,),
         "mlp.gate_proj.weight": (config.intermediate_size, hidden),
         "mlp.up_proj.weight": (config.intermediate_size, hidden),
         "mlp.down_proj.weight": (hidden, config.intermediate_size),
@@ -216,6 +239,8 @@ def hf_rope(config: dict, layer_type: str | None = None) -> tuple[float, dict | 
 
 
 def default_attention_scale(config: ModelConfig) -> float:
+    if config.attention_scale is not None:
+        return config.attention_scale
     return 1.0 / math.sqrt(config.query_pre_attn_scalar or config.head_dim)
 
 
@@ -259,6 +284,14 @@ def gguf_common_config(gguf) -> dict[str, Any]:
         vocab = len(tokens) if isinstance(tokens, list) and tokens else None
     if vocab is None:
         raise ModelLoadError(f"{gguf.path}: cannot tell the vocabulary size")
+    head_dim = gguf_int(gguf, "attention.key_length", hidden // heads)
+    rope_dims = gguf.arch_value("rope.dimension_count")
+    low, high = LIMITS["head_dim"]
+    if (rope_dims is not None and rope_dims != head_dim and low <= head_dim <= high  # else check_config says why
+            and gguf.arch_value("attention.key_length") is not None):
+        arch = gguf.architecture
+        raise ModelLoadError(f"{gguf.path}: {arch}.rope.dimension_count is {rope_dims} but heads have {head_dim} "
+                             f"values: partial RoPE is not supported")
     return dict(
         vocab_size=integer(vocab, f"{gguf.path}: {gguf.architecture}.vocab_size"),
         hidden_size=hidden,
@@ -267,7 +300,7 @@ def gguf_common_config(gguf) -> dict[str, Any]:
                            *LIMITS["num_layers"]),
         num_heads=heads,
         num_kv_heads=gguf_int(gguf, "attention.head_count_kv", heads),
-        head_dim=gguf_int(gguf, "attention.key_length", hidden // heads),
+        head_dim=head_dim,
         rms_eps=gguf_float(gguf, "attention.layer_norm_rms_epsilon", 1e-6),
         rope_theta=gguf_float(gguf, "rope.freq_base", 10000.0),
         max_position=gguf_int(gguf, "context_length", 4096),
@@ -293,6 +326,9 @@ def hf_common_config(cfg: dict) -> dict[str, Any]:
     heads = integer(hf_int(cfg, "num_attention_heads"), "config.json num_attention_heads", *LIMITS["num_heads"])
     hidden = hf_int(cfg, "hidden_size")
     theta, scaling = hf_rope(cfg)
+    partial = cfg.get("partial_rotary_factor", 1.0)
+    if partial != 1.0:
+        raise ModelLoadError(f"config.json partial_rotary_factor is {_show(partial)}: partial RoPE is not supported")
     tie = cfg.get("tie_word_embeddings", True)
     if not isinstance(tie, bool):
         raise ModelLoadError(f"config.json tie_word_embeddings is {_show(tie)}, expected true or false")

@@ -7,9 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runlm.errors import ModelLoadError
 from runlm.families.config import ModelConfig
 
-NORM_PLACEMENTS = ("pre", "sandwich")
+NORM_PLACEMENTS = ("pre", "sandwich", "post")
+# Tensors some checkpoints carry that no family here applies (biases beyond Q/K/V's): refused where present.
+UNAPPLIED_TENSORS = ("self_attn.o_proj.bias", "mlp.gate_proj.bias", "mlp.up_proj.bias", "mlp.down_proj.bias")
 ACTIVATIONS = ("silu", "gelu_tanh")
 
 
@@ -18,9 +21,10 @@ class FamilySpec:
     """One decoder-only family. The numbers of a model (sizes, RoPE bases, window, soft-caps) come from its file
     through the two config readers; everything here is what the family always does.
 
-    - `norms`: "pre" (RMSNorm before attention and before the MLP: Llama, Qwen) or "sandwich" (before and after
-      each: Gemma 2/3).
-    - `qk_norm`: an RMSNorm over each head of the queries and keys (Qwen3, Gemma 3).
+    - `norms`: "pre" (RMSNorm before attention and before the MLP: Llama, Qwen), "sandwich" (before and after
+      each: Gemma 2/3) or "post" (after each only: OLMo 2).
+    - `qk_norm`: an RMSNorm over each head of the queries and keys (Qwen3, Gemma 3); with `qk_norm_whole`, one over
+      the whole query and key projections (OLMo 2).
     - `activation`: the gated MLP's, "silu" or "gelu_tanh".
     - `norm_offset`: added to RMSNorm weights as Hugging Face stores them (Gemma's 1 + w); GGUF files store the sum.
     - `scale_embeddings`: embeddings are multiplied by sqrt(hidden) (Gemma).
@@ -32,7 +36,8 @@ class FamilySpec:
     - `hf_prefixes`: (strip, add) name prefixes to try for checkpoints that nest the text model.
     - `chat_format`: the built-in chat template for files that carry none.
     - `vision`: the family can take a vision tower (an mmproj GGUF beside the model, or a HF vision config).
-    Sliding-window layers, their RoPE base, soft-caps and the attention scale are read into ModelConfig.
+    Sliding-window layers, their RoPE base, layers without RoPE, soft-caps, the attention scale, a Q/K/V bias and
+    Granite's multipliers are read from the file into ModelConfig or from its tensors.
     """
 
     name: str
@@ -42,6 +47,7 @@ class FamilySpec:
     config_from_hf: Callable[[dict], ModelConfig]
     norms: str = "pre"
     qk_norm: bool = False
+    qk_norm_whole: bool = False
     activation: str = "silu"
     norm_offset: float = 0.0
     scale_embeddings: bool = False
@@ -59,14 +65,19 @@ class FamilySpec:
             raise ValueError(f"{self.name}: activation must be one of {ACTIVATIONS}, not {self.activation!r}")
 
     @property
-    def norm_names(self) -> tuple[str, ...]:
-        """Each block's RMSNorms in the order they apply (Hugging Face names)."""
+    def norm_names(self) -> tuple[str | None, ...]:
+        """Each block's RMSNorms in the order they apply (Hugging Face names): two before attention and the MLP, or
+        four before and after each, None where the family has none (post-norm blocks)."""
         if self.norms == "sandwich":
             return ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                     "post_feedforward_layernorm")
+        if self.norms == "post":
+            return (None, "post_attention_layernorm", None, "post_feedforward_layernorm")
         return ("input_layernorm", "post_attention_layernorm")
 
     def embed_scale(self, config: ModelConfig) -> float | None:
+        if config.embedding_scale is not None:
+            return config.embedding_scale
         return math.sqrt(config.hidden_size) if self.scale_embeddings else None
 
     def head_name(self, has_lm_head: bool, config: ModelConfig) -> str:
@@ -75,14 +86,53 @@ class FamilySpec:
             return "model.embed_tokens.weight"
         return "lm_head.weight"
 
+    def describe(self, config: ModelConfig) -> list[tuple[str, str]]:
+        """What this model does, as read from its spec and file (`runlm info` prints it)."""
+        layers = config.num_layers
+        qk = {False: "", True: ", q/k norms per head"}[self.qk_norm and not self.qk_norm_whole]
+        qk += ", q/k norms over the projections" if self.qk_norm_whole else ""
+        rope = f"theta {config.rope_theta:g}"
+        if config.rope_scaling:
+            rope += f", {config.rope_scaling.get('rope_type', config.rope_scaling.get('type'))} scaling"
+        if config.rope_local_theta is not None and config.layer_types:
+            rope += f", theta {config.rope_local_theta:g} on sliding layers"
+        unrotated = [i for i in range(layers) if not config.has_rope(i)]
+        if unrotated:
+            rope += f", none in layers {', '.join(map(str, unrotated))}"
+        sliding = sum(config.is_sliding(i) for i in range(layers))
+        attention = f"sliding window {config.sliding_window} in {sliding} of {layers} layers" if sliding else "full"
+        if config.attn_softcap is not None:
+            attention += f", soft cap {config.attn_softcap:g}"
+        rows = [
+            ("architecture", f"{self.name}: {self.norms}-norm blocks{qk}, {self.activation} MLP"),
+            ("rope", rope),
+            ("attention", attention),
+            ("head", "tied to the embedding" if self.tied_head or config.tie_embeddings else "its own"),
+        ]
+        scales = [f"{label} {value:g}" for label, value in (
+            ("embedding", config.embedding_scale), ("attention", config.attention_scale),
+            ("residual", None if config.residual_scale == 1.0 else config.residual_scale),
+            ("logits 1/", config.logit_scale), ("final soft cap", config.final_softcap)) if value is not None]
+        if scales:
+            rows.append(("scales", ", ".join(scales)))
+        return rows
+
+    def refuse_unapplied(self, has: Callable[[str], bool], layer: int, where: object) -> None:
+        """Refuse a block whose file holds tensors runlm would not apply (a bias on o, gate, up or down): a model
+        run without them would answer, wrongly."""
+        p = f"model.layers.{layer}."
+        unapplied = [p + name for name in UNAPPLIED_TENSORS if has(p + name)]
+        if unapplied:
+            raise ModelLoadError(f"{where}: holds {', '.join(unapplied)}, which runlm does not apply")
+
     def qk_rows_order(self, name: str, config: ModelConfig) -> list[int] | None:
-        """For a GGUF Q or K weight of a family whose rows llama.cpp interleaved: the stored row to take for each
-        row of the half-split layout (None for every other weight)."""
+        """For a GGUF Q or K weight (or bias) of a family whose rows llama.cpp interleaved: the stored row to take for
+        each row of the half-split layout (None for every other weight)."""
         if not self.gguf_qk_interleaved:
             return None
-        if name.endswith("self_attn.q_proj.weight"):
+        if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
             heads = config.num_heads
-        elif name.endswith("self_attn.k_proj.weight"):
+        elif name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
             heads = config.num_kv_heads
         else:
             return None

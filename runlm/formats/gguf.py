@@ -396,12 +396,14 @@ class GGUFSource(WeightSource):
                 f"(it reads: {', '.join(BLOCK_LAYOUTS)})"
             )
         perm = self.row_perm(name)
-        if perm is None:
+        if perm is None or len(raw.shape) == 1:  # a vector (a Q or K bias) is put in order by `tensor`
             return raw
         return RawTensor(raw.name, raw.type_name, raw.shape, raw.read_rows(0, raw.shape[0])[perm.numpy()])
 
     def tensor(self, name: str) -> torch.Tensor:
-        return _dequantized(self.raw(name), self.path)
+        values = _dequantized(self.raw(name), self.path)
+        perm = self.row_perm(name) if values.dim() == 1 else None
+        return values if perm is None else values[perm]
 
 
 def find_mmproj(model_path: Path) -> list[Path]:

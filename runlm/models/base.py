@@ -192,6 +192,8 @@ class DecoderLM(nn.Module):
     def _logits(self, normed: torch.Tensor) -> torch.Tensor:
         """The LM head (and the final soft cap where the model has one), in float32."""
         logits = self.head(normed).float()
+        if self.config.logit_scale is not None:
+            logits = logits / self.config.logit_scale
         cap = self.config.final_softcap
         return torch.tanh(logits / cap) * cap if cap is not None else logits
 

@@ -4,12 +4,16 @@ code. Quantized weights come from WeightLoader (GGUF blocks, packed or dense); k
 
 from __future__ import annotations
 
+import torch
+from torch import nn
+
+from runlm.errors import ModelLoadError
 from runlm.families.config import ModelConfig, default_attention_scale
 from runlm.families.spec import FamilySpec
 from runlm.formats.gguf import GGUFSource
 from runlm.models.base import DecoderLM, WeightLoader
 from runlm.nn import Attention, GatedMLP, PreNormBlock, RMSNorm, Rope, SandwichBlock
-from runlm.rope import inv_freq
+from runlm.rope import rope_frequencies, rope_index
 
 
 def build_decoder(spec: FamilySpec, config: ModelConfig, weights: WeightLoader) -> DecoderLM:
@@ -20,14 +24,21 @@ def build_decoder(spec: FamilySpec, config: ModelConfig, weights: WeightLoader) 
     def norm(name: str) -> RMSNorm:
         return RMSNorm(weights.norm_weight(name), eps, offset)
 
+    def bias(names: list[str]) -> torch.Tensor | None:
+        present = [weights.source.has(name) for name in names]
+        if not any(present):
+            return None
+        if not all(present):
+            raise ModelLoadError(f"{weights.source.path}: has some of a projection's biases but not all of "
+                                 f"{', '.join(names)}")
+        return torch.cat([weights.source.tensor(name).float() for name in names])
+
     freq_factors = weights.source.tensor("rope_freqs.weight") if weights.source.has("rope_freqs.weight") else None
-    ropes = [Rope(inv_freq(config.head_dim, config.rope_theta, config.rope_scaling,
-                           None if freq_factors is None else freq_factors.numpy()))]
-    if config.rope_local_theta is not None and any(config.is_sliding(i) for i in range(config.num_layers)):
-        ropes.append(Rope(inv_freq(config.head_dim, config.rope_local_theta, config.local_rope_scaling)))
+    ropes = [Rope(f) for f in rope_frequencies(config, None if freq_factors is None else freq_factors.numpy())]
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
+        spec.refuse_unapplied(weights.source.has, i, weights.source.path)
         sliding = config.is_sliding(i)
         attn = Attention(
             qkv=weights.linear([p + f"self_attn.{x}_proj.weight" for x in "qkv"]),
@@ -35,21 +46,24 @@ def build_decoder(spec: FamilySpec, config: ModelConfig, weights: WeightLoader) 
             n_heads=config.num_heads,
             n_kv_heads=config.num_kv_heads,
             head_dim=config.head_dim,
-            rope=ropes[-1] if sliding else ropes[0],
+            rope=ropes[rope_index(config, i)],
             scale=default_attention_scale(config),
             q_norm=norm(p + "self_attn.q_norm.weight") if spec.qk_norm else None,
             k_norm=norm(p + "self_attn.k_norm.weight") if spec.qk_norm else None,
             window=config.sliding_window if sliding else None,
             softcap=config.attn_softcap,
+            qkv_bias=bias([p + f"self_attn.{x}_proj.bias" for x in "qkv"]),
+            qk_norm_whole=spec.qk_norm_whole,
         )
         mlp = GatedMLP(
             weights.linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
             weights.linear([p + "mlp.down_proj.weight"]),
             activation=spec.activation,
         )
-        norms = [norm(p + name + ".weight") for name in spec.norm_names]
-        layers.append(SandwichBlock(norms, attn, mlp) if spec.norms == "sandwich"
-                      else PreNormBlock(norms[0], attn, norms[1], mlp))
+        norms = [nn.Identity() if name is None else norm(p + name + ".weight") for name in spec.norm_names]
+        scale = config.residual_scale
+        layers.append(SandwichBlock(norms, attn, mlp, scale) if len(norms) == 4
+                      else PreNormBlock(norms[0], attn, norms[1], mlp, scale))
     head = spec.head_name(weights.source.has("lm_head.weight"), config)
     return DecoderLM(
         config,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runlm.nn import Attention, PreNormBlock, SandwichBlock
+from runlm.nn import Attention, PreNormBlock, RMSNorm, SandwichBlock
 from runlm.quant import kernels
 from runlm.quant.int4 import ConcatLinear, DenseLinear
 from runlm.quant.kernels import GGUFLinear
@@ -72,8 +72,13 @@ class FusedBlock:
             return False
         attn, mlp = block.attn, block.mlp
         singles = [_kernel_parts(attn.o_proj), _kernel_parts(mlp.down)]
+        plain = [getattr(block, n) for n in ("attn_norm", "mlp_norm", "pre_attn", "pre_mlp") if hasattr(block, n)]
         return (
             _kernel_parts(attn.qkv) is not None
+            and attn.qkv_bias is None
+            and not attn.qk_norm_whole
+            and block.residual_scale == 1.0
+            and all(isinstance(norm, RMSNorm) for norm in plain)
             and _kernel_parts(mlp.gate_up) is not None
             and all(p is not None and len(p) == 1 for p in singles)
             and attn.softcap is None

@@ -24,7 +24,7 @@ from runlm.native import library
 from runlm.native.weights import NativeRefusal, WeightReader, table
 from runlm.quant import build
 from runlm.quant.build import Q8_0_BYTES, Q8_0_VALUES
-from runlm.rope import inv_freq, table_block
+from runlm.rope import rope_frequencies, rope_index, table_block
 
 PREFILL_CHUNK = 256
 # KV cache element types: numpy dtype of a row element, and kernels.cpp's KvType
@@ -60,8 +60,6 @@ def model_config(gguf: GGUFFile) -> tuple[FamilySpec, ModelConfig]:
 def refusal(spec: FamilySpec, config: ModelConfig, path: Path) -> str | None:
     """Why a model cannot run on the native runtime, from its spec and numbers alone (None: nothing yet; its tensor
     types are checked as they are read)."""
-    if config.attn_softcap is not None:
-        return "its attention has a soft cap, which the fused blocks do not apply"
     if config.head_dim % 8:
         return f"its heads have {config.head_dim} values, not a multiple of 8"
     if spec.vision and find_mmproj(path):
@@ -106,9 +104,7 @@ class NativeModel:
         the stack points into are kept here for its life."""
         spec, config = self.spec, self.config
         freq_factors = reader.floats("rope_freqs.weight") if reader.has("rope_freqs.weight") else None
-        self.inv_freqs = [inv_freq(config.head_dim, config.rope_theta, config.rope_scaling, freq_factors)]
-        if config.rope_local_theta is not None and any(config.is_sliding(i) for i in range(config.num_layers)):
-            self.inv_freqs.append(inv_freq(config.head_dim, config.rope_local_theta, config.local_rope_scaling))
+        self.inv_freqs = rope_frequencies(config, freq_factors)
         self._rope_tables = [(np.empty((0, self.head_dim), np.float32),) * 2 for _ in self.inv_freqs]
         self.stack = lib.rl_stack_new()
         weakref.finalize(self, lib.rl_stack_free, self.stack)
@@ -124,30 +120,36 @@ class NativeModel:
         # a tied head's blocks serve the embedding's lookups too: one copy of the table, as on the PyTorch backend
         self.embed = self.head if tied else table(reader, "model.embed_tokens.weight", as_head=False)
         self.embed_scale = spec.embed_scale(config)
-        self.final_softcap = config.final_softcap
+        self.final_softcap, self.logit_scale = config.final_softcap, config.logit_scale
 
     def _add_block(self, lib, reader: WeightReader, i: int) -> None:
         spec, config = self.spec, self.config
         p = f"model.layers.{i}."
-        norms = [self._keep(reader.floats(p + name + ".weight")) for name in spec.norm_names]
+        spec.refuse_unapplied(reader.has, i, self.path)
+        norms = [None if name is None else self._keep(reader.floats(p + name + ".weight")) for name in spec.norm_names]
         q_norm = self._keep(reader.floats(p + "self_attn.q_norm.weight")) if spec.qk_norm else None
         k_norm = self._keep(reader.floats(p + "self_attn.k_norm.weight")) if spec.qk_norm else None
         qkv = reader.linear([p + f"self_attn.{x}_proj.weight" for x in "qkv"])
+        qkv_bias = reader.bias([p + f"self_attn.{x}_proj.bias" for x in "qkv"])
         (o,) = reader.linear([p + "self_attn.o_proj.weight"])
         gate_up = reader.linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
         (down,) = reader.linear([p + "mlp.down_proj.weight"])
         self._kept += [part.data for part in (*qkv, o, *gate_up, down)]
         sliding = config.is_sliding(i)
         block = library.Block(
-            norms=(ctypes.c_void_p * 4)(*(library.address(n) for n in norms)), n_norms=len(norms),
+            norms=(ctypes.c_void_p * 4)(*(None if n is None else library.address(n) for n in norms)),
+            n_norms=len(norms),
             hidden=self.hidden, eps=config.rms_eps,
             q_norm=None if q_norm is None else library.address(q_norm),
             k_norm=None if k_norm is None else library.address(k_norm),
             qkv=(library.Weight * 3)(*(part.weight() for part in qkv)), n_qkv=len(qkv), o=o.weight(),
             gate_up=(library.Weight * 2)(*(part.weight() for part in gate_up)), n_gate_up=len(gate_up),
             down=down.weight(), gelu=int(spec.activation == "gelu_tanh"),
-            rope=len(self.inv_freqs) - 1 if sliding else 0, window=config.sliding_window if sliding else 0,
+            rope=rope_index(config, i), window=config.sliding_window if sliding else 0,
             n_heads=config.num_heads, n_kv_heads=config.num_kv_heads, scale=default_attention_scale(config),
+            qkv_bias=None if qkv_bias is None else library.address(self._keep(qkv_bias)),
+            qk_norm_whole=int(spec.qk_norm_whole), residual_scale=config.residual_scale,
+            attn_softcap=config.attn_softcap or 0.0,
         )  # fmt: skip
         library.check(lib.rl_stack_add_block(self.stack, ctypes.byref(block)))
         self.blocks.append(BlockShape(config.num_kv_heads, block.window, sliding))
@@ -307,6 +309,8 @@ class NativeModel:
 
     def _logits(self, h: np.ndarray) -> np.ndarray:
         logits = self.head.multiply(library.rms_norm(h, self.final_norm, self.final_eps))
+        if self.logit_scale is not None:
+            logits /= np.float32(self.logit_scale)
         cap = self.final_softcap
         if cap is not None:
             logits = (np.tanh(logits / np.float32(cap)) * np.float32(cap)).astype(np.float32)

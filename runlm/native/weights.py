@@ -51,7 +51,7 @@ class WeightReader:
 
     def __init__(self, gguf: GGUFFile, spec: FamilySpec, config: ModelConfig):
         self.gguf, self.spec, self.config = gguf, spec, config
-        self.expect = expected_shapes(config)
+        self.expect = expected_shapes(config, spec.qk_norm_whole)
         self._scratch = np.empty(0, dtype=np.uint8)
 
     def has(self, name: str) -> bool:
@@ -81,6 +81,22 @@ class WeightReader:
             return library.dequantize_rows(row, KERNEL_TYPES[raw.type_name], 1, raw.shape[0], np.zeros(1))[0]
         raise NativeRefusal(f"its tensor {raw.name!r} is stored as {raw.type_name}, which the native runtime does not "
                             f"read as floats")
+
+    def bias(self, names: Sequence[str]) -> np.ndarray | None:
+        """The biases of a projection stacked as `linear` stacks its weights (rows put back as the spec's order
+        puts the weights' back), or None where the file has none; a file with only some of them is refused."""
+        present = [self.has(name) for name in names]
+        if not any(present):
+            return None
+        if not all(present):
+            missing = [gguf_name(n, self.spec.gguf_names) for n, here in zip(names, present) if not here]
+            raise ModelLoadError(f"{self.gguf.path}: has some of a projection's biases but not {', '.join(missing)}")
+        parts = []
+        for name in names:
+            values = self.floats(name)
+            order = self.spec.qk_rows_order(name, self.config)
+            parts.append(values if order is None else values[order])
+        return np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
 
     def linear(self, names: Sequence[str]) -> list[Part]:
         """One projection from weights stacked along the output dimension (q/k/v, gate/up): one part where they

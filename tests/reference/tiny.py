@@ -69,7 +69,7 @@ def _write_hf_tokenizer(directory: Path, tok) -> None:
     )
 
 
-def _randomize(model: torch.nn.Module, seed: int) -> None:
+def _randomize(model: torch.nn.Module, seed: int, scale: float = 0.15) -> None:
     """Weights large enough that logits differ clearly between tokens."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -77,7 +77,7 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
             if "norm" in name:
                 param.copy_(1.0 + 0.2 * torch.randn(param.shape, generator=gen))
             else:
-                param.copy_(0.15 * torch.randn(param.shape, generator=gen))
+                param.copy_(scale * torch.randn(param.shape, generator=gen))
 
 
 def _gguf_tokenizer(writer, tok) -> None:

@@ -14,7 +14,8 @@ struct RlWeight {
 
 // One transformer block, whole: what rl_stack_add_block takes (runlm.native.library.Block mirrors it field by field).
 // Norms in the order they apply: two (pre-norm: before attention, before the MLP) or four (sandwich: before and
-// after each). q/k/v and gate/up may come in parts of different types, stacked along the output dimension.
+// after each; a null one is skipped, so post-norm blocks pass only the after-norms). q/k/v and gate/up may come in
+// parts of different types, stacked along the output dimension.
 struct RlBlock {
   const float* norms[4];
   int64_t n_norms;
@@ -34,6 +35,10 @@ struct RlBlock {
   int64_t n_heads;
   int64_t n_kv_heads;
   double scale;  // attention's query scale
+  const float* qkv_bias;  // added to the q/k/v projection (n_heads + 2 n_kv_heads) * head_dim values, or null
+  int64_t qk_norm_whole;  // q / k norms span the whole projection (OLMo 2), not each head
+  double residual_scale;  // each sublayer's output is scaled by this before the residual add (Granite; else 1)
+  double attn_softcap;  // attention scores s become cap * tanh(s / cap) (Gemma 2); 0 for none
 };
 
 namespace {
@@ -135,6 +140,9 @@ int rl_stack_add_block(void* stack, const RlBlock* block) {
   return guarded([&] {
     const RlBlock& in = *block;
     RUNLM_CHECK(in.n_norms == 2 || in.n_norms == 4, "two (pre-norm) or four (sandwich) norms expected");
+    RUNLM_CHECK(in.norms[1] != nullptr && (in.n_norms == 2 ? in.norms[0] != nullptr : in.norms[3] != nullptr),
+                "only a sandwich block's before-norms may be left out");
+    RUNLM_CHECK(in.residual_scale > 0 && std::isfinite(in.residual_scale), "bad residual scale");
     RUNLM_CHECK(in.n_qkv >= 1 && in.n_qkv <= 3 && in.n_gate_up >= 1 && in.n_gate_up <= 2,
                 "one to three q/k/v parts and one or two gate/up parts expected");
     RUNLM_CHECK(in.n_kv_heads > 0 && in.n_heads % in.n_kv_heads == 0, "heads must group evenly");
@@ -146,6 +154,10 @@ int rl_stack_add_block(void* stack, const RlBlock* block) {
     b.o = weight_parts(&in.o, 1)[0];
     b.gate_up = weight_parts(in.gate_up, in.n_gate_up);
     b.down = weight_parts(&in.down, 1)[0];
+    b.qkv_bias = in.qkv_bias, b.qk_norm_whole = in.qk_norm_whole != 0;
+    b.residual_scale = static_cast<float>(in.residual_scale);
+    RUNLM_CHECK(in.attn_softcap >= 0 && std::isfinite(in.attn_softcap), "bad attention soft cap");
+    b.attn_softcap = static_cast<float>(in.attn_softcap);
     b.gelu = in.gelu != 0, b.window = in.window, b.n_heads = in.n_heads, b.n_kv_heads = in.n_kv_heads;
     int64_t qkv_width = 0;
     for (const Weight& w : b.qkv) qkv_width += w.rows;

@@ -158,10 +158,12 @@ inline void weighted_rows_shared(const float* w, int64_t stride, const T* const*
 // Heads h0 .. h0 + H of a chunk: scores, then each head's max and exp-sum, then the weighted values.
 template <int H, typename T>
 inline void attend_heads(const float* q, const T* const* keys, const T* const* values, int64_t n, int64_t D,
-                         float* scores, int64_t stride, float* part_max, float* part_sum, float* part_out) {
+                         float* scores, int64_t stride, float* part_max, float* part_sum, float* part_out,
+                         float softcap) {
   score_rows_shared<H>(q, keys, n, D, scores, stride);
   for (int h = 0; h < H; ++h) {
     float* sr = scores + h * stride;
+    cap_scores(sr, n, softcap);
     part_max[h] = max_of(sr, n);
     part_sum[h] = exp_shift_sum(sr, n, part_max[h]);
   }
@@ -175,21 +177,23 @@ inline void attend_heads(const float* q, const T* const* keys, const T* const* v
 // go up to 4 at a time over each key and value row loaded once (the same numbers as one head at a time).
 template <typename T>
 inline void attend_chunk(const float* q, int64_t rep, const T* const* keys, const T* const* values, int64_t n,
-                         int64_t D, float* scores, int64_t stride, float* part_max, float* part_sum, float* part_out) {
+                         int64_t D, float* scores, int64_t stride, float* part_max, float* part_sum, float* part_out,
+                         float softcap = 0.f) {
   int64_t j = 0;
 #if RUNLM_AVX2
   for (; D % 16 == 0 && rep - j >= 2; j += std::min<int64_t>(4, rep - j)) {
     const int64_t heads = std::min<int64_t>(4, rep - j);
     const float* qj = q + j * D;
     float *sj = scores + j * stride, *mj = part_max + j, *zj = part_sum + j, *oj = part_out + j * D;
-    if (heads == 4) attend_heads<4>(qj, keys, values, n, D, sj, stride, mj, zj, oj);
-    else if (heads == 3) attend_heads<3>(qj, keys, values, n, D, sj, stride, mj, zj, oj);
-    else attend_heads<2>(qj, keys, values, n, D, sj, stride, mj, zj, oj);
+    if (heads == 4) attend_heads<4>(qj, keys, values, n, D, sj, stride, mj, zj, oj, softcap);
+    else if (heads == 3) attend_heads<3>(qj, keys, values, n, D, sj, stride, mj, zj, oj, softcap);
+    else attend_heads<2>(qj, keys, values, n, D, sj, stride, mj, zj, oj, softcap);
   }
 #endif
   for (; j < rep; ++j) {
     float* sr = scores + j * stride;
     score_rows(q + j * D, keys, n, D, sr);
+    cap_scores(sr, n, softcap);
     const float best = max_of(sr, n);
     part_max[j] = best;
     part_sum[j] = exp_shift_sum(sr, n, best);
@@ -235,7 +239,7 @@ inline void score_pair_tile(const float* q, const float* pairs, int64_t D, float
 // time over each key and value loaded once. scores: scratch of m rows, `stride` >= n rounded up to 8, apart.
 inline void attend_gathered(const float* qs, int64_t m, const float* key_pairs, const float* const* values, int64_t n,
                             int64_t D, float* scores, int64_t stride, float* part_max, float* part_sum,
-                            float* part_out) {
+                            float* part_out, float softcap) {
   for (int64_t v = 0; v < m; v += 4) {
     const int64_t heads = std::min<int64_t>(4, m - v);
     for (int64_t t = 0; t < n; t += 8) {
@@ -249,6 +253,7 @@ inline void attend_gathered(const float* qs, int64_t m, const float* key_pairs, 
   }
   for (int64_t v = 0; v < m; ++v) {
     float* sr = scores + v * stride;
+    cap_scores(sr, n, softcap);
     part_max[v] = max_of(sr, n);
     part_sum[v] = exp_shift_sum(sr, n, part_max[v]);
   }

@@ -32,7 +32,7 @@ struct SeqRows {
 template <typename T>
 void attention_rows(const float* q, const T* knew, const T* vnew, const std::vector<SeqRows>& seqs,
                     const std::vector<int64_t>& row_seq, const std::vector<int64_t>& row_pos, int64_t window,
-                    bool ring, int64_t n_heads, int64_t n_kv, int64_t D, float* out) {
+                    bool ring, int64_t n_heads, int64_t n_kv, int64_t D, float* out, float softcap = 0.f) {
   const int64_t R = static_cast<int64_t>(row_seq.size()), rep = n_heads / n_kv;
   // work items (row, kv head, chunk), chunks fixed by absolute position
   std::vector<int64_t> first_chunk(R), n_chunks(R);
@@ -106,7 +106,8 @@ void attention_rows(const float* q, const T* knew, const T* vnew, const std::vec
         auto attend_alone = [&](int64_t r, int64_t t0, int64_t t1, const auto* ks, const auto* vs) {
           const int64_t slot = slot_of(r);
           attend_chunk(q + (r * n_heads + g * rep) * D, rep, ks + (t0 - u0), vs + (t0 - u0), t1 - t0, D, scores.data(),
-                       kKeyChunk, part_max.data() + slot, part_sum.data() + slot, part_out.data() + slot * D);
+                       kKeyChunk, part_max.data() + slot, part_sum.data() + slot, part_out.data() + slot * D,
+                       softcap);
         };
 #if RUNLM_AVX512
         if (seeing > 1 && D % 16 == 0) {
@@ -129,7 +130,7 @@ void attention_rows(const float* q, const T* knew, const T* vnew, const std::vec
             }
           }
           attend_gathered(gathered_q.data(), m, widened_k.data(), values_f.data(), u1 - u0, D, gathered_scores.data(),
-                          kKeyChunk, gathered_max.data(), gathered_sum.data(), gathered_out.data());
+                          kKeyChunk, gathered_max.data(), gathered_sum.data(), gathered_out.data(), softcap);
           for (int64_t v = 0; v < m; ++v) {
             const int64_t slot = gathered_slot[v];
             part_max[slot] = gathered_max[v], part_sum[slot] = gathered_sum[v];
@@ -184,7 +185,7 @@ template <typename T>
 void attend_and_store(const float* q, const std::vector<float>& knew, const std::vector<float>& vnew,
                       const std::vector<SeqRows>& seqs, const std::vector<int64_t>& row_seq,
                       const std::vector<int64_t>& row_pos, int64_t window, bool ring, int64_t n_heads, int64_t n_kv,
-                      int64_t D, float* out) {
+                      int64_t D, float* out, float softcap = 0.f) {
   const int64_t R = static_cast<int64_t>(row_seq.size()), kv_width = n_kv * D;
   std::vector<T> k_typed, v_typed;
   const T* kt;
@@ -199,7 +200,7 @@ void attend_and_store(const float* q, const std::vector<float>& knew, const std:
     });
     kt = k_typed.data(), vt = v_typed.data();
   }
-  attention_rows(q, kt, vt, seqs, row_seq, row_pos, window, ring, n_heads, n_kv, D, out);
+  attention_rows(q, kt, vt, seqs, row_seq, row_pos, window, ring, n_heads, n_kv, D, out, softcap);
   for (int64_t r = 0; r < R; ++r) {
     const SeqRows& sq = seqs[row_seq[r]];
     const int64_t slot = ring ? row_pos[r] % window : row_pos[r];
@@ -217,12 +218,30 @@ void norm_heads(float* x, int64_t R, int64_t stride, int64_t offset, int64_t hea
                 double eps) {
   for (int64_t r = 0; r < R; ++r)
     for (int64_t h = 0; h < heads; ++h) {
-      float* row = x + r * stride + (offset + h) * D;
+      float* row = x + r * stride + offset + h * D;
       double sum = 0.0;
       for (int64_t i = 0; i < D; ++i) sum += static_cast<double>(row[i]) * row[i];
       const float s = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(D) + eps));
       for (int64_t i = 0; i < D; ++i) row[i] = (row[i] * s) * wp[i];
     }
+}
+
+// RMSNorm of x's rows into out, or x copied where the block has no such norm (a post-norm block's inputs).
+void norm_or_copy(const float* x, int64_t R, int64_t n, const float* w, double eps, float* out) {
+  if (w != nullptr) {
+    rms_norm_rows(x, R, n, w, eps, out);
+  } else {
+    std::memcpy(out, x, sizeof(float) * R * n);
+  }
+}
+
+// h += scale * sublayer; a scale of 1 adds exactly what it always did.
+void add_residual(float* h, const float* sublayer, int64_t n, float scale) {
+  if (scale == 1.f) {
+    for (int64_t i = 0; i < n; ++i) h[i] += sublayer[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) h[i] += scale * sublayer[i];
+  }
 }
 
 // One block's weights and shape, as block_rows reads them: the torch op and BlockStack point them into tensors, the
@@ -233,6 +252,10 @@ struct BlockWeights {
   double eps = 0, scale = 0;
   const float* q_norm = nullptr;  // per-head norms of head_dim values, or none
   const float* k_norm = nullptr;
+  const float* qkv_bias = nullptr;  // added to the q/k/v projection, or none
+  bool qk_norm_whole = false;  // q / k norms over the whole projection rather than per head
+  float residual_scale = 1.f;
+  float attn_softcap = 0.f;  // Gemma 2's cap on attention scores, 0 for none
   int64_t head_dim = 0;
   std::vector<Weight> qkv, gate_up;
   Weight o, down;
@@ -284,11 +307,19 @@ void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, co
   for (const Weight& w : b.gate_up) gate_up_rows += w.rows;
   RUNLM_CHECK(qkv_rows == stride, "runlm block: qkv projection width does not match the heads");
   std::vector<float> normed(R * hidden), xqkv(R * stride);
-  rms_norm_rows(hp, R, hidden, b.norms[0], b.eps, normed.data());
+  norm_or_copy(hp, R, hidden, b.norms[0], b.eps, normed.data());
   linear_parts_rows(normed.data(), R, hidden, b.qkv, xqkv.data());
   float* xp = xqkv.data();
-  if (b.q_norm != nullptr) norm_heads(xp, R, stride, 0, n_heads, D, b.q_norm, b.eps);
-  if (b.k_norm != nullptr) norm_heads(xp, R, stride, n_heads, n_kv_heads, D, b.k_norm, b.eps);
+  if (b.qkv_bias != nullptr)
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t i = 0; i < stride; ++i) xp[r * stride + i] += b.qkv_bias[i];
+  if (b.qk_norm_whole) {
+    if (b.q_norm != nullptr) norm_heads(xp, R, stride, 0, 1, q_width, b.q_norm, b.eps);
+    if (b.k_norm != nullptr) norm_heads(xp, R, stride, q_width, 1, kv_width, b.k_norm, b.eps);
+  } else {
+    if (b.q_norm != nullptr) norm_heads(xp, R, stride, 0, n_heads, D, b.q_norm, b.eps);
+    if (b.k_norm != nullptr) norm_heads(xp, R, stride, q_width, n_kv_heads, D, b.k_norm, b.eps);
+  }
   std::vector<float> q(R * q_width), knew(R * kv_width), vnew(R * kv_width);
   const int64_t half = D / 2;
   const float scale = static_cast<float>(b.scale);
@@ -311,14 +342,14 @@ void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, co
   std::vector<float> attended(R * q_width), projected(R * hidden);
   with_kv_type(kv_type, [&](auto element) {
     attend_and_store<decltype(element)>(q.data(), knew, vnew, seqs, rseq, rpos, b.window, ring, n_heads, n_kv_heads,
-                                        D, attended.data());
+                                        D, attended.data(), b.attn_softcap);
   });
   linear_rows(attended.data(), R, q_width, b.o, projected.data());
   if (sandwich) rms_norm_rows(projected.data(), R, hidden, b.norms[1], b.eps, projected.data());
-  for (int64_t i = 0; i < R * hidden; ++i) hp[i] += projected[i];
+  add_residual(hp, projected.data(), R * hidden, b.residual_scale);
   for (auto* done : {&xqkv, &q, &knew, &vnew, &attended}) std::vector<float>().swap(*done);  // before the MLP's own
   std::vector<float> gate_up(R * gate_up_rows);
-  rms_norm_rows(hp, R, hidden, b.norms[sandwich ? 2 : 1], b.eps, normed.data());
+  norm_or_copy(hp, R, hidden, b.norms[sandwich ? 2 : 1], b.eps, normed.data());
   linear_parts_rows(normed.data(), R, hidden, b.gate_up, gate_up.data());
   const int64_t ffn = gate_up_rows / 2;
   std::vector<float> act(R * ffn);
@@ -335,7 +366,7 @@ void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, co
   });
   linear_rows(act.data(), R, ffn, b.down, projected.data());
   if (sandwich) rms_norm_rows(projected.data(), R, hidden, b.norms[3], b.eps, projected.data());
-  for (int64_t i = 0; i < R * hidden; ++i) hp[i] += projected[i];
+  add_residual(hp, projected.data(), R * hidden, b.residual_scale);
 }
 
 #ifndef RUNLM_STANDALONE

@@ -490,6 +490,12 @@ inline float max_of(const float* x, int64_t n) {
   return best;
 }
 
+// Gemma 2's attention soft cap, in place: s = cap * tanh(s / cap), each score alone (0: none).
+inline void cap_scores(float* x, int64_t n, float cap) {
+  if (cap > 0.f)
+    for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
 // x[i] = e^(x[i] - shift) in place; returns their sum.
 inline float exp_shift_sum(float* x, int64_t n, float shift) {
   int64_t i = 0;

@@ -1,0 +1,131 @@
+"""Each family as llama.cpp's converter writes it (reference.converted): runlm's logits against transformers' on the
+f32 GGUF and the HF directory, and against llama.cpp's on files llama.cpp quantized, on runlm's default path."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+from reference.converted import FAMILIES, build
+
+from runlm import load
+from runlm.formats.gguf import GGUFFile
+from runlm.runner import as_numpy
+from runlm.shapes import llama_ftypes, quantize
+
+needs_llama_cpp = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None,
+    reason="llama-cpp-python is not installed: it is the quantizer and the reference here",
+)
+PROMPT = [5, 17, 99, 200, 31, 7, 150, 42, 300, 11, 2, 64, 7, 8, 9, 10, 250, 251, 3, 4]
+CONTINUATION = 64
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def converted(request, tmp_path_factory):
+    directory = tmp_path_factory.mktemp(request.param)
+    return request.param, build(request.param, directory)
+
+
+def _logits(path, ids, **options) -> tuple[np.ndarray, str]:
+    loaded = load(str(path), **options)
+    runner = loaded.runner
+    return as_numpy(runner.extend(runner.new_session(), ids, all_positions=True)), loaded.runtime
+
+
+def test_f32_logits_match_transformers(converted):
+    from transformers import AutoModelForCausalLM
+
+    family, gguf = converted
+    assert GGUFFile(gguf).architecture == {"mistral": "llama"}.get(family, family)
+    reference = AutoModelForCausalLM.from_pretrained(gguf.parent / "hf", dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = reference(torch.tensor([PROMPT])).logits[0].numpy()
+    for path in (gguf, gguf.parent / "hf"):
+        ours, _ = _logits(path, PROMPT)
+        assert np.abs(ours - expected).max() <= 1e-4, f"{family} {path.name}"
+
+
+def _llama_cpp_greedy(path, prompt: list[int], steps: int) -> tuple[np.ndarray, list[int]]:
+    """llama.cpp's logits at the prompt's positions and its greedy continuation of `steps` tokens."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(path), n_ctx=256, n_threads=2, logits_all=True, verbose=False)
+    llm.eval(prompt)
+    logits = np.array(llm.scores[: len(prompt)])
+    tokens = []
+    for _ in range(steps):
+        tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        llm.eval(tokens[-1:])
+    return logits, tokens
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])
+def test_quantized_agrees_with_llama_cpp(converted, quant):
+    """Correlation of the prompt's logits, and greedy agreement: at each step of llama.cpp's 64-token greedy
+    continuation, runlm's top token (reading the same tokens) is the one llama.cpp chose."""
+    family, gguf = converted
+    path = gguf.with_name(f"{quant}.gguf")
+    if not path.is_file():
+        quantize(gguf, path, llama_ftypes()[quant], threads=2)
+    reference, continuation = _llama_cpp_greedy(path, PROMPT, CONTINUATION)
+    ours, runtime = _logits(path, PROMPT + continuation)
+    assert runtime == "native"
+    correlation = np.corrcoef(ours[: len(PROMPT)].ravel(), reference.ravel())[0, 1]
+    assert correlation >= 0.995, f"{family} {quant}: correlation {correlation:.4f}"
+    chosen = ours[len(PROMPT) - 1 : -1].argmax(-1)
+    agreement = (chosen == np.array(continuation)).mean()
+    assert agreement >= 0.95, f"{family} {quant}: greedy agreement {agreement:.3f}"
+
+
+def test_info_prints_the_options_read_from_the_file(converted, capsys):
+    from runlm.cli import main
+
+    family, gguf = converted
+    assert main(["info", str(gguf)]) == 0
+    fields = dict(line.strip().split(": ", 1) for line in capsys.readouterr().out.splitlines())
+    assert fields["architecture"].startswith(f"{ {'mistral': 'llama32'}.get(family, family)}: ")
+    expected = {
+        "granite": ("scales", "embedding 12, attention 0.015625, residual 0.22, logits 1/ 8"),
+        "olmo2": ("architecture", "olmo2: post-norm blocks, q/k norms over the projections, silu MLP"),
+        "smollm3": ("rope", "theta 5e+06, none in layers 3"),
+        "qwen2": ("head", "its own"),  # released Qwen2.5 0.5B ties it; this file does not
+    }
+    if family in expected:
+        key, value = expected[family]
+        assert fields[key] == value
+
+
+def test_a_bias_runlm_does_not_apply_is_refused(tmp_path):
+    """A llama checkpoint with MLP biases: refused with the tensor named, on both runtimes, never run without them."""
+    from reference.converted import DIMS, convert
+    from reference.tiny import _write_hf_tokenizer, tiny_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from runlm.errors import ModelLoadError
+
+    model = LlamaForCausalLM(LlamaConfig(**DIMS, mlp_bias=True))
+    model.save_pretrained(tmp_path / "hf")
+    _write_hf_tokenizer(tmp_path / "hf", tiny_tokenizer())
+    gguf = convert(tmp_path / "hf", tmp_path / "model.gguf", "q8_0")
+    for path, runtime in ((gguf, "native"), (gguf, "torch"), (tmp_path / "hf", "torch")):
+        with pytest.raises(ModelLoadError, match="mlp.gate_proj.bias.*does not apply|ffn_gate.bias"):
+            load(str(path), runtime=runtime)
+
+
+def test_partial_rope_is_refused(tmp_path):
+    import json
+
+    from reference.converted import DIMS
+
+    from runlm.errors import ModelLoadError
+    from runlm.families import for_hf
+    from runlm.families.config import check_config
+
+    config = {**DIMS, "model_type": "qwen2", "partial_rotary_factor": 0.5}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="partial_rotary_factor is 0.5: partial RoPE is not supported"):
+        check_config(for_hf(config, tmp_path).config_from_hf(config), "config.json", "hf")

@@ -1,0 +1,135 @@
+"""Tiny random-weight models of each family, made with transformers and converted to GGUF by llama.cpp's own
+`convert_hf_to_gguf.py` (the copy the llama-cpp-python sdist vendors, fetched from PyPI once and kept under
+$RUNLM_HOME/test-references), so runlm reads each family as llama.cpp's converter writes it.
+
+The converter identifies a byte-level BPE tokenizer by hashing how it splits a fixed text; the tiny tokenizer is no
+released one, so it is told the GPT-2 pre-tokenizer the tiny tokenizer was trained with, and families whose
+converter reads a SentencePiece model (Gemma 2) take that byte-level BPE instead. Everything else (tensor names,
+Q/K row order, norm offsets, metadata keys) is the converter's own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import torch
+
+from reference.tiny import TINY_DIMS, _randomize, _write_hf_tokenizer, tiny_tokenizer
+from runlm.catalog import runlm_home
+
+LLAMA_CPP_PYTHON = "0.3.36"  # whose vendored llama.cpp converts the models
+_VENDOR = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
+_CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+
+# Runs the converter with the tiny tokenizer's pre-tokenizer named (see the module docstring).
+_RUN_CONVERTER = """
+import runpy, sys
+root = sys.argv[1]
+sys.path[:0] = [root, root + "/gguf-py"]
+import conversion.base
+conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+conversion.base.TextModel._set_vocab_sentencepiece = lambda self, *args, **kwargs: self._set_vocab_gpt2()
+sys.argv = [root + "/convert_hf_to_gguf.py", *sys.argv[2:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def converter_dir() -> Path:
+    """llama.cpp's converter, unpacked from the llama-cpp-python sdist (downloaded with pip the first time)."""
+    target = runlm_home() / "test-references" / f"llama.cpp-converter-{LLAMA_CPP_PYTHON}"
+    if (target / "convert_hf_to_gguf.py").is_file():
+        return target
+    with tempfile.TemporaryDirectory() as scratch:
+        subprocess.run(
+            [sys.executable, "-I", "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", scratch,
+             f"llama-cpp-python=={LLAMA_CPP_PYTHON}"],
+            check=True, cwd=scratch,
+        )  # fmt: skip
+        (sdist,) = Path(scratch).glob("*.tar.gz")
+        unpacked = Path(scratch) / "unpacked"
+        with tarfile.open(sdist) as archive:
+            members = [m for m in archive.getmembers()
+                       if m.name.startswith(tuple(_VENDOR + part for part in _CONVERTER_PARTS)) and m.isfile()]
+            for member in members:
+                member.name = member.name[len(_VENDOR):]
+            archive.extractall(unpacked, members=members, filter="data")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(unpacked, target)
+        except OSError:  # another run put it there first
+            pass
+    return target
+
+
+def convert(hf_dir: Path, out: Path, outtype: str = "f32") -> Path:
+    """hf_dir converted by llama.cpp's converter to `out` (f32, f16, bf16 or q8_0)."""
+    result = subprocess.run(
+        [sys.executable, "-c", _RUN_CONVERTER, str(converter_dir()), str(hf_dir), "--outfile", str(out),
+         "--outtype", outtype],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise RuntimeError(f"convert_hf_to_gguf.py failed:\n{result.stderr[-3000:]}")
+    return out
+
+
+# Rows 256 wide, so llama.cpp's K-quants (256-value blocks) apply as they do at full size.
+DIMS = {**TINY_DIMS, "hidden_size": 256, "intermediate_size": 512, "head_dim": 64, "num_hidden_layers": 4,
+        "bos_token_id": 1, "eos_token_id": 2}
+
+
+def _tiny(config_class: str, model_class: str, **extra):
+    def make():
+        import transformers
+
+        params = {**DIMS, **extra}
+        if "rope_theta" in params:  # transformers 5 spelling
+            params["rope_parameters"] = {"rope_type": "default", "rope_theta": params.pop("rope_theta")}
+        config = getattr(transformers, config_class)(**{k: v for k, v in params.items() if v is not None})
+        return getattr(transformers, model_class)(config)
+
+    return make
+
+
+# family -> a tiny random model of it, each with what makes the family differ on (untied heads where released
+# models tie them, to show an untied head is used).
+FAMILIES = {
+    "qwen2": _tiny("Qwen2Config", "Qwen2ForCausalLM", rms_norm_eps=1e-6, tie_word_embeddings=False,
+                   rope_theta=1e6),
+    "mistral": _tiny("MistralConfig", "MistralForCausalLM", rms_norm_eps=1e-5, tie_word_embeddings=False,
+                     sliding_window=None, rope_theta=1e6),
+    "granite": _tiny("GraniteConfig", "GraniteForCausalLM", head_dim=None, rms_norm_eps=1e-5,
+                     tie_word_embeddings=True, embedding_multiplier=12.0, residual_multiplier=0.22,
+                     attention_multiplier=0.015625, logits_scaling=8.0, rope_theta=1e4),
+    "gemma2": _tiny("Gemma2Config", "Gemma2ForCausalLM", rms_norm_eps=1e-6, sliding_window=8,
+                    query_pre_attn_scalar=64, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                    hidden_activation="gelu_pytorch_tanh", pad_token_id=0, rope_theta=1e4),
+    "olmo2": _tiny("Olmo2Config", "Olmo2ForCausalLM", head_dim=None, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                   rope_theta=5e5),
+    "smollm3": _tiny("SmolLM3Config", "SmolLM3ForCausalLM", rms_norm_eps=1e-6, tie_word_embeddings=True,
+                     rope_theta=5e6, pad_token_id=0),
+}  # fmt: skip
+
+
+def build(family: str, directory: Path, seed: int = 7) -> Path:
+    """The family's tiny model as an HF directory (directory / "hf") and its f32 GGUF (directory / "f32.gguf")."""
+    directory.mkdir(parents=True, exist_ok=True)
+    gguf = directory / "f32.gguf"
+    if gguf.is_file():
+        return gguf
+    torch.manual_seed(seed)
+    model = FAMILIES[family]().eval()
+    # Weights of 0.05: at 0.15 a 4-layer random model's top logits sit so close that the 8-bit rounding of
+    # activations, which llama.cpp and runlm each do their own way, flips about one greedy step in ten.
+    _randomize(model, seed, scale=0.05)
+    model.save_pretrained(str(directory / "hf"), safe_serialization=True)
+    _write_hf_tokenizer(directory / "hf", tiny_tokenizer())
+    return convert(directory / "hf", gguf)
+
+
+__all__ = ["FAMILIES", "build", "convert", "converter_dir"]
