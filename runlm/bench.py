@@ -43,7 +43,7 @@ from runlm.runner import as_numpy
 from runlm.runtime import load
 from runlm.sampling import SamplingParams
 from runlm.shapes import ensure_shape
-from runlm.system import cpu_name
+from runlm.system import cpu_name, python_command
 from runlm.text import Tokenizer
 
 PEERS = ("runlm", "runlm-torch", "runlm-f32", "llama.cpp", "transformers")
@@ -266,7 +266,7 @@ class PeerWorker:
         env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"])}
         script = f"import runpy; runpy.run_path({str(Path(bench_worker.__file__))!r}, run_name='__main__')"
         self.stderr = tempfile.TemporaryFile(mode="w+")  # a peer's logging must not fill a pipe nobody reads
-        self.proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(python_command("-c", script), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr, text=True, env=env)
         self._ask(json.dumps(spec))
 
@@ -532,7 +532,7 @@ def served_process(*serve_args: str, start_timeout_s: float = 600, env: dict[str
     variables set for it on top of this process's."""
     port = free_port()
     with tempfile.TemporaryFile("w+") as log:
-        server = subprocess.Popen([sys.executable, "-m", "runlm", "serve", *serve_args, "--port", str(port)],
+        server = subprocess.Popen(python_command("-m", "runlm", "serve", *serve_args, "--port", str(port)),
                                   stdout=subprocess.DEVNULL, stderr=log, text=True, env={**os.environ, **(env or {})})
         try:
             deadline = time.monotonic() + start_timeout_s

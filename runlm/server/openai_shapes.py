@@ -187,6 +187,25 @@ class ChatPlan:
     tools: ToolPlan
 
 
+# How deep client JSON may nest where the chat template renders it: far beyond any tool schema, and shallow enough
+# that hiding special tokens and rendering never meet Python's recursion limit.
+MAX_TEMPLATE_DEPTH = 64
+
+
+def deeper_than(value: Any, limit: int) -> bool:
+    """Whether lists / dicts in `value` nest more than `limit` levels (walked without recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list | tuple):
+            if depth >= limit:
+                return True
+            stack.extend((child, depth + 1) for child in item)
+    return False
+
+
 def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     """Render the messages through the chat template and build the generation request."""
     template = state.loaded.chat_template
@@ -212,6 +231,10 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
         raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)}",
                        param="chat_template_kwargs", code="invalid_value")
     template_tools = tools.tools if tools.active and tools.template_aware else None
+    for name, value in (("chat_template_kwargs", extra), ("tools", template_tools), ("messages", messages)):
+        if deeper_than(value, MAX_TEMPLATE_DEPTH):
+            raise APIError(400, f"{name} is nested more than {MAX_TEMPLATE_DEPTH} levels deep", param=name,
+                           code="invalid_value")
     if literal is not None:  # special-token strings the client wrote stay text: only the template's are markers
         messages, template_tools, extra = literal.hide(messages), literal.hide(template_tools), literal.hide(extra)
     try:

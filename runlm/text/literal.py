@@ -45,7 +45,8 @@ class LiteralSpecials:
         self._marker_pattern = re.compile("|".join(parts)) if texts else None
 
     def hide(self, value: Any) -> Any:
-        """`value` (a string, or lists / dicts of them) with every special-token string a placeholder."""
+        """`value` (a string, or lists / dicts of them) with every special-token string a placeholder, in dict keys
+        as in values: a tool's parameter names and a call's argument names reach the template too."""
         if self._hide_pattern is None:
             return value
         if isinstance(value, str):
@@ -53,7 +54,7 @@ class LiteralSpecials:
         if isinstance(value, list | tuple):
             return [self.hide(v) for v in value]
         if isinstance(value, dict):
-            return {k: self.hide(v) for k, v in value.items()}
+            return {self.hide(k): self.hide(v) for k, v in value.items()}
         return value
 
     def show(self, text: str) -> str:
