@@ -190,7 +190,8 @@ def _load_hf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | No
         raise ModelLoadError(f"{path}: no tokenizer.json")
     tokenizer = Tokenizer.from_hf_dir(path)
     check_vocabulary(tokenizer, config.vocab_size, path)
-    source = SafetensorsSource(path, family.hf_prefixes, expect=expected_shapes(config, family.qk_norm_whole))
+    source = SafetensorsSource(path, family.hf_prefixes, expect=expected_shapes(config, family.qk_norm_whole),
+                               row_order=lambda name: family.spec.qk_rows_order(name, config, gguf=False))
     model = family.build(config, WeightLoader(source, dtype, packed=False))  # safetensors hold plain floats
     runner = family.runner(model, family.name, max_context, swa_full=swa_full)
     return LoadedModel(

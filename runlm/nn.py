@@ -32,8 +32,10 @@ class RMSNorm(nn.Module):
 class Rope(nn.Module):
     """cos/sin tables grown on demand; applied with the rotate-half convention."""
 
-    def __init__(self, inv_freq: torch.Tensor | np.ndarray):
+    def __init__(self, inv_freq: torch.Tensor | np.ndarray, scale: float = 1.0):
+        """`scale`: YaRN's and LongRoPE's attention factor on cos and sin (runlm.rope.table_block)."""
         super().__init__()
+        self.scale = scale
         inv_freq = torch.as_tensor(inv_freq)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.register_buffer("cos", torch.empty(0, inv_freq.numel() * 2), persistent=False)
@@ -45,7 +47,7 @@ class Rope(nn.Module):
         while needed > self.cos.shape[0]:
             # Whole blocks of positions, each computed alike (runlm.rope: numpy's cos / sin, the bits runlm.native
             # computes too): a position's value never depends on how large the table was when it was made.
-            cos, sin = table_block(self.inv_freq.cpu().numpy(), self.cos.shape[0])
+            cos, sin = table_block(self.inv_freq.cpu().numpy(), self.cos.shape[0], self.scale)
             device = self.inv_freq.device
             self.cos = torch.cat([self.cos, torch.from_numpy(cos).to(device)])
             self.sin = torch.cat([self.sin, torch.from_numpy(sin).to(device)])

@@ -17,21 +17,26 @@ from runlm.families.config import ModelConfig
 ROPE_BLOCK = 1024  # positions per block of the RoPE tables
 
 
-def table_block(inv_freq: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
+def table_block(inv_freq: np.ndarray, first: int, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """cos and signed sin [ROPE_BLOCK, 2 * len(inv_freq)] float32 for positions first..first + ROPE_BLOCK - 1, in the
-    rotate-half convention with the sign folded into sin: rotate_half(x) * sin == roll(x, D/2) * [-sin, sin]."""
+    rotate-half convention with the sign folded into sin: rotate_half(x) * sin == roll(x, D/2) * [-sin, sin].
+    `scale`: YaRN's and LongRoPE's attention factor, multiplied into both."""
     positions = np.arange(first, first + ROPE_BLOCK, dtype=np.float32)
     angles = positions[:, None] * np.asarray(inv_freq, dtype=np.float32)[None, :]
     cos, sin = np.cos(angles), np.sin(angles)
+    if scale != 1.0:
+        cos, sin = cos * np.float32(scale), sin * np.float32(scale)
     return np.concatenate([cos, cos], axis=1), np.concatenate([-sin, sin], axis=1)
 
 
 def inv_freq(head_dim: int, theta: float, scaling: dict | None = None,
-             freq_factors: np.ndarray | None = None) -> np.ndarray:
+             freq_factors: np.ndarray | None = None, long_context: bool = False) -> np.ndarray:
     """Inverse frequencies [head_dim / 2] float32, with linear or llama3 scaling (the kinds
     runlm.families.config.ROPE_SCALINGS lets through). Computed in float32 step by step as transformers computes
     them (`1 / theta ** (arange(0, D, 2) / D)`), so the tables stay within an ulp of its. `freq_factors` is GGUF's
-    `rope_freqs` tensor: llama.cpp stores llama3 scaling as per-dimension divisors instead of config values."""
+    `rope_freqs` tensor: llama.cpp stores llama3 scaling as per-dimension divisors instead of config values. YaRN
+    blends interpolated and original frequencies over a ramp of dimensions; LongRoPE divides each by its short or,
+    with `long_context`, long factor.`head_dim` is the rotated part of a head where RoPE is partial."""
     f32 = np.float32
     base = f32(1.0) / (f32(theta) ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(f32) / f32(head_dim)))
     if freq_factors is not None:
@@ -51,19 +56,73 @@ def inv_freq(head_dim: int, theta: float, scaling: dict | None = None,
         smoothed = (f32(1) - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
         return np.where(medium, smoothed, scaled).astype(f32)
+    if kind == "yarn":
+        return _yarn(head_dim, theta, scaling)
+    if kind == "longrope":
+        factors = scaling["long_factor" if long_context else "short_factor"]
+        powers = f32(theta) ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(f32) / f32(head_dim))
+        return (f32(1.0) / (np.asarray(factors, dtype=f32) * powers)).astype(f32)
     raise NotImplementedError(f"rope scaling type {kind!r} is not supported")
 
 
-def rope_frequencies(config: ModelConfig, freq_factors: np.ndarray | None = None) -> list[np.ndarray]:
-    """Every RoPE a model's layers use, in the order `rope_index` numbers them: the global one, the sliding-window
-    layers' own base where they have one, then zeros for layers without RoPE (cos 1, sin 0: the rows pass unchanged,
-    bit for bit)."""
+def _yarn(dims: int, theta: float, scaling: dict) -> np.ndarray:
+    """YaRN's frequencies, as transformers computes them (truncated correction range, betas 32 and 1 by default)."""
+    f32 = np.float32
+    factor, original = float(scaling["factor"]), float(scaling["original_max_position_embeddings"])
+    fast, slow = float(scaling.get("beta_fast") or 32), float(scaling.get("beta_slow") or 1)
+
+    def dimension(rotations: float) -> float:
+        return dims * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dimension(fast), dimension(slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dims - 1)
+    if low == high:
+        high += 0.001
+    powers = f32(theta) ** (np.arange(0, dims, 2, dtype=np.int64).astype(f32) / f32(dims))
+    extrapolated, interpolated = f32(1.0) / powers, f32(1.0) / (f32(factor) * powers)
+    ramp = np.clip((np.arange(dims // 2, dtype=f32) - f32(low)) / f32(high - low), 0, 1).astype(f32)
+    keep = f32(1) - ramp
+    return (interpolated * (f32(1) - keep) + extrapolated * keep).astype(f32)
+
+
+def attention_factor(scaling: dict | None, max_position: int) -> float:
+    """The factor YaRN and LongRoPE multiply cos and sin by (1 for the other scalings), unless the file sets it."""
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
+    if kind not in ("yarn", "longrope"):
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    original = float(scaling["original_max_position_embeddings"])
+    factor = float(scaling.get("factor") or max_position / original)
+    if kind == "yarn":
+        return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    return math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
+
+
+def rope_frequencies(config: ModelConfig, freq_factors: np.ndarray | None = None) -> list[tuple[np.ndarray, float]]:
+    """Every RoPE a model's layers use, as (inverse frequencies [head_dim / 2], cos / sin scale), in the order
+    `rope_index` numbers them: the global one, the sliding-window layers' own base where they have one, then zeros
+    for layers without RoPE (cos 1, sin 0: the rows pass unchanged, bit for bit). Partial RoPE rotates the first
+    rope_dims / 2 pairs and leaves the rest at zero frequency (FamilySpec.qk_rows_order puts each head's rotated
+    values there). LongRoPE takes its long factors where the model's context passes the original one."""
     layers = range(config.num_layers)
-    ropes = [inv_freq(config.head_dim, config.rope_theta, config.rope_scaling, freq_factors)]
+    rotated = config.rope_dims or config.head_dim
+
+    def padded(frequencies: np.ndarray) -> np.ndarray:
+        return np.concatenate([frequencies, np.zeros((config.head_dim - rotated) // 2, dtype=np.float32)])
+
+    def rope(theta: float, scaling: dict | None, factors: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+        original = (scaling or {}).get("original_max_position_embeddings") or config.max_position
+        frequencies = inv_freq(rotated, theta, scaling, factors, long_context=config.max_position > original)
+        return padded(frequencies), attention_factor(scaling, config.max_position)
+
+    ropes = [rope(config.rope_theta, config.rope_scaling, freq_factors)]
     if config.rope_local_theta is not None and any(config.is_sliding(i) for i in layers):
-        ropes.append(inv_freq(config.head_dim, config.rope_local_theta, config.local_rope_scaling))
+        ropes.append(rope(config.rope_local_theta, config.local_rope_scaling))
     if not all(config.has_rope(i) for i in layers):
-        ropes.append(np.zeros(config.head_dim // 2, dtype=np.float32))
+        ropes.append((np.zeros(config.head_dim // 2, dtype=np.float32), 1.0))
     return ropes
 
 

@@ -42,6 +42,8 @@ class ModelConfig:
     logit_scale: float | None = None
     # Layers that apply RoPE (SmolLM3 skips it in every fourth); empty: all of them.
     rope_layers: list[bool] = field(default_factory=list)
+    # Leading values of each head that RoPE rotates (Phi-4-mini: 96 of 128); None: all of them.
+    rope_dims: int | None = None
 
     def is_sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
@@ -87,11 +89,19 @@ KEY_NAMES: dict[str, tuple[str, str]] = {
     "attention_scale": ("attention.scale", "attention_multiplier"),
     "logit_scale": ("logit_scale", "logits_scaling"),
     "rope_layers": ("block_count", "no_rope_layers"),
+    "rope_dims": ("rope.dimension_count", "partial_rotary_factor"),
 }
 # rope_type -> the entries rope_inv_freq reads (runlm/nn.py implements these and no others).
 ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings"),
+    "longrope": ("original_max_position_embeddings",),
+}
+# optional entries: a positive number where present
+ROPE_OPTIONAL: dict[str, tuple[str, ...]] = {
+    "yarn": ("beta_fast", "beta_slow", "attention_factor"),
+    "longrope": ("factor", "attention_factor"),
 }
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -147,10 +157,23 @@ def check_config(config: ModelConfig, where: str, source: str = "gguf", arch: st
                  "residual_scale", "attention_scale", "logit_scale"):
         if getattr(config, name) is not None:
             number(getattr(config, name), f"{where}: {key(name)}")
-    if config.rope_layers and len(config.rope_layers) != config.num_layers:
-        raise fail("rope_layers", f"gives {len(config.rope_layers)} layers' RoPE for {config.num_layers} layers")
+    if config.rope_dims is not None:
+        if config.rope_dims < 2 or config.rope_dims % 2 or config.rope_dims > config.head_dim:
+            raise fail("rope_dims", f"gives {config.rope_dims} rotated values per head of {config.head_dim}, expected "
+                                    f"an even number up to it")
     for scaling in (config.rope_scaling, config.local_rope_scaling):
         check_rope_scaling(scaling, f"{where}: {key('rope_scaling')}")
+    longrope = [s for s in (config.rope_scaling, config.local_rope_scaling) if s and s.get("rope_type") == "longrope"]
+    for scaling in longrope:
+        pairs = (config.rope_dims or config.head_dim) // 2
+        for entry in ("short_factor", "long_factor"):
+            factors = scaling.get(entry)
+            if not isinstance(factors, list) or len(factors) != pairs:
+                raise fail("rope_scaling", f"longrope {entry} must list {pairs} numbers, one per rotated pair")
+            for value in factors:
+                number(value, f"{where}: {key('rope_scaling')} longrope {entry}")
+    if config.rope_layers and len(config.rope_layers) != config.num_layers:
+        raise fail("rope_layers", f"gives {len(config.rope_layers)} layers' RoPE for {config.num_layers} layers")
     if config.layer_types:
         if len(config.layer_types) != config.num_layers:
             raise fail("layer_types", f"has {len(config.layer_types)} entries for {config.num_layers} layers")
@@ -177,6 +200,9 @@ def check_rope_scaling(scaling: Any, what: str) -> None:
         )
     for entry in ROPE_SCALINGS[kind]:
         number(scaling.get(entry), f"{what} {kind} {entry}")
+    for entry in ROPE_OPTIONAL.get(kind, ()):
+        if scaling.get(entry) is not None:
+            number(scaling[entry], f"{what} {kind} {entry}")
     if kind == "llama3" and scaling["low_freq_factor"] == scaling["high_freq_factor"]:
         raise ModelLoadError(f"{what}: llama3 low_freq_factor and high_freq_factor are equal, expected a range")
 
@@ -187,6 +213,8 @@ def expected_shapes(config: ModelConfig, qk_norm_whole: bool = False) -> Callabl
     `qk_norm_whole`: the family's q / k norms span the whole projections (FamilySpec.qk_norm_whole)."""
     hidden, heads, kv, hd = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
     table = {
+        "self_attn.qkv_proj.weight": ((heads + 2 * kv) * hd, hidden),
+        "mlp.gate_up_proj.weight": (2 * config.intermediate_size, hidden),
         "self_attn.q_proj.bias": (heads * hd,),
         "self_attn.k_proj.bias": (kv * hd,),
         "self_attn.v_proj.bias": (kv * hd,),
@@ -259,16 +287,27 @@ def gguf_float(gguf, key: str, default: float | None = None) -> float | None:
 
 
 def gguf_rope_scaling(gguf) -> dict | None:
-    """llama.cpp's rope.scaling.*: linear is implemented; YaRN and the others are named and refused, not ignored.
+    """llama.cpp's rope.scaling.*: linear and YaRN are implemented; the others are named and refused, not ignored.
 
     (llama3 scaling reaches runlm as the `rope_freqs` tensor, with no scaling type.)"""
     kind = gguf.arch_value("rope.scaling.type")
     if kind in (None, "none"):
         return None
     where = f"{gguf.path}: {gguf.architecture}.rope.scaling.type"
-    if kind != "linear":
-        raise ModelLoadError(f"{where}: rope scaling {_show(kind)} is not supported (runlm implements: linear)")
-    return {"rope_type": "linear", "factor": gguf_float(gguf, "rope.scaling.factor", 1.0)}
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": gguf_float(gguf, "rope.scaling.factor", 1.0)}
+    if kind == "yarn":
+        scaling = {"rope_type": "yarn", "factor": gguf_float(gguf, "rope.scaling.factor"),
+                   "original_max_position_embeddings": gguf_int(gguf, "rope.scaling.original_context_length")}
+        for entry, key in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow"),
+                           ("attention_factor", "yarn_attn_factor")):
+            if (value := gguf_float(gguf, f"rope.scaling.{key}")) is not None:
+                scaling[entry] = value
+        if gguf.arch_value("rope.scaling.yarn_ext_factor") not in (None, 1.0):
+            raise ModelLoadError(f"{where}: yarn_ext_factor {gguf.arch_value('rope.scaling.yarn_ext_factor')} is not "
+                                 f"supported (runlm implements 1)")
+        return scaling
+    raise ModelLoadError(f"{where}: rope scaling {_show(kind)} is not supported (runlm implements: linear, yarn)")
 
 
 def gguf_common_config(gguf) -> dict[str, Any]:
@@ -286,12 +325,8 @@ def gguf_common_config(gguf) -> dict[str, Any]:
         raise ModelLoadError(f"{gguf.path}: cannot tell the vocabulary size")
     head_dim = gguf_int(gguf, "attention.key_length", hidden // heads)
     rope_dims = gguf.arch_value("rope.dimension_count")
-    low, high = LIMITS["head_dim"]
-    if (rope_dims is not None and rope_dims != head_dim and low <= head_dim <= high  # else check_config says why
-            and gguf.arch_value("attention.key_length") is not None):
-        arch = gguf.architecture
-        raise ModelLoadError(f"{gguf.path}: {arch}.rope.dimension_count is {rope_dims} but heads have {head_dim} "
-                             f"values: partial RoPE is not supported")
+    if rope_dims is not None:
+        rope_dims = integer(rope_dims, f"{gguf.path}: {gguf.architecture}.rope.dimension_count")
     return dict(
         vocab_size=integer(vocab, f"{gguf.path}: {gguf.architecture}.vocab_size"),
         hidden_size=hidden,
@@ -306,6 +341,7 @@ def gguf_common_config(gguf) -> dict[str, Any]:
         max_position=gguf_int(gguf, "context_length", 4096),
         rope_scaling=gguf_rope_scaling(gguf),
         tie_embeddings=not gguf.has("output.weight"),
+        rope_dims=None if rope_dims in (None, head_dim) else rope_dims,
     )
 
 
@@ -326,9 +362,18 @@ def hf_common_config(cfg: dict) -> dict[str, Any]:
     heads = integer(hf_int(cfg, "num_attention_heads"), "config.json num_attention_heads", *LIMITS["num_heads"])
     hidden = hf_int(cfg, "hidden_size")
     theta, scaling = hf_rope(cfg)
-    partial = cfg.get("partial_rotary_factor", 1.0)
-    if partial != 1.0:
-        raise ModelLoadError(f"config.json partial_rotary_factor is {_show(partial)}: partial RoPE is not supported")
+    head_dim = hf_int(cfg, "head_dim", hidden // heads)
+    params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    partial = number(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)),
+                     "config.json partial_rotary_factor")
+    if isinstance(scaling, dict):
+        scaling = {k: v for k, v in scaling.items() if k != "partial_rotary_factor"}
+        if scaling.get("rope_type", scaling.get("type")) in ("llama3", "yarn", "longrope"):
+            # as transformers reads it: a top-level original context first, then the scaling's, then the context
+            original = cfg.get("original_max_position_embeddings")
+            if original is not None:
+                scaling["original_max_position_embeddings"] = original
+            scaling.setdefault("original_max_position_embeddings", cfg.get("max_position_embeddings"))
     tie = cfg.get("tie_word_embeddings", True)
     if not isinstance(tie, bool):
         raise ModelLoadError(f"config.json tie_word_embeddings is {_show(tie)}, expected true or false")
@@ -339,10 +384,11 @@ def hf_common_config(cfg: dict) -> dict[str, Any]:
         num_layers=integer(hf_int(cfg, "num_hidden_layers"), "config.json num_hidden_layers", *LIMITS["num_layers"]),
         num_heads=heads,
         num_kv_heads=hf_int(cfg, "num_key_value_heads", heads),
-        head_dim=hf_int(cfg, "head_dim", hidden // heads),
+        head_dim=head_dim,
         rms_eps=number(cfg.get("rms_norm_eps", 1e-6), "config.json rms_norm_eps"),
         rope_theta=theta,
         max_position=hf_int(cfg, "max_position_embeddings", 4096),
         rope_scaling=scaling,
         tie_embeddings=tie,
+        rope_dims=None if partial == 1.0 else int(head_dim * partial),
     )

@@ -25,6 +25,8 @@ class FamilySpec:
       each: Gemma 2/3) or "post" (after each only: OLMo 2).
     - `qk_norm`: an RMSNorm over each head of the queries and keys (Qwen3, Gemma 3); with `qk_norm_whole`, one over
       the whole query and key projections (OLMo 2).
+    - `fused_qkv`, `fused_gate_up`: the checkpoint stores Q/K/V as one `qkv_proj` and gate/up as one `gate_up_proj`
+      (Phi-3), which the runtimes take as they are.
     - `activation`: the gated MLP's, "silu" or "gelu_tanh".
     - `norm_offset`: added to RMSNorm weights as Hugging Face stores them (Gemma's 1 + w); GGUF files store the sum.
     - `scale_embeddings`: embeddings are multiplied by sqrt(hidden) (Gemma).
@@ -48,6 +50,8 @@ class FamilySpec:
     norms: str = "pre"
     qk_norm: bool = False
     qk_norm_whole: bool = False
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
     activation: str = "silu"
     norm_offset: float = 0.0
     scale_embeddings: bool = False
@@ -86,6 +90,18 @@ class FamilySpec:
             return "model.embed_tokens.weight"
         return "lm_head.weight"
 
+    def qkv_names(self, prefix: str, kind: str = "weight") -> list[str]:
+        """A block's Q/K/V projection weights (or biases), as the checkpoint names them."""
+        if self.fused_qkv:
+            return [f"{prefix}self_attn.qkv_proj.{kind}"]
+        return [f"{prefix}self_attn.{x}_proj.{kind}" for x in "qkv"]
+
+    def gate_up_names(self, prefix: str) -> list[str]:
+        """A block's gate and up projection weights, gate first."""
+        if self.fused_gate_up:
+            return [f"{prefix}mlp.gate_up_proj.weight"]
+        return [f"{prefix}mlp.gate_proj.weight", f"{prefix}mlp.up_proj.weight"]
+
     def describe(self, config: ModelConfig) -> list[tuple[str, str]]:
         """What this model does, as read from its spec and file (`runlm info` prints it)."""
         layers = config.num_layers
@@ -94,6 +110,8 @@ class FamilySpec:
         rope = f"theta {config.rope_theta:g}"
         if config.rope_scaling:
             rope += f", {config.rope_scaling.get('rope_type', config.rope_scaling.get('type'))} scaling"
+        if config.rope_dims and config.rope_dims < config.head_dim:
+            rope += f", {config.rope_dims} of {config.head_dim} values"
         if config.rope_local_theta is not None and config.layer_types:
             rope += f", theta {config.rope_local_theta:g} on sliding layers"
         unrotated = [i for i in range(layers) if not config.has_rope(i)]
@@ -117,33 +135,53 @@ class FamilySpec:
             rows.append(("scales", ", ".join(scales)))
         return rows
 
-    def refuse_unapplied(self, has: Callable[[str], bool], layer: int, where: object) -> None:
-        """Refuse a block whose file holds tensors runlm would not apply (a bias on o, gate, up or down): a model
-        run without them would answer, wrongly."""
+    def refuse_unapplied(self, has: Callable[[str], bool], layer: int, where: object,
+                         config: ModelConfig | None = None) -> None:
+        """Refuse a block whose file holds tensors runlm would not apply (a bias on o, gate, up or down), or partial
+        RoPE with q/k norms (whose weights would need the rotated layout too): a model run without them would answer,
+        wrongly."""
+        if config is not None and config.rope_dims and config.rope_dims < config.head_dim and self.qk_norm:
+            raise ModelLoadError(f"{where}: partial RoPE with q/k norms is not supported")
         p = f"model.layers.{layer}."
         unapplied = [p + name for name in UNAPPLIED_TENSORS if has(p + name)]
         if unapplied:
             raise ModelLoadError(f"{where}: holds {', '.join(unapplied)}, which runlm does not apply")
 
-    def qk_rows_order(self, name: str, config: ModelConfig) -> list[int] | None:
-        """For a GGUF Q or K weight (or bias) of a family whose rows llama.cpp interleaved: the stored row to take for
-        each row of the half-split layout (None for every other weight)."""
-        if not self.gguf_qk_interleaved:
+    def qk_rows_order(self, name: str, config: ModelConfig, gguf: bool = True) -> list[int] | None:
+        """For a Q or K weight or bias (or a fused Q/K/V one): the stored row to take for each row of the layout the
+        runtimes rotate, which pairs value i of a head with value i + head_dim / 2 (None where that is the stored
+        order). Two things move rows: llama.cpp's converter interleaved the pairs of a llama-style family (GGUF
+        only), and partial RoPE (rope_dims < head_dim) pairs i with i + rope_dims / 2, so each head's rotated values
+        are spread to the halves' fronts and the rest, which rotate by nothing, fill in behind them."""
+        head = self._head_order(config, gguf)
+        if head is None:
             return None
+        q, kv, D = config.num_heads, config.num_kv_heads, config.head_dim
         if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
-            heads = config.num_heads
+            groups, rest = q, 0
         elif name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
-            heads = config.num_kv_heads
+            groups, rest = kv, 0
+        elif name.endswith(("self_attn.qkv_proj.weight", "self_attn.qkv_proj.bias")):
+            groups, rest = q + kv, kv * D  # the values' rows stay as they are
         else:
             return None
-        half = config.head_dim // 2
-        # stored row h * D + 2 * i + j holds half-split row h * D + j * half + i
-        order = [0] * (heads * config.head_dim)
-        for h in range(heads):
-            for i in range(half):
-                for j in range(2):
-                    order[h * config.head_dim + j * half + i] = h * config.head_dim + 2 * i + j
-        return order
+        order = [h * D + i for h in range(groups) for i in head]
+        return order + list(range(groups * D, groups * D + rest))
+
+    def _head_order(self, config: ModelConfig, gguf: bool) -> list[int] | None:
+        D = config.head_dim
+        order = list(range(D))
+        if gguf and self.gguf_qk_interleaved:
+            half = D // 2  # stored value 2 * i + j holds half-split value j * half + i
+            order = [2 * (t % half) + t // half for t in range(D)]
+        rotated = config.rope_dims or D
+        if rotated < D:
+            h, half, m = rotated // 2, D // 2, (D - rotated) // 2
+            source = ([*range(h), *range(rotated, rotated + m)]
+                      + [*range(h, rotated), *range(rotated + m, D)])
+            assert len(source) == D and half == h + m
+            order = [order[s] for s in source]
+        return None if order == list(range(D)) else order
 
 
 __all__ = ["ACTIVATIONS", "FamilySpec", "NORM_PLACEMENTS"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +18,12 @@ class SafetensorsSource(WeightSource):
     """A Hugging Face directory's safetensors shards (index or single file)."""
 
     def __init__(
-        self, directory, prefix_candidates: Sequence[tuple[str, str]] = (("", ""),), expect: ShapeRule | None = None
+        self, directory, prefix_candidates: Sequence[tuple[str, str]] = (("", ""),), expect: ShapeRule | None = None,
+        row_order: Callable[[str], list[int] | None] | None = None,
     ):
-        self.path, self.expect = directory, expect
+        """`row_order(name)`: the stored row to take for each row a runtime reads (FamilySpec.qk_rows_order), or
+        None to take them as stored."""
+        self.path, self.expect, self.row_order = directory, expect, row_order
         index = directory / "model.safetensors.index.json"
         if index.is_file():
             files = _indexed_shards(index)
@@ -63,11 +66,13 @@ class SafetensorsSource(WeightSource):
         try:
             if self.expect is not None:  # from the header, before the data is read
                 self.check_shape(name, tuple(handle.get_slice(key).get_shape()), key)
-            return handle.get_tensor(key).float()
+            values = handle.get_tensor(key).float()
         except ModelLoadError:
             raise
         except Exception as exc:  # safetensors' own errors (a dtype it cannot read, data cut short)
             raise ModelLoadError(f"{self.path}: tensor {key!r} cannot be read ({exc})") from exc
+        order = self.row_order(name) if self.row_order is not None else None
+        return values if order is None else values[torch.tensor(order)]
 
 
 def _indexed_shards(index: Path) -> list[str]:

@@ -34,14 +34,15 @@ def build_decoder(spec: FamilySpec, config: ModelConfig, weights: WeightLoader) 
         return torch.cat([weights.source.tensor(name).float() for name in names])
 
     freq_factors = weights.source.tensor("rope_freqs.weight") if weights.source.has("rope_freqs.weight") else None
-    ropes = [Rope(f) for f in rope_frequencies(config, None if freq_factors is None else freq_factors.numpy())]
+    factors = None if freq_factors is None else freq_factors.numpy()
+    ropes = [Rope(frequencies, scale) for frequencies, scale in rope_frequencies(config, factors)]
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        spec.refuse_unapplied(weights.source.has, i, weights.source.path)
+        spec.refuse_unapplied(weights.source.has, i, weights.source.path, config)
         sliding = config.is_sliding(i)
         attn = Attention(
-            qkv=weights.linear([p + f"self_attn.{x}_proj.weight" for x in "qkv"]),
+            qkv=weights.linear(spec.qkv_names(p)),
             o_proj=weights.linear([p + "self_attn.o_proj.weight"]),
             n_heads=config.num_heads,
             n_kv_heads=config.num_kv_heads,
@@ -52,11 +53,11 @@ def build_decoder(spec: FamilySpec, config: ModelConfig, weights: WeightLoader) 
             k_norm=norm(p + "self_attn.k_norm.weight") if spec.qk_norm else None,
             window=config.sliding_window if sliding else None,
             softcap=config.attn_softcap,
-            qkv_bias=bias([p + f"self_attn.{x}_proj.bias" for x in "qkv"]),
+            qkv_bias=bias(spec.qkv_names(p, "bias")),
             qk_norm_whole=spec.qk_norm_whole,
         )
         mlp = GatedMLP(
-            weights.linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
+            weights.linear(spec.gate_up_names(p)),
             weights.linear([p + "mlp.down_proj.weight"]),
             activation=spec.activation,
         )

@@ -104,8 +104,8 @@ class NativeModel:
         the stack points into are kept here for its life."""
         spec, config = self.spec, self.config
         freq_factors = reader.floats("rope_freqs.weight") if reader.has("rope_freqs.weight") else None
-        self.inv_freqs = rope_frequencies(config, freq_factors)
-        self._rope_tables = [(np.empty((0, self.head_dim), np.float32),) * 2 for _ in self.inv_freqs]
+        self.ropes = rope_frequencies(config, freq_factors)
+        self._rope_tables = [(np.empty((0, self.head_dim), np.float32),) * 2 for _ in self.ropes]
         self.stack = lib.rl_stack_new()
         weakref.finalize(self, lib.rl_stack_free, self.stack)
         self._kept: list[np.ndarray] = []
@@ -125,14 +125,14 @@ class NativeModel:
     def _add_block(self, lib, reader: WeightReader, i: int) -> None:
         spec, config = self.spec, self.config
         p = f"model.layers.{i}."
-        spec.refuse_unapplied(reader.has, i, self.path)
+        spec.refuse_unapplied(reader.has, i, self.path, config)
         norms = [None if name is None else self._keep(reader.floats(p + name + ".weight")) for name in spec.norm_names]
         q_norm = self._keep(reader.floats(p + "self_attn.q_norm.weight")) if spec.qk_norm else None
         k_norm = self._keep(reader.floats(p + "self_attn.k_norm.weight")) if spec.qk_norm else None
-        qkv = reader.linear([p + f"self_attn.{x}_proj.weight" for x in "qkv"])
-        qkv_bias = reader.bias([p + f"self_attn.{x}_proj.bias" for x in "qkv"])
+        qkv = reader.linear(spec.qkv_names(p))
+        qkv_bias = reader.bias(spec.qkv_names(p, "bias"))
         (o,) = reader.linear([p + "self_attn.o_proj.weight"])
-        gate_up = reader.linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
+        gate_up = reader.linear(spec.gate_up_names(p))
         (down,) = reader.linear([p + "mlp.down_proj.weight"])
         self._kept += [part.data for part in (*qkv, o, *gate_up, down)]
         sliding = config.is_sliding(i)
@@ -246,10 +246,10 @@ class NativeModel:
         the PyTorch backend's bits)."""
         needed = int(positions.max()) + 1
         cos, sin = [], []
-        for index, frequencies in enumerate(self.inv_freqs):
+        for index, (frequencies, scale) in enumerate(self.ropes):
             tables = self._rope_tables[index]
             while needed > len(tables[0]):
-                more = table_block(frequencies, len(tables[0]))
+                more = table_block(frequencies, len(tables[0]), scale)
                 tables = self._rope_tables[index] = (np.concatenate([tables[0], more[0]]),
                                                      np.concatenate([tables[1], more[1]]))
             cos.append(np.ascontiguousarray(tables[0][positions]))

@@ -35,6 +35,7 @@ how the 16-row kernels prefetch a decode GEMV's weights instead of the CPU's def
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
@@ -43,7 +44,9 @@ import sysconfig
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -124,6 +127,30 @@ def _op_registered() -> bool:
     return True
 
 
+def _extension_name() -> str:
+    """The torch extension of this variant, source, flags and torch."""
+    return f"runlm_gguf_{build.variant()}_{build.build_key(torch.__version__)}"
+
+
+def _build_directory(name: str) -> Path:
+    """Where torch builds the extension `name` (TORCH_EXTENSIONS_DIR, or torch's cache)."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    directory = Path(root) / name
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+@contextmanager
+def _sole_builder(directory: Path) -> Iterator[None]:
+    """Hold the one build of `directory`. torch's own build lock is a file a build deletes when it ends, so a build
+    that was killed leaves it behind and every later one waits on it forever; an flock ends with its process, so
+    under one a torch lock still there can only be such a leftover, and goes."""
+    with open(directory / "runlm-build.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        (directory / "lock").unlink(missing_ok=True)
+        yield
+
+
 def _load() -> None:
     variant = build.variant()
     if variant == "off":
@@ -133,20 +160,23 @@ def _load() -> None:
         if not build.SOURCE.is_file():
             raise FileNotFoundError(f"kernel source {build.SOURCE} is missing")
         cflags = build.variant_cflags()
-        name = f"runlm_gguf_{variant}_{build.build_key(torch.__version__)}"
+        name = _extension_name()
         _put_pip_ninja_on_path()
         torch_log = logging.getLogger("torch.utils.cpp_extension")
         level = torch_log.level
         torch_log.setLevel(logging.ERROR)  # its compiler-compatibility banner: our one line says what went wrong
+        directory = _build_directory(name)
         try:
-            cpp_extension.load(
-                name=name,
-                sources=[str(build.SOURCE)],
-                extra_cflags=cflags,
-                extra_ldflags=["-fopenmp"],
-                is_python_module=False,
-                verbose=False,
-            )
+            with _sole_builder(directory):
+                cpp_extension.load(
+                    name=name,
+                    sources=[str(build.SOURCE)],
+                    extra_cflags=cflags,
+                    extra_ldflags=["-fopenmp"],
+                    build_directory=str(directory),
+                    is_python_module=False,
+                    verbose=False,
+                )
         finally:
             torch_log.setLevel(level)
         _state["name"] = name

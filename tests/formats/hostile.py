@@ -248,7 +248,8 @@ def hyperparameter_cases(base: Path, label: str, sparse: bool) -> list[Variant]:
         ("zero rms eps", "attention.layer_norm_rms_epsilon", F32, 0.0, r"epsilon is 0\.0"),
         ("nan rope base", "rope.freq_base", F32, float("nan"), r"freq_base is nan"),
         ("negative rope base", "rope.freq_base", F32, -1.0, r"freq_base is -1\.0"),
-        ("yarn rope scaling", "rope.scaling.type", STRING, "yarn", r"rope scaling 'yarn' is not supported"),
+        ("yarn without its original context", "rope.scaling.type", STRING, "yarn",
+         r"lacks llama\.rope\.scaling\.original_context_length"),
         ("longrope scaling", "rope.scaling.type", STRING, "longrope", r"rope scaling 'longrope' is not supported"),
         ("linear scaling factor 0", "rope.scaling.type", STRING, "linear", r"factor is 0\.0"),
     ]
@@ -540,8 +541,10 @@ def hf_cases(hf_dir: Path, label: str, gemma: bool = False) -> list[Variant]:
         ("num_hidden_layers -1", setter("num_hidden_layers", -1), r"num_hidden_layers is -1"),
         ("max_position 2^40", setter("max_position_embeddings", 1 << 40), r"max_position_embeddings is 1099"),
         ("rms eps string", setter("rms_norm_eps", "1e-6"), r"rms_norm_eps is '1e-6'"),
-        ("yarn rope_scaling", with_config(lambda c: (c.pop("rope_parameters", None), c.update(
-            rope_theta=10000.0, rope_scaling={"rope_type": "yarn", "factor": 4.0}))), r"rope scaling 'yarn'"),
+        ("yarn factor string", with_config(lambda c: (c.pop("rope_parameters", None), c.update(
+            rope_theta=10000.0, rope_scaling={"rope_type": "yarn", "factor": "4"}))), r"yarn factor is '4'"),
+        ("dynamic rope_scaling", with_config(lambda c: (c.pop("rope_parameters", None), c.update(
+            rope_theta=10000.0, rope_scaling={"rope_type": "dynamic", "factor": 4.0}))), r"rope scaling 'dynamic'"),
         ("rope_scaling string", with_config(lambda c: (c.pop("rope_parameters", None), c.update(
             rope_scaling="linear"))), r"rope_scaling is 'linear', expected an object"),
         ("llama3 scaling without factors", with_config(lambda c: (c.pop("rope_parameters", None), c.update(

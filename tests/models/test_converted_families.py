@@ -8,7 +8,7 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
-from reference.converted import FAMILIES, build
+from reference.converted import ARCHITECTURES, FAMILIES, RUNLM_FAMILIES, build
 
 from runlm import load
 from runlm.formats.gguf import GGUFFile
@@ -39,7 +39,7 @@ def test_f32_logits_match_transformers(converted):
     from transformers import AutoModelForCausalLM
 
     family, gguf = converted
-    assert GGUFFile(gguf).architecture == {"mistral": "llama"}.get(family, family)
+    assert GGUFFile(gguf).architecture == ARCHITECTURES.get(family, family)
     reference = AutoModelForCausalLM.from_pretrained(gguf.parent / "hf", dtype=torch.float32).eval()
     with torch.no_grad():
         expected = reference(torch.tensor([PROMPT])).logits[0].numpy()
@@ -87,11 +87,13 @@ def test_info_prints_the_options_read_from_the_file(converted, capsys):
     family, gguf = converted
     assert main(["info", str(gguf)]) == 0
     fields = dict(line.strip().split(": ", 1) for line in capsys.readouterr().out.splitlines())
-    assert fields["architecture"].startswith(f"{ {'mistral': 'llama32'}.get(family, family)}: ")
+    assert fields["architecture"].startswith(f"{RUNLM_FAMILIES.get(family, family)}: ")
     expected = {
         "granite": ("scales", "embedding 12, attention 0.015625, residual 0.22, logits 1/ 8"),
         "olmo2": ("architecture", "olmo2: post-norm blocks, q/k norms over the projections, silu MLP"),
         "smollm3": ("rope", "theta 5e+06, none in layers 3"),
+        "qwen2-yarn": ("rope", "theta 1e+06, yarn scaling"),
+        "phi3": ("rope", "theta 10000, longrope scaling, 48 of 64 values"),
         "qwen2": ("head", "its own"),  # released Qwen2.5 0.5B ties it; this file does not
     }
     if family in expected:
@@ -116,16 +118,37 @@ def test_a_bias_runlm_does_not_apply_is_refused(tmp_path):
             load(str(path), runtime=runtime)
 
 
-def test_partial_rope_is_refused(tmp_path):
-    import json
-
+def test_partial_rope_that_splits_a_pair_is_refused(tmp_path):
     from reference.converted import DIMS
 
     from runlm.errors import ModelLoadError
     from runlm.families import for_hf
     from runlm.families.config import check_config
 
-    config = {**DIMS, "model_type": "qwen2", "partial_rotary_factor": 0.5}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelLoadError, match="partial_rotary_factor is 0.5: partial RoPE is not supported"):
+    config = {**DIMS, "model_type": "qwen2", "partial_rotary_factor": 0.3}  # 19 of 64 values
+    with pytest.raises(ModelLoadError, match="19 rotated values per head of 64, expected an even number"):
         check_config(for_hf(config, tmp_path).config_from_hf(config), "config.json", "hf")
+
+
+@pytest.mark.parametrize("family", ["qwen2-yarn", "phi3"])
+def test_an_original_context_left_out_is_read_as_transformers_reads_it(family, tmp_path):
+    """YaRN or LongRoPE without the scaling's original context: the top-level one where there is one, else the
+    context (logits as transformers' on the same directory)."""
+    import json
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    hf = build(family, tmp_path / "built").parent / "hf"
+    edited = shutil.copytree(hf, tmp_path / "edited")
+    config = json.loads((edited / "config.json").read_text())
+    scaling = config.get("rope_parameters") or config["rope_scaling"]
+    original = scaling.pop("original_max_position_embeddings", None) or config.get("original_max_position_embeddings")
+    if family == "qwen2-yarn":
+        config["max_position_embeddings"] = original  # the context now the original one: factor 4 over 64 positions
+    (edited / "config.json").write_text(json.dumps(config))
+    reference = AutoModelForCausalLM.from_pretrained(edited, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = reference(torch.tensor([PROMPT])).logits[0].numpy()
+    ours, _ = _logits(edited, PROMPT)
+    assert np.abs(ours - expected).max() <= 1e-4

@@ -598,3 +598,21 @@ print("reported ok")
 """
     result = _run(code, "", TORCH_EXTENSIONS_DIR=str(tmp_path), CXX="/nonexistent/c++")
     assert result.returncode == 0 and "reported ok" in result.stdout, result.stderr[-3000:]
+
+
+def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_load():
+    """torch's build lock is a file a killed build leaves behind; the next load clears it instead of waiting forever
+    (run where the extension is built already, so it only loads)."""
+    code = """
+import fcntl
+from runlm.quant import kernels
+directory = kernels._build_directory(kernels._extension_name())
+with open(directory / "runlm-build.lock", "w") as handle:
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    (directory / "lock").touch()
+assert kernels.available(), kernels.unavailable_reason()
+assert not (directory / "lock").exists()
+print("loaded")
+"""
+    result = _run(code, "")
+    assert result.returncode == 0 and "loaded" in result.stdout, result.stderr[-3000:]

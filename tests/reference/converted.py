@@ -4,7 +4,7 @@ $RUNLM_HOME/test-references), so runlm reads each family as llama.cpp's converte
 
 The converter identifies a byte-level BPE tokenizer by hashing how it splits a fixed text; the tiny tokenizer is no
 released one, so it is told the GPT-2 pre-tokenizer the tiny tokenizer was trained with, and families whose
-converter reads a SentencePiece model (Gemma 2) take that byte-level BPE instead. Everything else (tensor names,
+converter reads a SentencePiece model (Gemma 2, Phi-3) take that byte-level BPE instead. Everything else (tensor names,
 Q/K row order, norm offsets, metadata keys) is the converter's own.
 """
 
@@ -34,6 +34,8 @@ sys.path[:0] = [root, root + "/gguf-py"]
 import conversion.base
 conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
 conversion.base.TextModel._set_vocab_sentencepiece = lambda self, *args, **kwargs: self._set_vocab_gpt2()
+import conversion.phi
+conversion.phi.Phi3MiniModel.set_vocab = lambda self: self._set_vocab_gpt2()
 sys.argv = [root + "/convert_hf_to_gguf.py", *sys.argv[2:]]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -101,6 +103,10 @@ def _tiny(config_class: str, model_class: str, **extra):
 FAMILIES = {
     "qwen2": _tiny("Qwen2Config", "Qwen2ForCausalLM", rms_norm_eps=1e-6, tie_word_embeddings=False,
                    rope_theta=1e6),
+    # YaRN stretching a 64-position original context 4x
+    "qwen2-yarn": _tiny("Qwen2Config", "Qwen2ForCausalLM", rms_norm_eps=1e-6, tie_word_embeddings=True,
+                        rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+                                         "original_max_position_embeddings": 64}),
     "mistral": _tiny("MistralConfig", "MistralForCausalLM", rms_norm_eps=1e-5, tie_word_embeddings=False,
                      sliding_window=None, rope_theta=1e6),
     "granite": _tiny("GraniteConfig", "GraniteForCausalLM", head_dim=None, rms_norm_eps=1e-5,
@@ -111,9 +117,21 @@ FAMILIES = {
                     hidden_activation="gelu_pytorch_tanh", pad_token_id=0, rope_theta=1e4),
     "olmo2": _tiny("Olmo2Config", "Olmo2ForCausalLM", head_dim=None, rms_norm_eps=1e-6, tie_word_embeddings=False,
                    rope_theta=5e5),
+    # partial RoPE (48 of 64 values) with LongRoPE's factors, at the context its short factors serve
+    "phi3": _tiny("Phi3Config", "Phi3ForCausalLM", rms_norm_eps=1e-5, tie_word_embeddings=False, pad_token_id=0,
+                  original_max_position_embeddings=256, rope_parameters={
+                      "rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.75,
+                      "original_max_position_embeddings": 256,
+                      "short_factor": [1.0 + 0.05 * i for i in range(24)],
+                      "long_factor": [1.0 + 0.5 * i for i in range(24)]}),
     "smollm3": _tiny("SmolLM3Config", "SmolLM3ForCausalLM", rms_norm_eps=1e-6, tie_word_embeddings=True,
                      rope_theta=5e6, pad_token_id=0),
 }  # fmt: skip
+
+
+# what each tiny model's GGUF says it is, and the runlm family that reads it, where those are not its name
+ARCHITECTURES = {"mistral": "llama", "qwen2-yarn": "qwen2"}
+RUNLM_FAMILIES = {"mistral": "llama32", "qwen2-yarn": "qwen2"}
 
 
 def build(family: str, directory: Path, seed: int = 7) -> Path:
@@ -132,4 +150,4 @@ def build(family: str, directory: Path, seed: int = 7) -> Path:
     return convert(directory / "hf", gguf)
 
 
-__all__ = ["FAMILIES", "build", "convert", "converter_dir"]
+__all__ = ["ARCHITECTURES", "FAMILIES", "RUNLM_FAMILIES", "build", "convert", "converter_dir"]

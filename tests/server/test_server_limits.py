@@ -74,7 +74,7 @@ def test_a_trickling_body_is_a_408(live):
 def test_serve_takes_max_tokens_and_ctx_size():
     args = build_parser().parse_args(["serve", "--max-tokens", "64", "--ctx-size", "512"])
     assert (args.max_tokens, args.ctx) == (64, 512)
-    assert build_parser().parse_args(["serve"]).max_tokens is None
+    assert build_parser().parse_args(["serve"]).max_tokens == 2048  # a default bound (tests/test_cli.py)
     assert main(["serve", "--max-tokens", "0"]) == 1  # refused before loading anything
 
 
