@@ -114,6 +114,14 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--special-tokens-in-content", action="store_true",
                        help="special-token strings in message text become control tokens (default: text; only "
                             "the chat template's own markers are control tokens)")
+    serve.add_argument("--reasoning-format", choices=("auto", "none", "think", "deepseek"), default="auto",
+                       help="give a reply's <think> phase apart from its answer (reasoning_content, Anthropic "
+                            "thinking blocks, Ollama's thinking): auto where the chat template thinks, none: "
+                            "leave it in the answer; 'deepseek' is llama-server's name for think")
+    serve.add_argument("--reasoning-budget", type=int, default=-1,
+                       help="tokens a reply may think before it is made to close its <think> phase and answer "
+                            "(default -1: no bound; 0: the template's thinking off); a request's reasoning_budget or "
+                            "Anthropic thinking.budget_tokens wins")
     serve.add_argument("--pooling", choices=("mean", "last"), default=None,
                        help="how embeddings pool token states (default: as the model declares, else mean)")
     cluster = serve.add_argument_group("replicas on Ray Serve (pip install 'runlm[cluster]')")
@@ -145,6 +153,8 @@ def serve_options(args: argparse.Namespace) -> dict:
         allowed_hosts=[h for value in args.allowed_hosts for h in value.split(",") if h.strip()],
         api_docs=args.api_docs,
         special_tokens_in_content=args.special_tokens_in_content,
+        reasoning_format=args.reasoning_format,
+        reasoning_budget=args.reasoning_budget,
     )
 
 
@@ -236,6 +246,7 @@ def chat_web(args: argparse.Namespace, serve: Callable[[argparse.Namespace], int
         "prompt_cache_mb": 256, "max_queue": 16, "parallel": 8,
         "mmproj": None, "allow_remote_images": False, "allow_private_image_urls": False, "pooling": None,
         "allowed_hosts": [], "api_docs": False, "special_tokens_in_content": False, "kv_budget_mb": None,
+        "reasoning_format": "auto", "reasoning_budget": -1,
         "replicas": None, "min_replicas": None, "max_replicas": None,  # one process: the page is one user's
         "max_tokens": None,  # the page's requests run to their end unless they say otherwise
         "web": False,  # what is served is a server

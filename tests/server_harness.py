@@ -5,15 +5,19 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
+import torch
 import uvicorn
 
 from runlm.bench import free_port, served_process
+from runlm.runner import LmRunner, Session
+from runlm.server import create_app
 
-__all__ = ["LiveServer", "free_port", "openai_client", "serve_cli"]
+__all__ = ["LiveServer", "ScriptedRunner", "free_port", "openai_client", "scripted_server", "serve_cli"]
 
 
 class LiveServer:
@@ -54,3 +58,79 @@ def openai_client(base_url: str, api_key: str = "unused", timeout: float = 120) 
     import openai
 
     return openai.OpenAI(base_url=base_url + "/v1", api_key=api_key, max_retries=0, timeout=timeout)
+
+
+class ScriptedRunner(LmRunner):
+    """Greedy-certain logits that spell `reply(prompt_text, n)` for the n-th request, then end the turn. Where the
+    engine writes a token the script did not choose, the script starts again from `reply(text so far, n)`."""
+
+    def __init__(self, tokenizer, reply: Callable[[str, int], str], *, delay_s: float = 0.0,
+                 multimodal: bool = False, max_context: int = 4096):
+        self.tok = tokenizer
+        self.vocab = tokenizer.vocab_size
+        self.end = tokenizer.eos_id
+        self.reply = reply
+        self.delay_s = delay_s
+        self.multimodal = multimodal
+        self.context = max_context
+        self.calls = 0
+
+    def family(self) -> str:
+        return "scripted"
+
+    def vocab_size(self) -> int:
+        return self.vocab
+
+    def max_context(self) -> int:
+        return self.context
+
+    def supports_multimodal(self) -> bool:
+        return self.multimodal
+
+    def image_marker(self) -> str | None:
+        return "<start_of_image>" if self.multimodal else None
+
+    def predict_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+        return self.prefill(self.new_session(), prompt_ids)
+
+    def extend(self, session: Session, ids: Sequence[int], all_positions: bool = False) -> torch.Tensor:
+        """session.state: [the scripted reply's ids, how far it has gone, the request's number]. One token on a
+        session that has its reply is a decode step; anything else is (a chunk of) the prompt."""
+        self.check_tokens(ids)
+        if session.state is not None and session.state[0] and len(ids) == 1:
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            session.tokens.append(int(ids[0]))
+            session.state[1] += 1
+            script, pos, number = session.state
+            if int(ids[0]) != script[min(pos, len(script)) - 1]:  # the engine wrote a token of its own: the reply
+                text = self.reply(self.tok.decode(session.tokens), number)  # goes on from what is there
+                session.state[0], session.state[1] = self.tok.encode(text, add_bos=False) + [self.end], 0
+            return self._logits(session)
+        if not session.tokens:  # a new prompt (its first chunk)
+            self.calls += 1
+            session.state = [[], 0, self.calls]
+        session.tokens = session.tokens + [int(t) for t in ids]
+        text = self.reply(self.tok.decode(session.tokens), session.state[2])
+        session.state[0], session.state[1] = self.tok.encode(text, add_bos=False) + [self.end], 0
+        return self._logits(session)
+
+    def _logits(self, session: Session) -> torch.Tensor:
+        script, pos, _ = session.state
+        logits = torch.zeros(self.vocab)
+        logits[script[min(pos, len(script) - 1)]] = 60.0
+        return logits
+
+
+def scripted_server(real, reply: Callable[[str, int], str], *, name: str = "scripted-model",
+                    chat_template: Any = None, **kw) -> LiveServer:
+    """A live server whose model is a ScriptedRunner on `real`'s tokenizer, with `real`'s chat template or
+    `chat_template`; `kw`: the runner's delay_s / multimodal, and create_app's options."""
+    runner_kw = {k: kw.pop(k) for k in ("delay_s", "multimodal") if k in kw}
+    runner = ScriptedRunner(real.tokenizer, reply, **runner_kw)
+    loaded = SimpleNamespace(runner=runner, tokenizer=real.tokenizer, chat_template=chat_template or real.chat_template,
+                             path=real.path, quantization=real.quantization, format="gguf",
+                             context_length=4096, metadata=real.metadata, config=real.config)
+    server = LiveServer(create_app(loaded, model_name=name, **kw))
+    server.runner = runner
+    return server

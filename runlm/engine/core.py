@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from runlm.engine.grammar import GrammarConstraint
 from runlm.engine.prompt_cache import PromptCache
+from runlm.engine.reasoning import BudgetWatch, ThinkingBudget
 from runlm.engine.stops import StopStringFilter
 from runlm.errors import ContextOverflowError, InvalidInputError
 from runlm.runner import ImageInput, LmRunner, PartialBatchError, Session
@@ -46,6 +47,7 @@ class GenerationRequest:
     image: ImageInput | None = None
     prompt_text: str | None = None
     cache_scope: str = ""  # whose prompt-cache entries it may reuse: the server's tenant, never the request body
+    thinking_budget: ThinkingBudget | None = None  # closes a thinking phase once it has spent so many tokens
 
 
 @dataclass
@@ -105,6 +107,7 @@ class Generation:
         self.sampler = Sampler(request.sampling, vocab_size, history=request.prompt_ids)
         self.detok = StreamingDetokenizer(tokenizer, continuation=True)
         self.stops = StopStringFilter(request.stop)
+        self.budget = BudgetWatch(request.thinking_budget) if request.thinking_budget is not None else None
         ids = request.stop_ids if request.stop_ids is not None else getattr(tokenizer, "stop_ids", frozenset())
         self.stop_ids = frozenset() if request.ignore_eos else frozenset(ids)
         self.max_new = max_new
@@ -139,7 +142,12 @@ class Generation:
         """Sample from this step's logits and advance; sets `next_token` unless the sequence finished."""
         grammar = self.request.grammar
         allowed = grammar.allowed() if grammar is not None else None
-        token = self.sampler(logits, allowed)
+        forced = self.budget.forced_token() if self.budget is not None else None
+        if forced is None:
+            token = self.sampler(logits, allowed)
+        else:  # the end of a spent thinking phase: written, not drawn (the penalties still see it)
+            token = forced
+            self.sampler.history.append(token)
         logprob = self.sampler.logprob(logits, token)
         self.generated.append(token)
         now = time.perf_counter()
@@ -152,7 +160,10 @@ class Generation:
         if token in self.stop_ids:
             record.text = self._flush()
             return self._finish(record, "stop")
-        text, hit = self.stops.push(self.detok.push(token))
+        piece = self.detok.push(token)
+        if self.budget is not None:
+            self.budget.advance(piece)
+        text, hit = self.stops.push(piece)
         record.text = text
         if hit:
             return self._finish(record, "stop")

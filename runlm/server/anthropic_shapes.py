@@ -16,13 +16,12 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from runlm.engine import Completion, Generation, StreamRecord, ToolCall, Usage
-from runlm.engine.tools import ToolCallStreamFilter
 from runlm.server.adapters import openai_request
 from runlm.server.errors import APIError
 from runlm.server.openai_shapes import ChatPlan, plan_chat
 from runlm.server.schemas import ChatCompletionRequest, StopString, Strict, Unit
 from runlm.server.state import ServerState
-from runlm.server.tools import split_reply
+from runlm.server.tools import ReplyStream, split_reply
 
 # -- request bodies ----------------------------------------------------------------------------------
 
@@ -95,6 +94,13 @@ class OutputConfig(Strict):
     effort: str | None = None  # accepted; a local model has one effort
 
 
+class ThinkingConfig(Strict):
+    """Extended thinking: on or off for the model's own thinking phase (its template's switch)."""
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: Annotated[int, Field(ge=1)] | None = None  # thinking tokens before it is made to close
+
+
 class CountTokensRequest(Strict):
     """What count_tokens takes: the prompt side of a Messages request."""
 
@@ -103,6 +109,7 @@ class CountTokensRequest(Strict):
     system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
 
 
 class MessagesRequest(CountTokensRequest):
@@ -198,6 +205,10 @@ def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
     choice = _tool_choice(body.tool_choice)
     if choice is not None:
         data["tool_choice"] = choice
+    if body.thinking is not None:
+        data["reasoning_effort"] = "none" if body.thinking.type == "disabled" else "medium"
+        if body.thinking.type != "disabled" and body.thinking.budget_tokens is not None:
+            data["reasoning_budget"] = body.thinking.budget_tokens
     if isinstance(body, MessagesRequest):
         data |= {"max_tokens": body.max_tokens, "temperature": body.temperature, "top_p": body.top_p,
                  "top_k": body.top_k, "stop": body.stop_sequences}
@@ -224,6 +235,12 @@ def tool_use_block(call: ToolCall) -> dict[str, Any]:
             "input": json.loads(call.arguments)}
 
 
+def thinking_block(text: str) -> dict[str, Any]:
+    """A thinking block; its signature is empty: the text comes back as the client sends it, unverified, and
+    stays out of later prompts as other models' thinking does."""
+    return {"type": "thinking", "thinking": text, "signature": ""}
+
+
 def stop_reason(gen: Generation, calls: list[ToolCall]) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence): a tool call, the token budget, a stop sequence, or the end of the turn."""
     if calls:
@@ -240,22 +257,24 @@ def usage_json(usage: Usage) -> dict[str, int]:
 
 def message_response(plan: ChatPlan, body: MessagesRequest, result: Completion, gen: Generation,
                      mid: str) -> dict[str, Any]:
-    content, calls = split_reply(plan.tools, result.text)
-    blocks = ([{"type": "text", "text": content}] if content or not calls else []) + [tool_use_block(c) for c in calls]
+    reasoning, content, calls = split_reply(plan.tools, plan.thinking, result.text)
+    blocks = [thinking_block(reasoning)] if reasoning else []
+    blocks += ([{"type": "text", "text": content}] if content or not calls else []) + [tool_use_block(c) for c in calls]
     reason, sequence = stop_reason(gen, calls)
     return {"id": mid, "type": "message", "role": "assistant", "model": body.model, "content": blocks,
             "stop_reason": reason, "stop_sequence": sequence, "usage": usage_json(result.usage)}
 
 
 class MessageEvents:
-    """The typed event stream of one message: text streams as text_delta events in a text block; tool calls
-    (parsed once the reply is whole) follow as tool_use blocks with one input_json_delta each."""
+    """The typed event stream of one message: the thinking streams as thinking_delta events in a thinking block,
+    then the answer as text_delta events in a text block; tool calls (parsed once the reply is whole) follow as
+    tool_use blocks with one input_json_delta each."""
 
     def __init__(self, plan: ChatPlan, body: MessagesRequest, gen: Generation, mid: str):
         self.plan, self.body, self.gen, self.mid = plan, body, gen, mid
-        self.filter = ToolCallStreamFilter(plan.tools.active, plan.tools.names)
+        self.reply = ReplyStream(plan.tools, plan.thinking)
         self.blocks = 0  # content blocks opened so far
-        self.text_open = False
+        self.open: str | None = None  # the kind of the block open now ("thinking" or "text")
 
     def opening(self) -> list[dict[str, Any]]:
         message = {"id": self.mid, "type": "message", "role": "assistant", "model": self.body.model, "content": [],
@@ -263,26 +282,43 @@ class MessageEvents:
                    "usage": {"input_tokens": len(self.plan.request.prompt_ids), "output_tokens": 0}}
         return [{"type": "message_start", "message": message}]
 
-    def _text(self, text: str) -> list[dict[str, Any]]:
+    def _close(self) -> list[dict[str, Any]]:
+        if self.open is None:
+            return []
         events = []
-        if not self.text_open:
-            events.append({"type": "content_block_start", "index": self.blocks,
-                           "content_block": {"type": "text", "text": ""}})
-            self.text_open, self.blocks = True, self.blocks + 1
-        if text:
+        if self.open == "thinking":
             events.append({"type": "content_block_delta", "index": self.blocks - 1,
-                           "delta": {"type": "text_delta", "text": text}})
+                           "delta": {"type": "signature_delta", "signature": ""}})
+        self.open = None
+        return events + [{"type": "content_block_stop", "index": self.blocks - 1}]
+
+    def _in_block(self, kind: str, text: str) -> list[dict[str, Any]]:
+        """`text` streamed into a block of `kind` ("thinking" or "text"), opening it (and closing another)."""
+        events = []
+        if self.open != kind:
+            events += self._close()
+            block = thinking_block("") if kind == "thinking" else {"type": "text", "text": ""}
+            events.append({"type": "content_block_start", "index": self.blocks, "content_block": block})
+            self.open, self.blocks = kind, self.blocks + 1
+        if text:
+            delta = {"type": "thinking_delta", "thinking": text} if kind == "thinking" else \
+                {"type": "text_delta", "text": text}
+            events.append({"type": "content_block_delta", "index": self.blocks - 1, "delta": delta})
         return events
 
+    def _pieces(self, reasoning: str, text: str) -> list[dict[str, Any]]:
+        return (self._in_block("thinking", reasoning) if reasoning else []) + \
+            (self._in_block("text", text) if text else [])
+
     def on_record(self, record: StreamRecord) -> list[dict[str, Any]]:
-        text = self.filter.push(record.text)
-        return self._text(text) if text else []
+        return self._pieces(*self.reply.push(record.text))
 
     def closing(self, last: StreamRecord, usage: Usage) -> list[dict[str, Any]]:
-        rest, calls = self.filter.finish()
-        events = self._text(rest) if rest or (not self.blocks and not calls) else []
-        if self.text_open:
-            events.append({"type": "content_block_stop", "index": self.blocks - 1})
+        reasoning, rest, calls = self.reply.finish()
+        events = self._pieces(reasoning, rest)
+        if not calls and self.open != "text":
+            events += self._in_block("text", "")  # an empty answer is still one (empty) text block
+        events += self._close()
         for call in calls:
             block = tool_use_block(call)
             index, self.blocks = self.blocks, self.blocks + 1

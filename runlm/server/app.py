@@ -19,6 +19,7 @@ from fastapi import FastAPI
 
 from runlm.engine import Engine, Scheduler
 from runlm.engine.embeddings import check_pooling
+from runlm.engine.reasoning import check_reasoning_budget, check_reasoning_format
 from runlm.engine.scheduler import kv_budget_bytes
 from runlm.server import anthropic_api, embeddings_api, llamacpp_api, ollama_api, openai_api, responses_api
 from runlm.server.errors import install_error_handlers
@@ -57,6 +58,8 @@ def create_app(
     special_tokens_in_content: bool = False,
     scheduler: Any = None,
     kv_budget_mb: float | None = None,
+    reasoning_format: str = "auto",
+    reasoning_budget: int = -1,
 ) -> FastAPI:
     """A FastAPI app serving one loaded model (a runlm.LoadedModel).
 
@@ -75,7 +78,10 @@ def create_app(
     `scheduler`: one made elsewhere with the Scheduler's face (runlm.cluster's RemoteScheduler over replicas),
     whose `engine` validates requests; None: a local Engine and Scheduler over `loaded.runner`. `kv_budget_mb`
     bounds the local Scheduler's KV-cache memory, all requests in flight together (None: half the memory
-    available when the app is made; 0: no bound).
+    available when the app is made; 0: no bound). `reasoning_format` ("auto", "none", "think"; a request's own
+    `reasoning_format` wins) says whether chat replies give their thinking apart, as `reasoning_content`;
+    `reasoning_budget` tokens of thinking are written before the model is made to close it (-1: no bound; 0: the
+    template's thinking is off).
     """
     if api_key is None:
         api_key = os.environ.get("RUNLM_API_KEY") or None
@@ -93,7 +99,9 @@ def create_app(
     state = ServerState(loaded, engine, scheduler, metrics, name, aliases, default_max_tokens,
                         prompt_cache_mb=prompt_cache_mb, allow_remote_images=allow_remote_images,
                         allow_private_image_urls=allow_private_image_urls,
-                        pooling=pooling, special_tokens_in_content=special_tokens_in_content)
+                        pooling=pooling, special_tokens_in_content=special_tokens_in_content,
+                        reasoning_format=check_reasoning_format(reasoning_format),
+                        reasoning_budget=check_reasoning_budget(reasoning_budget))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

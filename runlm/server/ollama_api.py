@@ -62,10 +62,10 @@ async def generate(request: Request, body: GenerateBody = Depends(json_body(Gene
     if not body.prompt and not body.images:
         state.check_model(body.model)
         return loaded_reply(body, chat=False)
-    _, handle, _ = await submit(state, plan_ollama_generate, body, "generate", request)
+    plan, handle, _ = await submit(state, plan_ollama_generate, body, "generate", request)
     if body.stream:
-        return json_lines(handle, GenerateLines(body, handle.gen))
-    return await state.workers.reply(generate_reply, body, await collect(handle, request), handle.gen)
+        return json_lines(handle, GenerateLines(plan, body, handle.gen))
+    return await state.workers.reply(generate_reply, plan, body, await collect(handle, request), handle.gen)
 
 
 @router.post("/api/embed")

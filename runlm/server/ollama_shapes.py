@@ -17,13 +17,13 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from runlm.engine import Completion, Generation, StreamRecord, ToolCall, Usage
-from runlm.engine.tools import ToolCallStreamFilter
+from runlm.engine.reasoning import THINK_OPEN, ThinkingPlan
 from runlm.server.adapters import openai_request
 from runlm.server.errors import APIError
 from runlm.server.openai_shapes import ChatPlan, CompletionPlan, plan_chat, plan_completion
 from runlm.server.schemas import ChatCompletionRequest, CompletionRequest, Seed, StopString, Strict, Unit
 from runlm.server.state import ServerState
-from runlm.server.tools import split_reply, template_source
+from runlm.server.tools import ReplyStream, ToolPlan, split_reply, template_source
 
 OLLAMA_API_VERSION = "0.12.0"  # the Ollama API these routes follow; clients gate features on /api/version
 
@@ -73,6 +73,7 @@ class Generating(Strict):
     options: Options | None = None
     stream: bool = True
     keep_alive: str | int | float | None = None  # accepted; the model stays loaded
+    think: bool | Literal["low", "medium", "high"] | None = None  # the template's thinking switch (and level)
 
 
 class ChatBody(Generating):
@@ -123,6 +124,8 @@ def _sampling(body: Generating) -> dict[str, Any]:
         fields["response_format"] = {"type": "json_object"}
     elif isinstance(body.format, dict):
         fields["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": body.format}}
+    if body.think is not None:
+        fields["reasoning_effort"] = body.think if isinstance(body.think, str) else ("medium" if body.think else "none")
     return {"model": body.model, **fields}
 
 
@@ -207,17 +210,28 @@ def ollama_tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
 
 
 def chat_reply(plan: ChatPlan, body: ChatBody, result: Completion, gen: Generation) -> dict[str, Any]:
-    content, calls = split_reply(plan.tools, result.text)
-    message: dict[str, Any] = {"role": "assistant", "content": content}
+    reasoning, content, calls = split_reply(plan.tools, plan.thinking, result.text)
+    message: dict[str, Any] = {"role": "assistant", "content": content} | ({"thinking": reasoning} if reasoning else {})
     if calls:
         message["tool_calls"] = ollama_tool_calls(calls)
     return {"model": body.model, "created_at": now_iso(), "message": message,
             **final_fields(result.usage, done_reason(gen))}
 
 
-def generate_reply(body: GenerateBody, result: Completion, gen: Generation) -> dict[str, Any]:
-    return {"model": body.model, "created_at": now_iso(), "response": result.text,
-            **final_fields(result.usage, done_reason(gen))}
+def generate_reply(plan: ChatPlan | CompletionPlan, body: GenerateBody, result: Completion,
+                   gen: Generation) -> dict[str, Any]:
+    thinking = plan.thinking if isinstance(plan, ChatPlan) else ThinkingPlan()
+    reasoning, content, _ = split_reply(ToolPlan(), thinking, result.text)
+    return {"model": body.model, "created_at": now_iso(), "response": content,
+            **({"thinking": reasoning} if reasoning else {}), **final_fields(result.usage, done_reason(gen))}
+
+
+
+def _message_lines(line: Any, reasoning: str, content: str) -> list[dict[str, Any]]:
+    """One stream line for a piece of thinking and answer, where there is either."""
+    if not (reasoning or content):
+        return []
+    return [line({"content": content} | ({"thinking": reasoning} if reasoning else {}))]
 
 
 class ChatLines:
@@ -225,7 +239,7 @@ class ChatLines:
 
     def __init__(self, plan: ChatPlan, body: ChatBody, gen: Generation):
         self.body, self.gen = body, gen
-        self.filter = ToolCallStreamFilter(plan.tools.active, plan.tools.names)
+        self.reply = ReplyStream(plan.tools, plan.thinking)
 
     def _line(self, message: dict[str, Any], **extra: Any) -> dict[str, Any]:
         return {"model": self.body.model, "created_at": now_iso(), "message": {"role": "assistant", **message},
@@ -235,12 +249,11 @@ class ChatLines:
         return []
 
     def on_record(self, record: StreamRecord) -> list[dict[str, Any]]:
-        text = self.filter.push(record.text)
-        return [self._line({"content": text})] if text else []
+        return _message_lines(self._line, *self.reply.push(record.text))
 
     def closing(self, last: StreamRecord, usage: Usage) -> list[dict[str, Any]]:
-        rest, calls = self.filter.finish()
-        lines = [self._line({"content": rest})] if rest else []
+        reasoning, rest, calls = self.reply.finish()
+        lines = _message_lines(self._line, reasoning, rest)
         if calls:
             lines.append(self._line({"content": "", "tool_calls": ollama_tool_calls(calls)}))
         return lines + [self._line({"content": ""}, **final_fields(usage, done_reason(self.gen)))]
@@ -249,20 +262,25 @@ class ChatLines:
 class GenerateLines:
     """/api/generate's stream: response fragments, then the done object."""
 
-    def __init__(self, body: GenerateBody, gen: Generation):
+    def __init__(self, plan: ChatPlan | CompletionPlan, body: GenerateBody, gen: Generation):
         self.body, self.gen = body, gen
+        self.splitter = (plan.thinking if isinstance(plan, ChatPlan) else ThinkingPlan()).splitter()
 
-    def _line(self, text: str, **extra: Any) -> dict[str, Any]:
-        return {"model": self.body.model, "created_at": now_iso(), "response": text, "done": False, **extra}
+    def _line(self, text: str, reasoning: str = "", **extra: Any) -> dict[str, Any]:
+        return {"model": self.body.model, "created_at": now_iso(), "response": text,
+                **({"thinking": reasoning} if reasoning else {}), "done": False, **extra}
 
     def opening(self) -> list[dict[str, Any]]:
         return []
 
     def on_record(self, record: StreamRecord) -> list[dict[str, Any]]:
-        return [self._line(record.text)] if record.text else []
+        reasoning, text = self.splitter.push(record.text)
+        return [self._line(text, reasoning)] if text or reasoning else []
 
     def closing(self, last: StreamRecord, usage: Usage) -> list[dict[str, Any]]:
-        return [self._line("", **final_fields(usage, done_reason(self.gen)))]
+        reasoning, text = self.splitter.finish()
+        lines = [self._line(text, reasoning)] if text or reasoning else []
+        return lines + [self._line("", **final_fields(usage, done_reason(self.gen)))]
 
 
 # -- the model, as Ollama describes it ---------------------------------------------------------------
@@ -308,7 +326,8 @@ def show_reply(state: ServerState) -> dict[str, Any]:
     info |= {f"{arch}.context_length": state.engine.context_length,
              f"{arch}.embedding_length": loaded.config.hidden_size, f"{arch}.block_count": loaded.config.num_layers}
     template = template_source(loaded.chat_template) if loaded.chat_template is not None else ""
-    capabilities = ["completion", "tools"] + (["vision"] if loaded.runner.supports_multimodal() else [])
+    capabilities = ["completion", "tools"] + (["vision"] if loaded.runner.supports_multimodal() else []) + \
+        (["thinking"] if THINK_OPEN in template else [])
     return {"modelfile": f"FROM {loaded.path}\n", "parameters": "", "template": template,
             "details": model_details(state), "model_info": info, "capabilities": capabilities,
             "modified_at": model_entry(state)["modified_at"]}

@@ -13,7 +13,8 @@ from typing import Any
 from runlm.engine import Completion, GenerationRequest, StreamRecord, Usage
 from runlm.engine.core import merged_usage
 from runlm.engine.grammar import GrammarConstraint, grammar_for_json_schema
-from runlm.engine.tools import ToolCallStreamFilter, tool_call_schema
+from runlm.engine.reasoning import THINK_CLOSE, ThinkingBudget, ThinkingPlan, thinking_switch
+from runlm.engine.tools import tool_call_schema
 from runlm.errors import RunlmError
 from runlm.runner import ImageInput
 from runlm.sampling import SamplingParams, TokenLogprob
@@ -27,7 +28,15 @@ from runlm.server.schemas import (
     SamplingFields,
 )
 from runlm.server.state import ServerState
-from runlm.server.tools import ToolPlan, add_tools_prompt, plan_tools, split_reply, template_message
+from runlm.server.tools import (
+    ReplyStream,
+    ToolPlan,
+    add_tools_prompt,
+    plan_tools,
+    split_reply,
+    template_message,
+    template_source,
+)
 
 MIN_LOGPROB = -9999.0  # what OpenAI reports for probabilities that underflow
 RESERVED_TEMPLATE_KWARGS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
@@ -185,6 +194,7 @@ def message_text(state: ServerState, message: ChatMessage, index: int, images: l
 class ChatPlan:
     request: GenerationRequest
     tools: ToolPlan
+    thinking: ThinkingPlan = ThinkingPlan()
 
 
 # How deep client JSON may nest where the chat template renders it: far beyond any tool schema, and shallow enough
@@ -206,6 +216,14 @@ def deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
+def thinking_budget(state: ServerState, thinking: ThinkingPlan, tokens: int) -> ThinkingBudget | None:
+    """The bound on a split reply's thinking (none where it is -1, or where replies are not split)."""
+    if not thinking.active or tokens < 0:
+        return None
+    close = state.tokenizer.encode(f"\n{THINK_CLOSE}\n\n", add_bos=False, add_eos=False)
+    return ThinkingBudget(tokens, tuple(close), thinking.opened)
+
+
 def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     """Render the messages through the chat template and build the generation request."""
     template = state.loaded.chat_template
@@ -225,11 +243,21 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     messages = [template_message(m, message_text(state, m, i, images, slot), tools)
                 for i, m in enumerate(body.messages)]
     add_tools_prompt(messages, tools)
-    extra = body.chat_template_kwargs or {}
+    extra = dict(body.chat_template_kwargs or {})
     reserved = sorted(set(extra) & RESERVED_TEMPLATE_KWARGS)
     if reserved:
         raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)}",
                        param="chat_template_kwargs", code="invalid_value")
+    constrained, schema = schema_from_format(body.response_format)
+    if tools.forced is not None or tools.required:
+        constrained, schema = True, tool_call_schema(tools.tools, tools.forced)
+    if body.reasoning_effort is not None:
+        extra.setdefault("reasoning_effort", body.reasoning_effort)
+    budget = body.reasoning_budget if body.reasoning_budget is not None else state.reasoning_budget
+    if constrained or budget == 0:  # a grammar holds the whole reply, or no thinking is allowed: answer at once
+        extra.setdefault("enable_thinking", False)
+    elif body.reasoning_effort is not None:
+        extra.setdefault("enable_thinking", thinking_switch(body.reasoning_effort))
     template_tools = tools.tools if tools.active and tools.template_aware else None
     for name, value in (("chat_template_kwargs", extra), ("tools", template_tools), ("messages", messages)):
         if deeper_than(value, MAX_TEMPLATE_DEPTH):
@@ -244,13 +272,14 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
                        code="invalid_value") from exc
     if slot is not None and images:
         prompt = prompt.replace(slot, state.loaded.runner.image_marker() or "")
+    thinking = ThinkingPlan.for_prompt(body.reasoning_format or state.reasoning_format, template_source(template),
+                                       prompt)
     grammar = None
-    if tools.forced is not None or tools.required:
-        grammar = json_grammar(state, tool_call_schema(tools.tools, tools.forced))
-    else:
-        constrained, schema = schema_from_format(body.response_format)
-        if constrained:
-            grammar = json_grammar(state, schema)
+    if constrained:
+        grammar = json_grammar(state, schema)
+        if thinking.opened:  # the template opened the thinking whatever it was told: close it empty
+            prompt += f"\n{THINK_CLOSE}\n\n"
+        thinking = ThinkingPlan()
     top = body.top_logprobs or 0
     if top and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
@@ -262,6 +291,7 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
         ignore_eos=body.ignore_eos,
         grammar=grammar,
         use_prompt_cache=body.cache_prompt,
+        thinking_budget=thinking_budget(state, thinking, budget),
     )
     if images:
         try:
@@ -269,7 +299,7 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
             state.engine.with_image(request, prompt, images[0], encode=literal.encode if literal is not None else None)
         except RunlmError as exc:
             raise APIError(400, str(exc), param="messages", code="invalid_value") from exc
-    return ChatPlan(request, tools)
+    return ChatPlan(request, tools, thinking)
 
 
 @dataclass
@@ -328,8 +358,10 @@ def _envelope(state: ServerState, obj: str, rid: str, created: int, model: str) 
 
 def chat_choice(state: ServerState, plan: ChatPlan, body: ChatCompletionRequest, result: Completion,
                 index: int) -> dict[str, Any]:
-    content, calls = split_reply(plan.tools, result.text)
+    reasoning, content, calls = split_reply(plan.tools, plan.thinking, result.text)
     message: dict[str, Any] = {"role": "assistant", "content": content if (content or not calls) else None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
     finish = finish_reason(result.finish_reason)
     if calls:
         message["tool_calls"] = [c.to_openai() for c in calls]
@@ -374,6 +406,11 @@ def completion_response(state: ServerState, plan: CompletionPlan, body: Completi
 # -- streams: what each record becomes (server.sse sends it) ------------------------------------------
 
 
+def _delta(reasoning: str, content: str) -> dict[str, str]:
+    """A chunk's delta: the thinking as `reasoning_content` (llama-server's and vLLM's field), the answer."""
+    return ({"reasoning_content": reasoning} if reasoning else {}) | ({"content": content} if content else {})
+
+
 class ChatChunks:
     """chat.completion.chunk events: a role delta, content deltas, tool calls at the end, finish, usage.
 
@@ -386,7 +423,7 @@ class ChatChunks:
         self.base = _envelope(state, "chat.completion.chunk", rid, created, body.model)
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         n = body.n or 1
-        self.filters = [ToolCallStreamFilter(plan.tools.active, plan.tools.names) for _ in range(n)]
+        self.replies = [ReplyStream(plan.tools, plan.thinking) for _ in range(n)]
         self.finish_reasons: list[str | None] = [None] * n
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None,
@@ -395,21 +432,22 @@ class ChatChunks:
         return {**self.base, "choices": [choice]} | ({"usage": None} if self.include_usage else {})
 
     def opening(self) -> list[dict[str, Any]]:
-        return [self._chunk({"role": "assistant", "content": ""}, index=i) for i in range(len(self.filters))]
+        return [self._chunk({"role": "assistant", "content": ""}, index=i) for i in range(len(self.replies))]
 
     def on_record(self, record: StreamRecord) -> list[dict[str, Any]]:
         if record.finish_reason is not None:
             self.finish_reasons[record.index] = record.finish_reason
-        text = self.filters[record.index].push(record.text)
+        reasoning, text = self.replies[record.index].push(record.text)
+        delta = _delta(reasoning, text)
         lps = {"content": [chat_logprob_entry(self.tokenizer, record.logprob)]} if record.logprob is not None else None
-        return [self._chunk({"content": text} if text else {}, logprobs=lps, index=record.index)] if text or lps else []
+        return [self._chunk(delta, logprobs=lps, index=record.index)] if delta or lps else []
 
     def closing(self, last: StreamRecord, usage: Usage) -> list[dict[str, Any]]:
         events = []
-        for index, filt in enumerate(self.filters):
-            rest, calls = filt.finish()
-            if rest:
-                events.append(self._chunk({"content": rest}, index=index))
+        for index, reply in enumerate(self.replies):
+            reasoning, rest, calls = reply.finish()
+            if reasoning or rest:
+                events.append(self._chunk(_delta(reasoning, rest), index=index))
             finish = finish_reason(self.finish_reasons[index] or last.finish_reason)
             if calls:
                 events.append(self._chunk({"tool_calls": [c.to_openai(index=i) for i, c in enumerate(calls)]},

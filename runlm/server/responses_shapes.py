@@ -19,11 +19,12 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError
 
 from runlm.engine import GenerationRequest, StreamRecord, Usage
-from runlm.engine.tools import ToolCall, ToolCallStreamFilter
+from runlm.engine.tools import ToolCall
 from runlm.server.errors import APIError
 from runlm.server.openai_shapes import ChatPlan, plan_chat
 from runlm.server.schemas import Bias, ChatCompletionRequest, Penalty, Seed, Strict, Temperature, Unit
 from runlm.server.state import ServerState
+from runlm.server.tools import ReplyStream, split_reply
 
 DEFAULT_STORED_RESPONSES = 256
 
@@ -84,6 +85,11 @@ class TextConfig(Strict):
     verbosity: str | None = None
 
 
+class ReasoningConfig(Strict):
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None  # "none" turns the thinking off
+    summary: str | None = None  # accepted; the thinking comes whole, as reasoning_text
+
+
 class ResponsesRequest(Strict):
     model: str
     input: list[InputItem] | str | None = None  # the list first: its errors name the item (input.0.role)
@@ -102,6 +108,7 @@ class ResponsesRequest(Strict):
     background: bool | None = None
     user: str | None = None
     truncation: Literal["auto", "disabled"] | None = None
+    reasoning: ReasoningConfig | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     include: list[str] | None = None
     conversation: Any = None
@@ -307,6 +314,8 @@ def _chat_body(body: ResponsesRequest, messages: list[dict[str, Any]]) -> dict[s
     chat: dict[str, Any] = {"model": body.model, "messages": messages, "cache_prompt": body.cache_prompt}
     if body.max_output_tokens is not None:
         chat["max_tokens"] = body.max_output_tokens
+    if body.reasoning is not None and body.reasoning.effort is not None:
+        chat["reasoning_effort"] = body.reasoning.effort
     for name in EXTENSIONS:
         value = getattr(body, name)
         if value is not None:
@@ -385,6 +394,12 @@ def message_item(item_id: str, text: str, status: str = "completed") -> dict[str
             "content": [text_part(text)] if status == "completed" else []}
 
 
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    """The thinking as a reasoning item: its text whole in `content`, no summary."""
+    return {"type": "reasoning", "id": item_id, "summary": [], "status": status,
+            "content": [{"type": "reasoning_text", "text": text}] if status == "completed" else []}
+
+
 def function_call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict[str, Any]:
     return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
             "arguments": call.arguments if status == "completed" else "", "status": status}
@@ -412,7 +427,8 @@ def response_object(plan: ResponsesPlan, output: list[dict[str, Any]], status: s
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": body.instructions, "max_output_tokens": body.max_output_tokens, "model": body.model,
         "output": output, "parallel_tool_calls": body.parallel_tool_calls is not False,
-        "previous_response_id": body.previous_response_id, "reasoning": {"effort": None, "summary": None},
+        "previous_response_id": body.previous_response_id,
+        "reasoning": {"effort": body.reasoning.effort if body.reasoning else None, "summary": None},
         "store": body.store, "temperature": 1.0 if body.temperature is None else body.temperature,
         "text": {"format": text_format}, "tool_choice": tool_choice,
         "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
@@ -440,12 +456,11 @@ def finish_response(plan: ResponsesPlan, output: list[dict[str, Any]], finish_re
 
 
 def output_items(plan: ResponsesPlan, text: str) -> list[dict[str, Any]]:
-    """A whole generation's output: its text as a message, its tool calls as function_call items."""
-    filt = ToolCallStreamFilter(plan.chat.tools.active, plan.chat.tools.names)
-    content = filt.push(text)
-    rest, calls = filt.finish()
-    content += rest
-    items = [message_item(new_id("msg"), content)] if content or not calls else []
+    """A whole generation's output: its thinking as a reasoning item, its answer as a message, its tool calls as
+    function_call items."""
+    reasoning, content, calls = split_reply(plan.chat.tools, plan.chat.thinking, text)
+    items = [reasoning_item(new_id("rs"), reasoning)] if reasoning else []
+    items += [message_item(new_id("msg"), content)] if content or not calls else []
     return items + [function_call_item(new_id("fc"), call) for call in calls]
 
 
@@ -454,17 +469,20 @@ def output_items(plan: ResponsesPlan, text: str) -> list[dict[str, Any]]:
 
 class ResponseEvents:
     """The Responses stream for sse.event_stream(typed=True): created, in_progress, then the output items
-    as they form (a message's text deltas stream; tool calls, held back by the tool-call filter until the
-    end, come as function_call items with their arguments), then completed (or incomplete)."""
+    as they form (the thinking's reasoning_text deltas in a reasoning item, then a message's text deltas; tool
+    calls, held back by the tool-call filter until the end, come as function_call items with their arguments),
+    then completed (or incomplete)."""
 
     def __init__(self, plan: ResponsesPlan, store: ResponseStore | TenantResponses):
         self.plan = plan
         self.store = store
         self.sequence = 0
-        self.filter = ToolCallStreamFilter(plan.chat.tools.active, plan.chat.tools.names)
+        self.reply = ReplyStream(plan.chat.tools, plan.chat.thinking)
         self.output: list[dict[str, Any]] = []
         self.message_id: str | None = None  # the open message item
         self.text = ""
+        self.reasoning_id: str | None = None  # the open reasoning item
+        self.reasoning = ""
         self.finish_reason: str | None = None
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
@@ -487,6 +505,31 @@ class ResponseEvents:
                 self._event("response.content_part.added", item_id=self.message_id, output_index=index,
                             content_index=0, part=text_part(""))]
 
+    def _thinking(self, text: str) -> list[dict[str, Any]]:
+        """A piece of the thinking, in the reasoning item (opened on the first piece)."""
+        events = []
+        if self.reasoning_id is None:
+            self.reasoning_id = new_id("rs")
+            events.append(self._event("response.output_item.added", output_index=len(self.output),
+                                      item=reasoning_item(self.reasoning_id, "", "in_progress")))
+        self.reasoning += text
+        return events + [self._event("response.reasoning_text.delta", item_id=self.reasoning_id,
+                                     output_index=len(self.output), content_index=0, delta=text)]
+
+    def _end_thinking(self) -> list[dict[str, Any]]:
+        """The reasoning item done, once the answer starts (or the reply ends)."""
+        if self.reasoning_id is None or (self.output and self.output[-1]["id"] == self.reasoning_id):
+            return []
+        index, item = len(self.output), reasoning_item(self.reasoning_id, self.reasoning)
+        self.output.append(item)
+        return [self._event("response.reasoning_text.done", item_id=self.reasoning_id, output_index=index,
+                            content_index=0, text=self.reasoning),
+                self._event("response.output_item.done", output_index=index, item=item)]
+
+    def _pieces(self, reasoning: str, text: str) -> list[dict[str, Any]]:
+        events = self._thinking(reasoning) if reasoning else []
+        return events + (self._end_thinking() + self._delta(text) if text else [])
+
     def _delta(self, text: str) -> list[dict[str, Any]]:
         events = self._open_message()
         self.text += text
@@ -497,12 +540,11 @@ class ResponseEvents:
     def on_record(self, record: StreamRecord) -> list[dict[str, Any]]:
         if record.finish_reason is not None:
             self.finish_reason = record.finish_reason
-        text = self.filter.push(record.text)
-        return self._delta(text) if text else []
+        return self._pieces(*self.reply.push(record.text))
 
     def closing(self, last: StreamRecord, usage: Usage) -> list[dict[str, Any]]:
-        rest, calls = self.filter.finish()
-        events = self._delta(rest) if rest else []
+        reasoning, rest, calls = self.reply.finish()
+        events = self._pieces(reasoning, rest) + self._end_thinking()
         if self.message_id is None and not calls:
             events += self._open_message()  # an empty answer is still one (empty) message
         if self.message_id is not None:

@@ -152,6 +152,10 @@ class ChatCompletionRequest(SamplingFields):
     response_format: ResponseFormat | None = None
     # Extra variables for the chat template, as vLLM and llama-server take them (Qwen3's enable_thinking...).
     chat_template_kwargs: dict[str, Any] | None = None
+    # "none" turns a template's thinking off (enable_thinking false); the others on; the template sees it too
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    reasoning_format: Literal["auto", "none", "think", "deepseek"] | None = None  # the server's --reasoning-format
+    reasoning_budget: Annotated[int, Field(ge=-1)] | None = None  # the server's --reasoning-budget
 
 
 class CompletionRequest(SamplingFields):

@@ -34,6 +34,8 @@ class ServerState:
     allow_private_image_urls: bool = False  # remote images from loopback / private / link-local addresses too
     pooling: Pooling | None = None  # embeddings: None pools as the model's files declare
     special_tokens_in_content: bool = False  # True: special-token strings in message text become control tokens
+    reasoning_format: str = "auto"  # how chat replies split their thinking (engine.reasoning.REASONING_FORMATS)
+    reasoning_budget: int = -1  # tokens of thinking before it is closed (-1: no bound, 0: thinking off)
     created: int = field(default_factory=lambda: int(time.time()))
     workers: Workers = field(default_factory=Workers)  # planning, large bodies, JSON replies
     # How chat prompts keep special-token strings in client text as text (None: they are not kept). Made with

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from runlm.engine.reasoning import ThinkingPlan
 from runlm.engine.tools import ToolCall, ToolCallStreamFilter, tools_system_prompt
 from runlm.server.errors import APIError
 from runlm.server.schemas import ChatCompletionRequest, ChatMessage, ToolChoiceFunction
@@ -98,9 +99,30 @@ def add_tools_prompt(messages: list[dict[str, Any]], plan: ToolPlan) -> None:
         messages.insert(0, {"role": "system", "content": note})
 
 
-def split_reply(plan: ToolPlan, text: str) -> tuple[str, list[ToolCall]]:
-    """A whole reply split into (content, tool calls), as a stream's ToolCallStreamFilter would split it."""
-    filt = ToolCallStreamFilter(plan.active, plan.names)
-    content = filt.push(text)
-    rest, calls = filt.finish()
-    return content + rest, calls
+class ReplyStream:
+    """A chat reply as it streams: the thinking split off first (ThinkSplitter), then tool calls held back from
+    the answer (ToolCallStreamFilter)."""
+
+    def __init__(self, tools: ToolPlan, thinking: ThinkingPlan):
+        self.thinking = thinking.splitter()
+        self.calls = ToolCallStreamFilter(tools.active, tools.names)
+
+    def push(self, delta: str) -> tuple[str, str]:
+        """(reasoning, content) to send now."""
+        reasoning, content = self.thinking.push(delta)
+        return reasoning, self.calls.push(content)
+
+    def finish(self) -> tuple[str, str, list[ToolCall]]:
+        """(reasoning, content) not yet sent, and the tool calls in the whole answer."""
+        reasoning, content = self.thinking.finish()
+        content = self.calls.push(content)
+        rest, calls = self.calls.finish()
+        return reasoning, content + rest, calls
+
+
+def split_reply(tools: ToolPlan, thinking: ThinkingPlan, text: str) -> tuple[str, str, list[ToolCall]]:
+    """A whole reply as (reasoning, content, tool calls), as a ReplyStream splits it."""
+    stream = ReplyStream(tools, thinking)
+    reasoning, content = stream.push(text)
+    more_reasoning, rest, calls = stream.finish()
+    return reasoning + more_reasoning, content + rest, calls

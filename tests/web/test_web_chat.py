@@ -254,6 +254,34 @@ def test_html_in_model_output_renders_as_text(xss_server, open_page):
     assert page.eval_on_selector("#messages", "m => m.querySelectorAll('script, img, iframe, svg').length") == 0
 
 
+THINKING_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                     "<|im_start|>assistant\n{# the model answers in <think> tags #}")
+
+
+def test_the_thinking_folds_away_above_the_answer(smollm2_loaded, open_page):
+    """A reply's <think> phase shows as text in a closed "Thoughts" fold, the answer as Markdown below it."""
+    from runlm.text.chat import ChatTemplate
+
+    thought = "Weigh <b>both</b> sides."
+    server = scripted_server(smollm2_loaded, lambda prompt, n: f"<think>\n{thought}\n</think>\n\nThe **answer**.",
+                             chat_template=ChatTemplate(THINKING_TEMPLATE))
+    try:
+        page = open_page(server.base_url)
+        send(page, "Think first.")
+        answer_done(page, 1)
+        body = page.locator(ANSWER)
+        fold = body.locator("details.thinking")
+        expect(fold.locator("summary")).to_have_text(exactly("Thoughts"))
+        expect(fold).not_to_have_attribute("open", "")
+        expect(fold.locator(".thinking-text")).to_have_text(exactly(thought), use_inner_text=False)
+        expect(body.locator("strong")).to_have_text(exactly("answer"))
+        assert body.evaluate("b => b.querySelectorAll('b').length") == 0
+        fold.locator("summary").click()
+        expect(fold.locator(".thinking-text")).to_be_visible()
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="module")
 def echo_server(smollm2_loaded):
     server = scripted_server(smollm2_loaded, lambda prompt, n: f"Reply {n} to: {last_user_text(prompt)}")

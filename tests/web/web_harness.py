@@ -16,16 +16,10 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import SimpleNamespace
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 
-from server_harness import LiveServer  # noqa: E402
-
-from runlm.runner import LmRunner, Session  # noqa: E402
-from runlm.server import create_app  # noqa: E402
+from server_harness import LiveServer, ScriptedRunner, scripted_server  # noqa: E402, F401 - the tests' imports
 
 try:
     from playwright.sync_api import expect
@@ -81,71 +75,5 @@ def last_user_text(prompt: str) -> str:
     return turns[-1] if turns else ""
 
 
-class ScriptedRunner(LmRunner):
-    """Greedy-certain logits that spell `reply(prompt_text, n)` for the n-th request, then end the turn."""
-
-    def __init__(self, tokenizer, reply: Callable[[str, int], str], *, delay_s: float = 0.0,
-                 multimodal: bool = False, max_context: int = 4096):
-        self.tok = tokenizer
-        self.vocab = tokenizer.vocab_size
-        self.end = tokenizer.eos_id
-        self.reply = reply
-        self.delay_s = delay_s
-        self.multimodal = multimodal
-        self.context = max_context
-        self.calls = 0
-
-    def family(self) -> str:
-        return "scripted"
-
-    def vocab_size(self) -> int:
-        return self.vocab
-
-    def max_context(self) -> int:
-        return self.context
-
-    def supports_multimodal(self) -> bool:
-        return self.multimodal
-
-    def image_marker(self) -> str | None:
-        return "<start_of_image>" if self.multimodal else None
-
-    def predict_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
-        return self.prefill(self.new_session(), prompt_ids)
-
-    def extend(self, session: Session, ids: Sequence[int], all_positions: bool = False) -> torch.Tensor:
-        """session.state: [the scripted reply's ids, how far it has gone, the request's number]. One token on a
-        session that has its reply is a decode step; anything else is (a chunk of) the prompt."""
-        self.check_tokens(ids)
-        if session.state is not None and session.state[0] and len(ids) == 1:
-            if self.delay_s:
-                time.sleep(self.delay_s)
-            session.tokens.append(int(ids[0]))
-            session.state[1] += 1
-            return self._logits(session)
-        if not session.tokens:  # a new prompt (its first chunk)
-            self.calls += 1
-            session.state = [[], 0, self.calls]
-        session.tokens = session.tokens + [int(t) for t in ids]
-        text = self.reply(self.tok.decode(session.tokens), session.state[2])
-        session.state[0], session.state[1] = self.tok.encode(text, add_bos=False) + [self.end], 0
-        return self._logits(session)
-
-    def _logits(self, session: Session) -> torch.Tensor:
-        script, pos, _ = session.state
-        logits = torch.zeros(self.vocab)
-        logits[script[min(pos, len(script) - 1)]] = 60.0
-        return logits
-
-
-def scripted_server(real, reply: Callable[[str, int], str], *, name: str = "scripted-model", **kw) -> LiveServer:
-    runner_kw = {k: kw.pop(k) for k in ("delay_s", "multimodal") if k in kw}
-    runner = ScriptedRunner(real.tokenizer, reply, **runner_kw)
-    loaded = SimpleNamespace(runner=runner, tokenizer=real.tokenizer, chat_template=real.chat_template,
-                             path=real.path, quantization=real.quantization, format="gguf",
-                             context_length=4096)
-    server = LiveServer(create_app(loaded, model_name=name, **kw))
-    server.runner = runner
-    return server
 
 

@@ -435,8 +435,7 @@
       body.appendChild(text);
       if (m.imagesDropped) body.appendChild(note('(the attached image was removed to save space)'));
     } else {
-      body.appendChild(md.render(m.content));
-      if (m.pending && !m.content) body.appendChild(typing());
+      fillAnswer(body, m);
     }
     article.appendChild(body);
     if (m.role === 'assistant') {
@@ -462,6 +461,27 @@
     if (opts.canEdit) actions.appendChild(actionButton('Edit', 'Edit and resend your last message', function () { startEdit(article, conv, m); }));
     if (actions.childNodes.length) article.appendChild(actions);
     return article;
+  }
+
+  // An answer's body: its thinking (when the model gave one) folded away above the Markdown answer.
+  function fillAnswer(body, m) {
+    const parts = [];
+    if (m.reasoning) {
+      const shown = body.querySelector('details.thinking');
+      const details = document.createElement('details');
+      details.className = 'thinking';
+      details.open = Boolean(shown && shown.open);
+      const summary = document.createElement('summary');
+      summary.textContent = m.pending && !m.content ? 'Thinking…' : 'Thoughts';
+      const text = document.createElement('div');
+      text.className = 'thinking-text';
+      text.textContent = m.reasoning;
+      details.append(summary, text);
+      parts.push(details);
+    }
+    parts.push(md.render(m.content));
+    if (m.pending && !m.content && !m.reasoning) parts.push(typing());
+    body.replaceChildren(...parts);
   }
 
   function note(text) {
@@ -673,9 +693,7 @@
       frame = 0;
       const node = ui.messages.querySelector('article.msg.assistant:last-of-type');
       if (!node || store.currentId !== conv.id || conv.messages[conv.messages.length - 1] !== msg) return;
-      const body = node.querySelector('.body');
-      body.replaceChildren(md.render(msg.content));
-      if (msg.pending && !msg.content) body.appendChild(typing());
+      fillAnswer(node.querySelector('.body'), msg);
       node.setAttribute('aria-busy', msg.pending ? 'true' : 'false');
       fillStats(node.querySelector('.stats'), msg);
       scrollToBottom(false);
@@ -718,9 +736,10 @@
           const obj = JSON.parse(data);
           if (obj.error) throw new Error(obj.error.message || 'the generation failed');
           const choice = obj.choices && obj.choices[0];
-          if (choice && choice.delta && choice.delta.content) {
+          if (choice && choice.delta && (choice.delta.content || choice.delta.reasoning_content)) {
             if (tFirst === null) tFirst = performance.now();
-            msg.content += choice.delta.content;
+            msg.content += choice.delta.content || '';
+            if (choice.delta.reasoning_content) msg.reasoning = (msg.reasoning || '') + choice.delta.reasoning_content;
             pieces++;
           }
           if (choice && choice.finish_reason) msg.finish = choice.finish_reason;

@@ -1,0 +1,165 @@
+"""The thinking phase of a reply kept apart from its answer: `<think>...</think>` (Qwen3, SmolLM3, the DeepSeek-R1
+distills), including templates that open the tag in the prompt so the reply starts inside it.
+
+ThinkSplitter streams a reply as (reasoning, content) pieces; a whole reply split in one push gives what the pieces
+of any split add up to. Whitespace around the thinking is dropped, as llama-server drops it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runlm.errors import InvalidInputError
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+# --reasoning-format and a request's reasoning_format: "auto" splits where the chat template writes <think>;
+# "deepseek" is llama-server's name for the same <think> parser.
+REASONING_FORMATS = ("auto", "none", "think", "deepseek")
+
+
+def check_reasoning_format(fmt: str) -> str:
+    if fmt not in REASONING_FORMATS:
+        raise InvalidInputError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {fmt!r}")
+    return fmt
+
+
+def check_reasoning_budget(tokens: int) -> int:
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < -1:
+        raise InvalidInputError(f"the reasoning budget must be -1 (no bound), 0 (no thinking) or more, got {tokens!r}")
+    return tokens
+
+
+def _partial_tail(text: str, tag: str) -> int:
+    """How many characters at the end of `text` could start `tag` (held back until the next piece decides)."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+class ThinkSplitter:
+    """`push` a reply's text as it comes, get back (reasoning, content) to send now; `finish` gives the rest.
+
+    Off (`active` False) everything is content. A reply that opens with `<think>` (after whitespace), or whose
+    prompt already opened it (`opened`), is reasoning up to `</think>`; a thinking phase never closed (the reply
+    ran out of tokens) is reasoning to the end.
+    """
+
+    def __init__(self, active: bool, opened: bool = False):
+        self.state = ("thinking" if opened else "start") if active else "content"
+        self.text = ""  # the reply so far
+        self.at = 0  # text before this is decided (sent, or a tag / whitespace dropped)
+        self.begun = False  # some thinking text was sent
+
+    def push(self, delta: str) -> tuple[str, str]:
+        self.text += delta
+        reasoning = content = ""
+        while True:
+            rest = self.text[self.at :]
+            if self.state == "content":
+                self.at = len(self.text)
+                return reasoning, content + rest
+            if self.state == "start":
+                body = rest.lstrip()
+                if body.startswith(THINK_OPEN):
+                    self.at += len(rest) - len(body) + len(THINK_OPEN)
+                    self.state = "thinking"
+                    continue
+                if THINK_OPEN.startswith(body):  # whitespace, or part of the tag: wait
+                    return reasoning, content
+                self.state = "content"
+                continue
+            if self.state == "thinking":
+                if not self.begun:  # the thinking starts at its first non-whitespace character
+                    self.at += len(rest) - len(rest.lstrip())
+                    rest = rest.lstrip()
+                close = rest.find(THINK_CLOSE)
+                if close != -1:
+                    reasoning += rest[:close].rstrip()
+                    self.at += close + len(THINK_CLOSE)
+                    self.state = "after"
+                    continue
+                ready = rest[: len(rest) - _partial_tail(rest, THINK_CLOSE)]
+                ready = ready[: len(ready.rstrip())]  # trailing whitespace waits: it may end the thinking
+                self.at += len(ready)
+                self.begun = self.begun or bool(ready)
+                return reasoning + ready, content
+            # "after": the answer starts at its first non-whitespace character
+            body = rest.lstrip()
+            self.at += len(rest) - len(body)
+            if not body:
+                return reasoning, content
+            self.state = "content"
+
+    def finish(self) -> tuple[str, str]:
+        """(reasoning, content) not yet sent."""
+        rest = self.text[self.at :]
+        self.at = len(self.text)
+        if self.state == "thinking":
+            return (rest if self.begun else rest.lstrip()).rstrip(), ""
+        if self.state == "after":
+            return "", ""
+        return "", rest
+
+
+@dataclass(frozen=True)
+class ThinkingPlan:
+    """How one request's replies split: `active` where they are split at all, `opened` where the prompt ends
+    inside the thinking phase."""
+
+    active: bool = False
+    opened: bool = False
+
+    @classmethod
+    def for_prompt(cls, fmt: str, template_source: str, prompt: str) -> ThinkingPlan:
+        """`fmt` from --reasoning-format or the request: "auto" splits where the chat template writes <think>."""
+        active = fmt in ("think", "deepseek") or (fmt == "auto" and THINK_OPEN in template_source)
+        return cls(active, active and prompt.rstrip().endswith(THINK_OPEN))
+
+    def splitter(self) -> ThinkSplitter:
+        return ThinkSplitter(self.active, self.opened)
+
+
+def thinking_switch(effort: Any) -> bool | None:
+    """A reasoning effort (OpenAI's `reasoning_effort`, Ollama's `think` level) as the templates' enable_thinking:
+    None where the request leaves it to the template."""
+    if effort is None:
+        return None
+    if isinstance(effort, bool):
+        return effort
+    return effort not in ("none", "minimal")
+
+
+@dataclass(frozen=True)
+class ThinkingBudget:
+    """At most `tokens` tokens of thinking: then the model is made to write `close_ids` (the end of the thinking,
+    "\n</think>\n\n" in its own tokens) and goes on to its answer. `opened`: the prompt opened the thinking."""
+
+    tokens: int
+    close_ids: tuple[int, ...]
+    opened: bool = False
+
+
+class BudgetWatch:
+    """One generation's thinking budget: counts the tokens written inside the thinking and, once they reach the
+    budget, gives the closing tokens to write in place of sampled ones."""
+
+    def __init__(self, budget: ThinkingBudget):
+        self.budget = budget
+        self.splitter = ThinkSplitter(True, budget.opened)
+        self.spent = 0
+        self.forced: list[int] = []
+        self.closed = False
+
+    def forced_token(self) -> int | None:
+        """The token to write next whatever the logits say, or None to sample."""
+        if not self.closed and self.splitter.state == "thinking" and self.spent >= self.budget.tokens:
+            self.forced, self.closed = list(self.budget.close_ids), True
+        return self.forced.pop(0) if self.forced else None
+
+    def advance(self, text: str) -> None:
+        """After each token: the text it added."""
+        if self.splitter.state == "thinking":
+            self.spent += 1
+        self.splitter.push(text)
