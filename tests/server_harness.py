@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -17,7 +18,8 @@ from runlm.bench import free_port, served_process
 from runlm.runner import LmRunner, Session
 from runlm.server import create_app
 
-__all__ = ["LiveServer", "ScriptedRunner", "free_port", "openai_client", "scripted_server", "serve_cli"]
+__all__ = ["LiveServer", "ScriptedRunner", "free_port", "last_user_text", "openai_client", "scripted_server",
+           "serve_cli"]
 
 
 class LiveServer:
@@ -58,6 +60,11 @@ def openai_client(base_url: str, api_key: str = "unused", timeout: float = 120) 
     import openai
 
     return openai.OpenAI(base_url=base_url + "/v1", api_key=api_key, max_retries=0, timeout=timeout)
+
+
+def last_user_text(prompt: str) -> str:
+    turns = re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", prompt, flags=re.S)
+    return turns[-1] if turns else ""
 
 
 class ScriptedRunner(LmRunner):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from runlm.engine.stops import partial_suffix
 from runlm.errors import InvalidInputError
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -28,14 +29,6 @@ def check_reasoning_budget(tokens: int) -> int:
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < -1:
         raise InvalidInputError(f"the reasoning budget must be -1 (no bound), 0 (no thinking) or more, got {tokens!r}")
     return tokens
-
-
-def _partial_tail(text: str, tag: str) -> int:
-    """How many characters at the end of `text` could start `tag` (held back until the next piece decides)."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
 
 
 class ThinkSplitter:
@@ -80,7 +73,7 @@ class ThinkSplitter:
                     self.at += close + len(THINK_CLOSE)
                     self.state = "after"
                     continue
-                ready = rest[: len(rest) - _partial_tail(rest, THINK_CLOSE)]
+                ready = rest[: len(rest) - partial_suffix(rest, (THINK_CLOSE,))]
                 ready = ready[: len(ready.rstrip())]  # trailing whitespace waits: it may end the thinking
                 self.at += len(ready)
                 self.begun = self.begun or bool(ready)

@@ -5,6 +5,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def partial_suffix(text: str, strings: Sequence[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of one of `strings` (what a stream holds back
+    while the next piece may complete it)."""
+    best = 0
+    for string in strings:
+        for n in range(min(len(string) - 1, len(text)), best, -1):
+            if text.endswith(string[:n]):
+                best = n
+                break
+    return best
+
+
 class StopStringFilter:
     """Feeds decoded text through, holding back any tail that could still grow into a stop string.
 
@@ -18,14 +30,7 @@ class StopStringFilter:
         self.matched: str | None = None
 
     def _holdback(self, text: str) -> int:
-        """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
-        best = 0
-        for stop in self.stops:
-            for n in range(min(len(stop) - 1, len(text)), best, -1):
-                if text.endswith(stop[:n]):
-                    best = n
-                    break
-        return best
+        return partial_suffix(text, self.stops)
 
     def push(self, text: str) -> tuple[str, bool]:
         """Add text; returns (text safe to emit now, whether a stop string was hit)."""

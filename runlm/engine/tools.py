@@ -1,4 +1,5 @@
-"""Tool calls in model output: Hermes/Qwen `<tool_call>{...}</tool_call>` blocks or a bare JSON call.
+"""Tool calls in model output, in each family's own format (engine.tool_formats reads them): Hermes / Qwen
+`<tool_call>` JSON, Qwen3-Coder's XML, Mistral's `[TOOL_CALLS]`, pythonic lists and bare JSON calls.
 
 Also the JSON schema a forced tool call must follow, so `tool_choice: "required"` or a named function
 can be enforced by the grammar sampler instead of hoped for.
@@ -11,8 +12,19 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from runlm.engine.stops import partial_suffix
+from runlm.engine.tool_formats import FUNCTION_OPEN, MISTRAL_CALLS, RawCall, mistral_calls, pythonic_calls, xml_calls
+
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
+# where a reply's calls start, whatever came before them (the text before stays the answer)
+CALL_MARKERS = (TOOL_CALL_OPEN, MISTRAL_CALLS, FUNCTION_OPEN)
+
+
+def first_marker(text: str, start: int = 0) -> int:
+    """Where the first call marker in `text[start:]` begins, or -1."""
+    found = [i for i in (text.find(marker, start) for marker in CALL_MARKERS) if i != -1]
+    return min(found, default=-1)
 
 
 def tool_call_bodies(text: str) -> list[str]:
@@ -46,23 +58,31 @@ class ToolCall:
         return out
 
 
+def _call(name: Any, arguments: Any, known: set[str] | None, call_id: str = "") -> ToolCall | None:
+    """A call to a known tool with an object of JSON arguments, or None."""
+    if not isinstance(name, str) or not name or (known is not None and name not in known):
+        return None
+    if not isinstance(arguments, dict):
+        return None
+    try:
+        text = json.dumps(arguments, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):  # a pythonic literal JSON has no spelling for (a set, bytes)
+        return None
+    return ToolCall(name=name, arguments=text, id=call_id)
+
+
 def _call_from_obj(obj: Any, known: set[str] | None) -> ToolCall | None:
     if not isinstance(obj, dict):
         return None
     if "function" in obj and isinstance(obj["function"], dict):  # {"type": "function", "function": {...}}
         obj = obj["function"]
-    name = obj.get("name")
-    if not isinstance(name, str) or not name or (known is not None and name not in known):
-        return None
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
         try:
             args = json.loads(args)
         except json.JSONDecodeError:
             return None
-    if not isinstance(args, dict):
-        return None
-    return ToolCall(name=name, arguments=json.dumps(args, ensure_ascii=False))
+    return _call(obj.get("name"), args, known)
 
 
 def _decode_json_values(text: str) -> list[Any] | None:
@@ -76,29 +96,46 @@ def _decode_json_values(text: str) -> list[Any] | None:
             return values
         try:
             value, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # a reply nested past Python's stack is no call
             return None
         values.append(value)
 
 
-def parse_tool_calls(text: str, known_names: set[str] | None = None) -> tuple[str, list[ToolCall]]:
-    """Split model output into (content, tool calls); content is what is left outside the calls.
-
-    Output that does not parse as calls to known tools stays content, so a model that merely talks
-    about JSON is not turned into a broken call.
-    """
-    if TOOL_CALL_OPEN in text:
-        calls: list[ToolCall] = []
-        for body in tool_call_bodies(text):
+def _marked_calls(tail: str, known: set[str] | None, parameters: dict[str, Any] | None) -> list[ToolCall]:
+    """The calls in `tail`, which starts at a call marker."""
+    raw: list[RawCall] = []
+    if tail.startswith(MISTRAL_CALLS):
+        raw = mistral_calls(tail) or []
+    elif tail.startswith(FUNCTION_OPEN):
+        raw = xml_calls(tail, parameters)
+    else:
+        calls = []
+        for body in tool_call_bodies(tail):
+            if body.startswith(FUNCTION_OPEN):
+                raw += xml_calls(body, parameters)
+                continue
             for value in _decode_json_values(body) or []:
                 for item in value if isinstance(value, list) else [value]:
-                    call = _call_from_obj(item, known_names)
+                    call = _call_from_obj(item, known)
                     if call is not None:
                         calls.append(call)
         if calls:
-            content = text[: text.index(TOOL_CALL_OPEN)].strip()
-            return content, calls
-        return text, []
+            return calls
+    return [call for name, arguments, call_id in raw if (call := _call(name, arguments, known, call_id))]
+
+
+def parse_tool_calls(text: str, known_names: set[str] | None = None,
+                     parameters: dict[str, Any] | None = None) -> tuple[str, list[ToolCall]]:
+    """Split model output into (content, tool calls); content is what is left before the calls.
+
+    Output that does not parse as calls to known tools stays content, so a model that merely talks
+    about JSON is not turned into a broken call. `parameters` (tool name -> JSON schema of its arguments) types
+    the values of formats that write them as text (Qwen3-Coder's XML).
+    """
+    start = first_marker(text)
+    if start != -1:
+        calls = _marked_calls(text[start:], known_names, parameters)
+        return (text[:start].strip(), calls) if calls else (text, [])
     stripped = text.strip()
     if stripped.startswith(("{", "[")):
         values = _decode_json_values(stripped)
@@ -110,6 +147,10 @@ def parse_tool_calls(text: str, known_names: set[str] | None = None) -> tuple[st
                     if call is None:
                         return text, []
                     calls.append(call)
+            return "", calls
+        raw = pythonic_calls(stripped) if stripped.startswith("[") else None
+        calls = [call for name, arguments, _ in raw or [] if (call := _call(name, arguments, known_names))]
+        if raw and len(calls) == len(raw):
             return "", calls
     return text, []
 
@@ -153,21 +194,25 @@ def tools_system_prompt(tools: list[dict[str, Any]]) -> str:
     )
 
 
+MARKER_SPAN = max(len(marker) for marker in CALL_MARKERS)
+
+
 class ToolCallStreamFilter:
     """Streams content while holding back anything that may turn into a tool call.
 
-    Text before a `<tool_call>` block streams (minus a tail that could be the start of the tag); output
-    that opens with `{` or `[` is held whole, since it may be a bare JSON call. `finish` parses what
-    was held: calls come back as ToolCall objects, anything else is released as content.
+    Text before a call marker (`<tool_call>`, `[TOOL_CALLS]`, `<function=`) streams, minus a tail that could be
+    the start of one; output that opens with `{` or `[` is held whole, since it may be a bare JSON or pythonic call.
+    `finish` parses what was held: calls come back as ToolCall objects, anything else is released as content.
     """
 
-    def __init__(self, active: bool, known_names: set[str] | None = None):
+    def __init__(self, active: bool, known_names: set[str] | None = None, parameters: dict[str, Any] | None = None):
         self.active = active
         self.known = known_names
+        self.parameters = parameters
         self.text = ""
         self.emitted = 0
-        self.open_at = -1  # where `<tool_call>` starts in text, once seen
-        self.searched = 0  # text before this was searched for it (each token searches only its new text)
+        self.open_at = -1  # where the first call marker starts in text, once seen
+        self.searched = 0  # text before this was searched for one (each token searches only its new text)
 
     def push(self, delta: str) -> str:
         self.text += delta
@@ -177,17 +222,13 @@ class ToolCallStreamFilter:
         if might_be_tool_call(self.text):
             return ""
         if self.open_at == -1:
-            self.open_at = self.text.find(TOOL_CALL_OPEN, max(0, self.searched - len(TOOL_CALL_OPEN) + 1))
+            self.open_at = first_marker(self.text, max(0, self.searched - MARKER_SPAN + 1))
             self.searched = len(self.text)
         i = self.open_at
         if i != -1:
             end = i
         else:
-            end = len(self.text)
-            for n in range(min(len(TOOL_CALL_OPEN) - 1, len(self.text)), 0, -1):
-                if self.text.endswith(TOOL_CALL_OPEN[:n]):
-                    end -= n
-                    break
+            end = len(self.text) - partial_suffix(self.text, CALL_MARKERS)
         end = max(end, self.emitted)
         out, self.emitted = self.text[self.emitted:end], end
         return out
@@ -195,9 +236,9 @@ class ToolCallStreamFilter:
     def finish(self) -> tuple[str, list[ToolCall]]:
         """(content not yet emitted, tool calls found in the whole output)."""
         if self.active:
-            content, calls = parse_tool_calls(self.text, self.known)
+            content, calls = parse_tool_calls(self.text, self.known, self.parameters)
             if calls:
-                i = self.text.find(TOOL_CALL_OPEN)
+                i = first_marker(self.text)
                 rest = self.text[self.emitted:i] if i != -1 else ""
                 return rest.rstrip() if rest.strip() else "", calls
         out, self.emitted = self.text[self.emitted:], len(self.text)

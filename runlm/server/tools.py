@@ -26,6 +26,11 @@ class ToolPlan:
     required: bool = False  # tool_choice "required"
     template_aware: bool = False  # the chat template renders tools itself
 
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """Tool name -> the JSON schema of its arguments (types the values of calls written as text)."""
+        return {t["function"]["name"]: t["function"].get("parameters") or {} for t in self.tools}
+
 
 def template_source(template: Any) -> str:
     for attr in ("source", "template", "text", "_source", "raw"):
@@ -105,7 +110,7 @@ class ReplyStream:
 
     def __init__(self, tools: ToolPlan, thinking: ThinkingPlan):
         self.thinking = thinking.splitter()
-        self.calls = ToolCallStreamFilter(tools.active, tools.names)
+        self.calls = ToolCallStreamFilter(tools.active, tools.names, tools.parameters)
 
     def push(self, delta: str) -> tuple[str, str]:
         """(reasoning, content) to send now."""

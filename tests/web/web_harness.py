@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 
-from server_harness import LiveServer, ScriptedRunner, scripted_server  # noqa: E402, F401 - the tests' imports
+from server_harness import LiveServer, ScriptedRunner, last_user_text, scripted_server  # noqa: E402, F401 - the tests' imports
 
 try:
     from playwright.sync_api import expect
@@ -68,11 +68,6 @@ class PageProblems:
 
     def unexpected(self) -> list[str]:
         return [e for e in self.errors if not any(a in e for a in self.allow)]
-
-
-def last_user_text(prompt: str) -> str:
-    turns = re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", prompt, flags=re.S)
-    return turns[-1] if turns else ""
 
 
 

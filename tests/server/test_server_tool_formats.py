@@ -1,0 +1,50 @@
+"""Tool calls written in each family's format reach clients as OpenAI tool_calls, Anthropic tool_use blocks and
+Ollama tool_calls, streamed or not (a scripted model on the real SmolLM2 tokenizer, a live server)."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import pytest
+from server_harness import last_user_text, openai_client, scripted_server
+
+REPLIES = {
+    "qwen3-coder": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n"
+                   "</parameter>\n</function>\n</tool_call>",
+    "mistral": '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 2}',
+    "pythonic": '[get_weather(city="Paris", days=2)]',
+    "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>',
+}
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}
+EXPECTED = ("get_weather", {"city": "Paris", "days": 2})
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_loaded):
+    live = scripted_server(smollm2_loaded, lambda prompt, n: REPLIES[last_user_text(prompt)], api_key="")
+    yield live
+    live.stop()
+
+
+@pytest.mark.parametrize("fmt", sorted(REPLIES))
+def test_each_format_is_a_tool_call_on_every_api(server, fmt):
+    client = openai_client(server.base_url)
+    messages = [{"role": "user", "content": fmt}]
+    reply = client.chat.completions.create(model="scripted-model", messages=messages, tools=[TOOL])
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == [EXPECTED]
+
+    pieces = list(client.chat.completions.create(model="scripted-model", messages=messages, tools=[TOOL],
+                                                 stream=True))
+    assert "".join(p.choices[0].delta.content or "" for p in pieces if p.choices) == ""
+    streamed = [c for p in pieces if p.choices for c in p.choices[0].delta.tool_calls or []]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in streamed] == [EXPECTED]
+
+    claude = anthropic.Anthropic(base_url=server.base_url, api_key="unused")
+    message = claude.messages.create(model="scripted-model", max_tokens=200, messages=messages,
+                                     tools=[{"name": "get_weather", "input_schema": TOOL["function"]["parameters"]}])
+    assert message.stop_reason == "tool_use"
+    assert [(b.name, b.input) for b in message.content if b.type == "tool_use"] == [EXPECTED]
