@@ -9,6 +9,7 @@ continue through `previous_response_id` from a bounded in-memory store of finish
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -26,7 +27,8 @@ from runlm.server.schemas import Bias, ChatCompletionRequest, Penalty, Seed, Str
 from runlm.server.state import ServerState
 from runlm.server.tools import ReplyStream, split_reply
 
-DEFAULT_STORED_RESPONSES = 256
+DEFAULT_STORED_RESPONSES = 256  # per API key
+DEFAULT_STORED_BYTES = 64 << 20  # per API key: the responses' JSON
 
 # -- request bodies ---------------------------------------------------------------------------------
 
@@ -103,10 +105,11 @@ class ResponsesRequest(Strict):
     stream: bool = False
     store: bool = True
     previous_response_id: str | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+                        Field(max_length=16)] | None = None  # OpenAI's bounds: 16 pairs, 64 / 512 characters
     parallel_tool_calls: bool | None = None
     background: bool | None = None
-    user: str | None = None
+    user: Annotated[str, Field(max_length=512)] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     reasoning: ReasoningConfig | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
@@ -142,35 +145,56 @@ class StoredResponse:
 
 
 class ResponseStore:
-    """The last `capacity` stored responses, least recently used dropped first; safe across threads."""
+    """Stored responses, each API key (tenant) with its own least-recently-used list of at most `capacity` responses
+    and `max_bytes` bytes (their JSON), so that no key evicts another's; safe across threads. The server holds at
+    most keys x quota: tenants are the API keys, a fixed set."""
 
-    def __init__(self, capacity: int = DEFAULT_STORED_RESPONSES):
+    def __init__(self, capacity: int = DEFAULT_STORED_RESPONSES, max_bytes: int = DEFAULT_STORED_BYTES):
         self.capacity = max(1, int(capacity))
-        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
+        self.max_bytes = max(1, int(max_bytes))
+        self._tenants: dict[str, OrderedDict[str, tuple[StoredResponse, int]]] = {}
+        self._bytes: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def put(self, entry: StoredResponse, key: str | None = None) -> None:
-        key = entry.response["id"] if key is None else key
+    def put(self, entry: StoredResponse, tenant: str = "") -> bool:
+        """Keep `entry` under its response id, dropping the tenant's least recently used ones to make room; False
+        (nothing kept) where it alone is over the tenant's byte quota."""
+        size = len(json.dumps([entry.response, entry.conversation], ensure_ascii=False, default=str))
+        if size > self.max_bytes:
+            return False
+        response_id = entry.response["id"]
         with self._lock:
-            self._items[key] = entry
-            self._items.move_to_end(key)
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
+            items = self._tenants.setdefault(tenant, OrderedDict())
+            self._drop(tenant, response_id)
+            items[response_id] = (entry, size)
+            self._bytes[tenant] = self._bytes.get(tenant, 0) + size
+            while len(items) > self.capacity or self._bytes[tenant] > self.max_bytes:
+                self._drop(tenant, next(iter(items)))
+        return True
 
-    def get(self, response_id: str) -> StoredResponse | None:
-        with self._lock:
-            entry = self._items.get(response_id)
-            if entry is not None:
-                self._items.move_to_end(response_id)
-            return entry
+    def _drop(self, tenant: str, response_id: str) -> bool:
+        item = self._tenants.get(tenant, {}).pop(response_id, None)
+        if item is not None:
+            self._bytes[tenant] -= item[1]
+        return item is not None
 
-    def delete(self, response_id: str) -> bool:
+    def get(self, response_id: str, tenant: str = "") -> StoredResponse | None:
         with self._lock:
-            return self._items.pop(response_id, None) is not None
+            items = self._tenants.get(tenant)
+            item = items.get(response_id) if items is not None else None
+            if item is None:
+                return None
+            items.move_to_end(response_id)
+            return item[0]
 
-    def __len__(self) -> int:
+    def delete(self, response_id: str, tenant: str = "") -> bool:
         with self._lock:
-            return len(self._items)
+            return self._drop(tenant, response_id)
+
+    def usage(self, tenant: str = "") -> tuple[int, int]:
+        """(responses, bytes) the tenant holds."""
+        with self._lock:
+            return len(self._tenants.get(tenant, ())), self._bytes.get(tenant, 0)
 
     def scoped(self, tenant: str) -> TenantResponses:
         """The responses one tenant (API key) can store, find and delete: no other key sees them."""
@@ -178,19 +202,19 @@ class ResponseStore:
 
 
 class TenantResponses:
-    """One tenant's view of a ResponseStore (the same calls; ids are looked up under the tenant's name)."""
+    """One tenant's view of a ResponseStore (the same calls, within the tenant's own list)."""
 
     def __init__(self, store: ResponseStore, tenant: str):
-        self.store, self.prefix = store, f"{tenant}\x00"
+        self.store, self.tenant = store, tenant
 
-    def put(self, entry: StoredResponse) -> None:
-        self.store.put(entry, key=self.prefix + entry.response["id"])
+    def put(self, entry: StoredResponse) -> bool:
+        return self.store.put(entry, self.tenant)
 
     def get(self, response_id: str) -> StoredResponse | None:
-        return self.store.get(self.prefix + response_id)
+        return self.store.get(response_id, self.tenant)
 
     def delete(self, response_id: str) -> bool:
-        return self.store.delete(self.prefix + response_id)
+        return self.store.delete(response_id, self.tenant)
 
 
 def not_found(response_id: str) -> APIError:

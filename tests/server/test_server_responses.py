@@ -203,10 +203,27 @@ def test_store_keeps_the_most_recently_used():
     assert store.get("a") is not None  # "a" is now the most recently used
     store.put(StoredResponse({"id": "c"}, []))
     assert store.get("b") is None and store.get("a") is not None and store.get("c") is not None
-    assert len(store) == 2 and store.delete("a") and not store.delete("a")
+    assert store.usage() == (2, store.usage()[1]) and store.delete("a") and not store.delete("a")
+
+
+def test_one_key_never_evicts_anothers_and_bytes_count_against_its_own_quota():
+    store = ResponseStore(capacity=3, max_bytes=2000)
+    mine, theirs = store.scoped("key-a"), store.scoped("key-b")
+    mine.put(StoredResponse({"id": "kept"}, [{"role": "user", "content": "hi"}]))
+    for i in range(50):  # another key fills its own quota many times over
+        theirs.put(StoredResponse({"id": f"r{i}"}, [{"role": "user", "content": "x" * 400}]))
+    assert mine.get("kept") is not None and theirs.get("kept") is None
+    count, size = store.usage("key-b")
+    assert count <= 3 and size <= 2000 and theirs.get("r49") is not None and theirs.get("r0") is None
+    assert not theirs.put(StoredResponse({"id": "huge"}, [{"role": "user", "content": "x" * 5000}]))
+    assert theirs.get("huge") is None and theirs.get("r49") is not None  # refused whole, evicting nothing
 
 
 BAD = [
+    ({"model": MODEL, "input": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, 400, "metadata"),
+    ({"model": MODEL, "input": "x", "metadata": {"k" * 65: "v"}}, 400, "metadata." + "k" * 65),
+    ({"model": MODEL, "input": "x", "metadata": {"k": "v" * 513}}, 400, "metadata.k"),
+    ({"model": MODEL, "input": "x", "user": "u" * 513}, 400, "user"),
     ({"model": MODEL, "input": "x", "tools": [{"type": "web_search"}]}, 400, "tools.0.type"),
     ({"model": MODEL, "input": "x", "tools": [{"type": "function"}]}, 400, "tools.0.name"),
     ({"model": MODEL, "input": "x", "background": True}, 400, "background"),
