@@ -11,7 +11,7 @@ from typing import Any
 
 from runlm.bench import english_text, free_port, load_tokenizer, machine, percentile, streamed_token_times
 from runlm.catalog import resolve_model
-from runlm.cluster.deploy import ClusterOptions, ReplicaOptions, start, stop
+from runlm.cluster.deploy import ClusterOptions, ReplicaOptions, init_ray, start, stop
 from runlm.errors import InvalidInputError
 
 PROMPT_TOKENS = 32
@@ -38,8 +38,6 @@ def measure(url: str, model: str, prompts: list[list[int]], gen_tokens: int) -> 
 
 
 def run_replica_bench(args: Any) -> int:
-    import ray
-
     counts = [int(n) for n in args.replicas.split(",")]
     if not counts or min(counts) < 1:
         raise InvalidInputError(f"--replicas takes replica counts of at least 1, got {args.replicas!r}")
@@ -54,7 +52,7 @@ def run_replica_bench(args: Any) -> int:
     results, base = [], None
     for n in counts:
         per_replica = max(1, threads // n)
-        ray.init(num_cpus=max(threads, n * per_replica), include_dashboard=False, log_to_driver=False)
+        init_ray(num_cpus=max(threads, n * per_replica), log_to_driver=False)
         try:
             url = start(ReplicaOptions(model=str(path), dtype=args.dtype, max_batch=clients, max_queue=clients),
                         ClusterOptions(replicas=n, threads_per_replica=per_replica, port=free_port()), {},

@@ -14,6 +14,7 @@ Ray runs the processes, restarts a replica that dies, drains replicas on shutdow
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -24,6 +25,7 @@ from runlm.errors import RunlmError
 log = logging.getLogger("runlm.cluster")
 
 APP_NAME = "runlm"
+NO_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray takes loopback as this node's IP
 
 
 class ClusterUnavailableError(RunlmError):
@@ -56,10 +58,31 @@ def _serve():
     return serve
 
 
+def _serve_grpc_on_loopback() -> None:
+    """Serve opens a gRPC server in each replica for calls between deployments, on every interface ("[::]:0",
+    fixed in Ray Serve); on a node whose IP is loopback (init_ray's local Ray) it listens on loopback instead.
+    Runs in the replica's process, before Serve starts that server."""
+    import ray
+    from ray.serve._private import replica
+
+    original = getattr(replica, "add_port_to_grpc_server", None)
+    if original is None or getattr(original, "runlm_loopback", False):
+        return
+    if ray.util.get_node_ip_address() not in ("127.0.0.1", "::1"):
+        return
+
+    def on_loopback(server: Any, address: str) -> int:
+        return original(server, address.replace("[::]:", "127.0.0.1:"))
+
+    on_loopback.runlm_loopback = True  # type: ignore[attr-defined]
+    replica.add_port_to_grpc_server = on_loopback
+
+
 class RunlmReplica(ModelReplica):
     """The replica as a Serve deployment: named by Serve, reporting its stats to the router."""
 
     def __init__(self, options: ReplicaOptions):
+        _serve_grpc_on_loopback()
         replica_id = _serve().get_replica_context().replica_id.unique_id
         super().__init__(options, replica_id=replica_id)
 
@@ -79,6 +102,7 @@ class RunlmFront:
         from runlm.runtime import load
         from runlm.server.app import create_app
 
+        _serve_grpc_on_loopback()
         # the front plans and tokenizes; the replicas own the cores
         loaded = load(options.model, dtype=options.dtype, max_context=options.ctx, mmproj=options.mmproj,
                       swa_full=options.swa_full, threads=1, runtime=options.runtime)
@@ -133,6 +157,29 @@ def build_app(options: ReplicaOptions, cluster: ClusterOptions, server_options: 
     return front.bind(replica.bind(options), options, dict(server_options or {}))
 
 
+def init_ray(address: str | None = None, *, log_to_driver: bool = True, **options: Any) -> None:
+    """Start a local Ray that listens on loopback only (with Ray's token auth, on by default), or join the Ray at
+    `address`.
+
+    Ray binds its servers (the GCS, the raylets, every worker, the dashboard and runtime-env agents) to the node's
+    IP on every interface, unless that IP is loopback, which it takes only where told that this node makes no
+    cluster: so a local Ray is told that, before Ray reads it (and where Ray was imported already, the
+    constant it read is set too)."""
+    _serve()  # installed, or one line saying what to install
+    if address is None:
+        os.environ[NO_CLUSTER_ENV] = "0"
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    import ray
+
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=log_to_driver, ignore_reinit_error=True,
+                 **options)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ClusterUnavailableError(f"cannot start or join Ray at {address!r}: {exc}") from exc
+
+
 def start(options: ReplicaOptions, cluster: ClusterOptions, server_options: dict[str, Any] | None = None,
           *, log_to_driver: bool = True) -> str:
     """Start (or join) Ray, deploy the application and return its base URL once it answers."""
@@ -141,11 +188,7 @@ def start(options: ReplicaOptions, cluster: ClusterOptions, server_options: dict
 
     app = build_app(options, cluster, server_options)  # bad options fail here, before Ray starts
     if not ray.is_initialized():
-        try:
-            ray.init(address=cluster.ray_address, include_dashboard=False, log_to_driver=log_to_driver,
-                     ignore_reinit_error=True)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise ClusterUnavailableError(f"cannot start or join Ray at {cluster.ray_address!r}: {exc}") from exc
+        init_ray(cluster.ray_address, log_to_driver=log_to_driver)
     serve.start(http_options={"host": cluster.host, "port": cluster.port})
     t0 = time.monotonic()
     serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)

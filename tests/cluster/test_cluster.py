@@ -22,7 +22,7 @@ httpx = pytest.importorskip("httpx")
 
 from server_harness import LiveServer, free_port, openai_client  # noqa: E402
 
-from runlm.cluster.deploy import ClusterOptions, ReplicaOptions, start, stop  # noqa: E402
+from runlm.cluster.deploy import ClusterOptions, ReplicaOptions, init_ray, start, stop  # noqa: E402
 from runlm.server import create_app  # noqa: E402
 
 MODEL = "smollm2-135m"
@@ -48,7 +48,7 @@ def wait_for(condition: Callable[[], T], what: str, timeout_s: float = 120.0) ->
 
 @pytest.fixture(scope="module")
 def cluster_url(smollm2_gguf):
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    init_ray(num_cpus=2, log_to_driver=False)  # as `runlm serve --replicas` starts it
     cluster = ClusterOptions(replicas=2, port=free_port(), stats_period_s=0.5)
     url = start(ReplicaOptions(model=str(smollm2_gguf), max_batch=2, max_queue=4), cluster, {})
     yield url
@@ -170,12 +170,26 @@ def test_a_replica_killed_mid_run_loses_no_request(cluster_url):
              "Ray to replace the killed replica", timeout_s=180)
 
 
+def test_the_local_ray_listens_on_loopback_only(cluster_url):
+    """Every socket a process of the running cluster listens on (the GCS, the raylet, workers, agents, Serve's proxy)
+    is bound to a loopback address: nothing of Ray is reachable from the network."""
+    psutil = pytest.importorskip("psutil")
+    session = ray.get_runtime_context().gcs_address.split(":")[-1]  # the GCS's port: its process is the cluster's
+    ray_pids = {p.pid for p in psutil.process_iter(["cmdline"])
+                if any("ray" in part for part in (p.info["cmdline"] or [])[:2]) or p.pid == psutil.Process().pid}
+    listening = [(c.laddr.ip, c.laddr.port, c.pid) for c in psutil.net_connections("inet")
+                 if c.status == psutil.CONN_LISTEN and c.pid in ray_pids]
+    assert any(str(port) == session for _, port, _ in listening)  # the GCS is among them
+    exposed = [s for s in listening if s[0] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")]
+    assert not exposed, exposed
+
+
 def test_follow_up_turns_reach_the_replica_that_holds_their_prefix(cluster_url, smollm2_gguf):
     """Runs last: it redeploys with round-robin routing for the comparison."""
     hits, follow_ups = conversations_hit_rate(cluster_url)
     affinity = hits / follow_ups
     stop()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    init_ray(num_cpus=2, log_to_driver=False)  # as `runlm serve --replicas` starts it
     port = int(cluster_url.rsplit(":", 1)[1])
     start(ReplicaOptions(model=str(smollm2_gguf), max_batch=2, max_queue=4),
           ClusterOptions(replicas=2, port=port, policy="round-robin"), {})
