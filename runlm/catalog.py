@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from runlm import hub
 from runlm.errors import CatalogError, ModelLoadError
 from runlm.system import python_command
 
@@ -170,11 +171,14 @@ def _progress_bar(label: str, total: int):
 
 
 def resolve_model(name_or_path: str | Path | None) -> Path:
-    """A path as given, or a catalog name pulled into the cache on first use."""
+    """A path as given, a catalog name, or a Hugging Face Hub reference (hf.co/user/repo[:quant]), pulled into the
+    cache on first use."""
     if name_or_path is None:
         name_or_path = DEFAULT_MODEL
     if isinstance(name_or_path, str) and name_or_path in CATALOG:
         return pull(name_or_path)
+    if isinstance(name_or_path, str) and (ref := hub.parse_ref(name_or_path)) is not None:
+        return hub.pull(ref)[0]  # its projector, where the repo has one, lies beside it
     path = Path(name_or_path).expanduser()
     if not path.exists():
         raise ModelLoadError(

@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from runlm import catalog
+from runlm import catalog, hub
 from runlm.cli_args import (
     add_chat_arguments,
     add_generate_arguments,
@@ -27,7 +27,7 @@ from runlm.cli_args import (
 from runlm.cluster.simulate import add_arguments as add_simulation_arguments
 from runlm.cluster.simulate import run_from_args as run_simulation_from_args
 from runlm.engine import Engine, GenerationRequest, ImageInput
-from runlm.errors import RunlmError
+from runlm.errors import CatalogError, RunlmError
 from runlm.pixels import image_to_rgb
 from runlm.runtime import TORCH_EXTRA, load, require_torch
 from runlm.shapes import SHAPES
@@ -49,11 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--system", action="store_true",
                       help="this machine instead of a model: CPU, the kernels' instruction set, threads, memory")
 
-    pull = sub.add_parser("pull", help="download a catalog model into the cache")
+    pull = sub.add_parser("pull", help="download a catalog model, or hf.co/<user>/<repo>[:<quant>], into the cache")
     pull.add_argument("name", nargs="?", default=None)
-    pull.add_argument("--force", action="store_true")
+    pull.add_argument("--force", action="store_true", help="a catalog model: download it again")
 
-    sub.add_parser("list", help="list catalog models and whether they are pulled")
+    sub.add_parser("list", help="list catalog models and whether they are pulled, and models pulled from the Hub")
+    rm = sub.add_parser("rm", help="remove a pulled model (a catalog name, or hf.co/<user>/<repo>)")
+    rm.add_argument("name")
 
     add_serve_arguments(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
 
@@ -276,6 +278,11 @@ def _kernels_row(runtime: str) -> str:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     name = args.name or catalog.DEFAULT_MODEL
+    ref = hub.parse_ref(name)
+    if ref is not None:
+        model, projector = hub.pull(ref, progress=True)
+        print(model if projector is None else f"{model}\n{projector}")
+        return 0
     path = catalog.pull(name, progress=True, force=args.force)
     print(path)
     return 0
@@ -286,6 +293,22 @@ def cmd_list(args: argparse.Namespace) -> int:
         mark = "pulled" if catalog.is_pulled(model.name) else "-"
         default = " (default)" if model.name == catalog.DEFAULT_MODEL else ""
         print(f"{model.name:<16} {mark:<7} {model.description}{default}")
+    for name, _, size in hub.pulled():
+        print(f"{name}  {size / 1e6:.1f} MB")
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    ref = hub.parse_ref(args.name)
+    if ref is not None:
+        for path in hub.remove(ref):
+            print(f"removed {path}")
+        return 0
+    path = catalog.model_path(args.name)
+    if not path.is_file():
+        raise CatalogError(f"{args.name}: not pulled")
+    path.unlink()
+    print(f"removed {path}")
     return 0
 
 
@@ -332,6 +355,7 @@ COMMANDS = {
     "info": cmd_info,
     "pull": cmd_pull,
     "list": cmd_list,
+    "rm": cmd_rm,
     "serve": cmd_serve,
     "bench": cmd_bench,
     "simulate": run_simulation_from_args,

@@ -20,7 +20,8 @@ DEFAULT_SERVE_MAX_TOKENS = 2048
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-m", "--model", default=None, help="catalog name or path (GGUF file or HF directory)")
+    parser.add_argument("-m", "--model", default=None,
+                        help="catalog name, path (GGUF file or HF directory) or hf.co/<user>/<repo>[:<quant>]")
     parser.add_argument(
         "--dtype",
         default="auto",
