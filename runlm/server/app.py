@@ -101,7 +101,7 @@ def create_app(
                         allow_private_image_urls=allow_private_image_urls,
                         pooling=pooling, special_tokens_in_content=special_tokens_in_content,
                         reasoning_format=check_reasoning_format(reasoning_format),
-                        reasoning_budget=check_reasoning_budget(reasoning_budget))
+                        reasoning_budget=check_reasoning_budget(reasoning_budget), tenants=len(api_keys) or 1)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -50,9 +50,12 @@ async def plan_request(state: ServerState, planner: Callable, body: Any, request
     holding a place in the queue meanwhile; the generation reuses only the prompt cache of the tenant the key
     check found (never one the body names)."""
     state.check_model(body.model)
-    with state.scheduler.planning():  # a queue place first: a full queue refuses before any planning work
-        plan = await state.workers.run(planner, state, body)
-    plan.request.cache_scope = tenant_of(request.scope)
+    tenant = tenant_of(request.scope)
+    # a queue place first: a full queue refuses before any planning work
+    with state.scheduler.planning(), state.tenant_planning(tenant):
+        async with state.planning_turn(tenant):
+            plan = await state.workers.run(planner, state, body)
+    plan.request.cache_scope = tenant
     return plan
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -10,7 +13,7 @@ from typing import Any
 from fastapi import Request
 
 from runlm import catalog
-from runlm.engine import Engine, Scheduler
+from runlm.engine import Engine, QueueFullError, Scheduler
 from runlm.engine.embeddings import Pooling, declared_pooling
 from runlm.server.errors import APIError
 from runlm.server.images import RemoteImages, public_address
@@ -36,14 +39,47 @@ class ServerState:
     special_tokens_in_content: bool = False  # True: special-token strings in message text become control tokens
     reasoning_format: str = "auto"  # how chat replies split their thinking (engine.reasoning.REASONING_FORMATS)
     reasoning_budget: int = -1  # tokens of thinking before it is closed (-1: no bound, 0: thinking off)
+    tenants: int = 1  # the API keys the server knows, each a tenant
     created: int = field(default_factory=lambda: int(time.time()))
     workers: Workers = field(default_factory=Workers)  # planning, large bodies, JSON replies
     # How chat prompts keep special-token strings in client text as text (None: they are not kept). Made with
     # the state, so that no request pays for compiling its patterns (0.35 s for Gemma's 6k special tokens).
     literal_specials: LiteralSpecials | None = field(init=False)
 
+    # per tenant, with several: requests being planned, and the turns at the planning threads (event loop only)
+    _planning: dict[str, int] = field(default_factory=dict, init=False)
+    _turns: dict[str, asyncio.Semaphore] = field(default_factory=dict, init=False)
+
     def __post_init__(self) -> None:
         self.literal_specials = None if self.special_tokens_in_content else LiteralSpecials(self.tokenizer)
+
+    @contextmanager
+    def tenant_planning(self, tenant: str) -> Iterator[None]:
+        """With several API keys, one key holds at most half the queue's places for requests being planned: a key
+        that sends many slow requests (chat templates that run to their deadline) gets the 429, not the others."""
+        if self.tenants < 2:
+            yield
+            return
+        share = max(1, self.scheduler.max_queue // 2)
+        held = self._planning.get(tenant, 0)
+        if held >= share:
+            raise QueueFullError(f"this API key has {held} requests being planned already; retry later")
+        self._planning[tenant] = held + 1
+        try:
+            yield
+        finally:
+            self._planning[tenant] -= 1
+
+    @asynccontextmanager
+    async def planning_turn(self, tenant: str) -> AsyncIterator[None]:
+        """With several API keys, one key plans on all but one of the planning threads at most, so another key's
+        request always finds one free."""
+        if self.tenants < 2:
+            yield
+            return
+        turn = self._turns.setdefault(tenant, asyncio.Semaphore(max(1, self.workers.threads - 1)))
+        async with turn:
+            yield
 
     @property
     def tokenizer(self) -> Tokenizer:

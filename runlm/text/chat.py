@@ -26,7 +26,7 @@ from runlm.errors import TokenizerError
 from runlm.text.tokenizer import token_text
 
 MAX_RENDER_CHARS = 16 * 1024 * 1024  # a rendered prompt past this cannot fit any context anyway
-MAX_RENDER_S = 5.0  # a normal render takes milliseconds; nested loops over a long message list take forever
+MAX_RENDER_S = 2.0  # a normal render takes milliseconds; nested loops over a long message list take forever
 MAX_POWER_EXPONENT = 1024  # `10 ** 10 ** 10` would run in C, where no deadline can stop it
 LOOP_FILTER = "__runlm_counted_loop"  # the filter _StrictSandbox wraps every loop's items in
 

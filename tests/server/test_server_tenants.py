@@ -167,3 +167,41 @@ def test_deep_template_kwargs_are_a_400_and_the_server_keeps_serving(smollm2_loa
         assert ok.status_code == 200, ok.text
     finally:
         server.stop()
+
+
+SLOW_TEMPLATE = ("{% for m in messages %}{% for a in range(100000) %}{% for b in range(100000) %}"
+                 "{% if b < 0 %}{{ m.role }}{% endif %}{% endfor %}{% endfor %}{% endfor %}")
+
+
+def test_one_keys_slow_templates_never_keep_another_key_out(smollm2_loaded):
+    """Key A sends six chat requests whose template runs to its deadline; while they are planned, key B's plain
+    completion is served (200): A holds at most half the queue's planning places and gets the 429s itself."""
+    import concurrent.futures
+    import time
+
+    import httpx
+    from server_harness import scripted_server
+
+    server = scripted_server(smollm2_loaded, lambda prompt, n: "ok", chat_template=ChatTemplate(SLOW_TEMPLATE),
+                             api_key="key-a,key-b", max_queue=4)
+    state = server.app.state.runlm
+
+    def chat_as_a(_: int) -> int:
+        return httpx.post(server.base_url + "/v1/chat/completions", headers={"Authorization": "Bearer key-a"},
+                          json={"model": "scripted-model", "messages": [{"role": "user", "content": "hi"}]},
+                          timeout=60).status_code
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            a_statuses = [pool.submit(chat_as_a, i) for i in range(6)]
+            deadline = time.monotonic() + 30
+            while sum(state._planning.values()) < 2:  # A's share of the places is taken: its renders run
+                assert time.monotonic() < deadline, "key A's requests never reached planning"
+                time.sleep(0.01)
+            b = httpx.post(server.base_url + "/v1/completions", headers={"Authorization": "Bearer key-b"},
+                           json={"model": "scripted-model", "prompt": "Hello", "max_tokens": 2}, timeout=60)
+            a = sorted(f.result() for f in a_statuses)
+    finally:
+        server.stop()
+    assert b.status_code == 200, b.text
+    assert set(a) <= {400, 429} and a.count(429) >= 1 and a.count(400) >= 2, a

@@ -185,7 +185,7 @@ def test_templates_are_bounded_in_output(source, message):
     "{% endif %}{% endfor %}{% endfor %}{% endfor %}",
 ])
 def test_loops_that_touch_nothing_meet_the_deadline(source, monkeypatch):
-    monkeypatch.setattr(chat, "MAX_RENDER_S", 0.2)  # the 5 s bound, shortened so the test is quick
+    monkeypatch.setattr(chat, "MAX_RENDER_S", 0.2)  # the 2 s bound, shortened so the test is quick
     with pytest.raises(TokenizerError, match="ran longer than"):
         ChatTemplate(source).render([{"role": "user", "content": "hi"}])
 
