@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompt-cache", action="store_true", help="time to first token with and without a cached prefix"
     )
     bench.add_argument("--health", action="store_true",
-                       help="/health latency while hostile requests run against `runlm serve` (runlm.bench_health)")
+                       help="/health latency while hostile requests run against `runlm serve` (runlm.bench.health)")
     bench.add_argument(
         "--kernels", action="store_true", help="one matmul per weight type and shape: kernel vs f32 vs torch int4"
     )

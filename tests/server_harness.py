@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import uvicorn
 
-from runlm.bench import free_port, served_process
+from runlm.bench.common import free_port, served_process
 from runlm.runner import LmRunner, Session
 from runlm.server import create_app
 
@@ -49,7 +49,7 @@ class LiveServer:
 
 @contextmanager
 def serve_cli(*args: str, env: dict[str, str] | None = None) -> Iterator[str]:
-    """`python -m runlm serve ARGS` on a free port, in a subprocess as a user runs it (runlm.bench's
+    """`python -m runlm serve ARGS` on a free port, in a subprocess as a user runs it (runlm.bench.common's
     served_process): yields its base URL once uvicorn says it listens, and stops it afterwards."""
     with served_process(*args, env=env) as base_url:
         yield base_url

@@ -67,13 +67,13 @@ def test_bench_runs_each_peer_with_repeats(smollm2_gguf, tmp_path):
 def test_a_peer_that_fails_to_load_is_skipped_with_its_reason(tmp_path):
     """A worker that dies (here: a model file that is not a GGUF) is reported as skipped, with the last line it
     wrote, and the bench does not hang waiting for its reply."""
-    from runlm import bench
+    from runlm.bench import peers
 
     bogus = tmp_path / "bogus.gguf"
     bogus.write_bytes(b"not a gguf at all")
     spec = {"path": str(bogus), "threads": 1, "prompt_ids": [1, 2], "gen_tokens": 1, "repeat": 1, "ppl_ids": [],
             "kv_type": "auto", "peer": "runlm"}
-    worker = bench.PeerWorker(spec)
+    worker = peers.PeerWorker(spec)
     assert worker.error is not None and worker.error.startswith("worker failed: ")
     assert "GGUF" in worker.error or "gguf" in worker.error
     assert worker.round() == {"error": worker.error}
@@ -125,7 +125,7 @@ def test_bench_streams_reports_batching_admission_serving_and_routes(smollm2_ggu
 
 def test_every_peer_is_paired_with_runlm_round_by_round():
     """Each peer's rounds against runlm's (what `runlm generate` runs), one ratio per alternating round."""
-    from runlm.bench import paired_with
+    from runlm.bench.peers import paired_with
 
     def row(peer: str, decodes: list[float]) -> dict:
         return {"peer": peer, "rounds": [{"prefill_tok_s": 100.0, "decode_tok_s": d} for d in decodes]}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from runlm import bench_health
+from runlm.bench import health as bench_health
 
 
 def test_bench_health_prints_each_attack_with_its_latencies(smollm2_gguf, capsys, monkeypatch):

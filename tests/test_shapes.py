@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from runlm import load
-from runlm.bench import read_bandwidth_gbs, run_bench, weights_bytes_per_token
+from runlm.bench import run_bench
+from runlm.bench.peers import read_bandwidth_gbs, weights_bytes_per_token
 from runlm.cli import build_parser
 from runlm.errors import CatalogError, InvalidInputError
 from runlm.formats.gguf import GGUFFile

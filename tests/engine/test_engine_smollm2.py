@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runlm.bench import english_text
+from runlm.bench.common import english_text
 from runlm.engine import Engine, GenerationRequest, Scheduler
 from runlm.engine.scheduler import StepPacer
 from runlm.quant import kernels

@@ -14,8 +14,8 @@ import pytest
 import torch
 from reference.tiny import QUANTIZED_COPIES, build_gemma3, build_llama, build_qwen3
 
-from runlm.bench import english_text
-from runlm.bench_worker import nll_of
+from runlm.bench.common import english_text
+from runlm.bench.worker import nll_of
 from runlm.loading import load
 from runlm.quant import kernels
 from runlm.runner import LmRunner

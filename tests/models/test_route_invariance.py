@@ -15,7 +15,7 @@ import pytest
 import torch
 from reference.tiny import GEMMA_WINDOW, QUANTIZED_COPIES, build_gemma3, build_llama, build_qwen3
 
-from runlm.bench import route_logits
+from runlm.bench.streams import route_logits
 from runlm.loading import load
 from runlm.quant import kernels
 

@@ -1,7 +1,7 @@
 """CPU-heavy request work stays off the event loop and is bounded: /health answers while a chat template with
 nested loops, megabyte /tokenize bodies, 2-7 MB chat bodies and 200 concurrent requests run, and the template is
 refused with a 400 instead of rendering forever. On the real SmolLM2 behind `runlm serve` in its own process, as
-users run it, each attack sent at once from a process of its own (runlm.bench_health, which `runlm bench
+users run it, each attack sent at once from a process of its own (runlm.bench.health, which `runlm bench
 --health` runs too)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import httpx
 import pytest
 from server_harness import serve_cli
 
-from runlm.bench_health import ATTACKS, probe_attack
+from runlm.bench.health import ATTACKS, probe_attack
 from runlm.server.schemas import MAX_TOKENIZE_CHARS
 from runlm.server.workers import JSON_IN_PARTS_BYTES
 

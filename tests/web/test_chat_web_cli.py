@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from runlm import cli
-from runlm.bench import free_port
+from runlm.bench.common import free_port
 
 
 def test_chat_web_opens_the_page_once_the_server_listens(monkeypatch):

@@ -110,8 +110,9 @@ def probe_attack(base_url: str, name: str, model: str) -> tuple[list[float], lis
 
 
 def run_health_bench(args: Any) -> int:
-    from runlm.bench import machine, percentile, served_process
+    from runlm.bench.common import machine, served_process
     from runlm.catalog import resolve_model
+    from runlm.cluster.simulate import percentile
 
     path = resolve_model(args.model)
     threads = args.threads or 2

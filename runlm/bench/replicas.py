@@ -9,9 +9,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from runlm.bench import english_text, free_port, load_tokenizer, machine, percentile, streamed_token_times
+from runlm.bench.common import english_text, free_port, load_tokenizer, machine, streamed_token_times
 from runlm.catalog import resolve_model
 from runlm.cluster.deploy import ClusterOptions, ReplicaOptions, init_ray, start, stop
+from runlm.cluster.simulate import percentile
 from runlm.errors import InvalidInputError
 
 PROMPT_TOKENS = 32
