@@ -12,7 +12,9 @@ import ctypes
 import importlib.util
 import os
 import shutil
+import struct
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -100,13 +102,54 @@ def _compile(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
-        command = [compiler, *build.STANDALONE_FLAGS, *build.variant_cflags(), "-shared", "-fPIC",
+        command = [compiler, *build.STANDALONE_FLAGS, *build.variant_cflags(),
+                   f'-DRUNLM_SOURCE_KEY="{build.source_key(build.variant())}"', "-shared", "-fPIC",
                    str(build.SOURCE), "-o", str(built)]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             first = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr[:300])
             raise ModelLoadError(f"runlm's kernels: building them failed: {first.strip()}")
         os.replace(built, target)  # atomic: a concurrent build never loads a half-written file
+
+
+def _whole_elf(path: Path) -> bool:
+    """Whether `path` is a 64-bit ELF file that holds every segment its header names: dlopen maps those segments
+    and a process that touches one past a truncated file's end dies of SIGBUS, so a short file is rebuilt first."""
+    if sys.platform != "linux":  # another format (Mach-O): its loader's own checks stand
+        return path.is_file()
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    if len(data) < 64 or data[:5] != b"\x7fELF\x02":
+        return False
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
+    if phoff + phnum * phentsize > len(data) or shoff + shnum * shentsize > len(data):
+        return False
+    for i in range(phnum):
+        _, _, offset, _, _, filesz = struct.unpack_from("<IIQQQQ", data, phoff + i * phentsize)
+        if offset + filesz > len(data):
+            return False
+    return True
+
+
+def _built_library() -> ctypes.CDLL:
+    """The library built under runlm's home (built now where it is missing). A file there that does not load (a
+    build cut short, a disk error) is built again, once; a second failure is one line, never a crash."""
+    path = _library_path()
+    for attempt in range(2):
+        if attempt or not _whole_elf(path):
+            _compile(path)
+        try:
+            lib = ctypes.CDLL(str(path))
+            lib.rl_source_key.restype = ctypes.c_char_p
+            if lib.rl_source_key().decode() == build.source_key(build.variant()):
+                return lib
+        except (OSError, AttributeError):
+            pass
+    raise ModelLoadError(f"runlm's kernels: {path} does not load after building it again")
 
 
 def library() -> ctypes.CDLL:
@@ -116,12 +159,7 @@ def library() -> ctypes.CDLL:
         if _library is None:
             if build.variant() == "off":
                 raise ModelLoadError(f"the native runtime needs runlm's C++ kernels, which {build.ENV_VAR}=0 turns off")
-            lib = installed_library()
-            if lib is None:
-                path = _library_path()
-                if not path.is_file():
-                    _compile(path)
-                lib = ctypes.CDLL(str(path))
+            lib = installed_library() or _built_library()
             for name, (args, result) in _SIGNATURES.items():
                 function = getattr(lib, name)
                 function.argtypes, function.restype = args, result

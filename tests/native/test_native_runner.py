@@ -145,3 +145,30 @@ def test_a_session_without_a_size_grows_as_it_fills(smol):
     restored = smol.new_session()
     assert smol.restore(restored, smol.export(grown)) and restored.state.capacity >= len(ids) + 1
     np.testing.assert_array_equal(smol.extend(restored, [9]), smol.extend(grown, [9]))
+
+
+def test_a_broken_library_under_runlms_home_is_built_again(tmp_path):
+    """A kernels library runlm built at first use and later finds cut short (or of another source) is built again,
+    not loaded into a crash. Run where the install built none; the build is the installed library's copy (the same
+    source and flags), so the test checks the recovery without compiling."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import importlib.util, shutil
+from runlm.native import library
+from runlm.quant import build
+installed = importlib.util.find_spec(f"runlm.native._kernels_{build.variant()}").origin
+path = library._library_path()
+path.parent.mkdir(parents=True)
+path.write_bytes(open(installed, "rb").read()[:4096])  # a build cut short
+built = []
+library.installed_library = lambda: None
+library._compile = lambda target: (built.append(target), shutil.copy(installed, target))
+assert library.library().rl_isa() and built == [path], built
+print("rebuilt")
+"""
+    env = {**os.environ, "RUNLM_HOME": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "rebuilt" in result.stdout, result.stderr[-2000:]

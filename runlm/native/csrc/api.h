@@ -71,8 +71,8 @@ extern "C" {
 
 const char* rl_last_error() { return g_error.c_str(); }
 
-// What this library was built from (runlm.quant.build.source_key), set by the install's build: the loader refuses a
-// library of another source or flags. Empty in a build made at first use (its cache name carries the key instead).
+// What this library was built from (runlm.quant.build.source_key), set by every build: the loader refuses a library
+// of another source or flags, and rebuilds one under runlm's home that does not carry its key.
 #ifndef RUNLM_SOURCE_KEY
 #define RUNLM_SOURCE_KEY ""
 #endif
