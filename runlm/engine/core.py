@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from runlm.engine.grammar import GrammarConstraint
+from runlm.engine.grammar import GrammarConstraint, whitespace_tokens
 from runlm.engine.prompt_cache import PromptCache
 from runlm.engine.reasoning import BudgetWatch, ThinkingBudget
 from runlm.engine.stops import StopStringFilter
@@ -141,7 +141,15 @@ class Generation:
     def on_logits(self, logits: torch.Tensor) -> StreamRecord:
         """Sample from this step's logits and advance; sets `next_token` unless the sequence finished."""
         grammar = self.request.grammar
+        between = False  # between the thinking and the answer: whitespace may come before what the grammar holds
+        if grammar is not None and self.budget is not None:
+            if self.budget.thinking:
+                grammar = None  # the grammar holds the answer, which starts where the thinking ends
+            else:
+                between = self.budget.splitter.state == "after"
         allowed = grammar.allowed() if grammar is not None else None
+        if between:
+            allowed = allowed | whitespace_tokens(self.tokenizer, len(allowed))
         forced = self.budget.forced_token() if self.budget is not None else None
         if forced is None:
             token = self.sampler(logits, allowed)
@@ -167,6 +175,8 @@ class Generation:
         record.text = text
         if hit:
             return self._finish(record, "stop")
+        if between and whitespace_tokens(self.tokenizer, len(allowed))[token]:
+            grammar = None  # whitespace before the answer: not the grammar's
         if grammar is not None and (not grammar.accept(token) or grammar.done):
             record.text += self._flush()
             return self._finish(record, "stop")

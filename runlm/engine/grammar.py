@@ -135,3 +135,20 @@ class GrammarConstraint:
     @property
     def error(self) -> str:
         return self.matcher.get_error() if self.matcher.is_error() else ""
+
+
+_WHITESPACE_TOKENS: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictionary()
+
+
+def whitespace_tokens(tokenizer: Any, n_vocab: int) -> np.ndarray:
+    """Bool mask [n_vocab] of the tokens that are whitespace and nothing else (made once per tokenizer): what may
+    stand between a reply's thinking and the answer a grammar holds."""
+    mask = _WHITESPACE_TOKENS.get(tokenizer)
+    if mask is None or len(mask) != n_vocab:
+        mask = np.zeros(n_vocab, dtype=bool)
+        special = getattr(tokenizer, "special_ids", frozenset())
+        for token_id in range(min(n_vocab, tokenizer.vocab_size)):
+            piece = tokenizer.token_to_bytes(token_id)
+            mask[token_id] = bool(piece) and not piece.strip() and token_id not in special
+        _WHITESPACE_TOKENS[tokenizer] = mask
+    return mask

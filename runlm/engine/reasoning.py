@@ -126,10 +126,11 @@ def thinking_switch(effort: Any) -> bool | None:
 
 @dataclass(frozen=True)
 class ThinkingBudget:
-    """At most `tokens` tokens of thinking: then the model is made to write `close_ids` (the end of the thinking,
-    "\n</think>\n\n" in its own tokens) and goes on to its answer. `opened`: the prompt opened the thinking."""
+    """A reply's thinking as the engine watches it. At most `tokens` tokens of it: then the model is made to write
+    `close_ids` (the end of the thinking, "\n</think>\n\n" in its own tokens) and goes on to its answer. A grammar
+    holds only what follows the thinking. `opened`: the prompt opened the thinking."""
 
-    tokens: int
+    tokens: int | None  # None: no bound (the thinking is watched for a grammar that holds the answer after it)
     close_ids: tuple[int, ...]
     opened: bool = False
 
@@ -147,9 +148,15 @@ class BudgetWatch:
 
     def forced_token(self) -> int | None:
         """The token to write next whatever the logits say, or None to sample."""
-        if not self.closed and self.splitter.state == "thinking" and self.spent >= self.budget.tokens:
+        if (self.budget.tokens is not None and not self.closed and self.thinking
+                and self.spent >= self.budget.tokens):
             self.forced, self.closed = list(self.budget.close_ids), True
         return self.forced.pop(0) if self.forced else None
+
+    @property
+    def thinking(self) -> bool:
+        """Whether the reply is inside its thinking now."""
+        return self.splitter.state == "thinking"
 
     def advance(self, text: str) -> None:
         """After each token: the text it added."""

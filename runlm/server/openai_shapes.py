@@ -13,7 +13,7 @@ from typing import Any
 from runlm.engine import Completion, GenerationRequest, StreamRecord, Usage
 from runlm.engine.core import merged_usage
 from runlm.engine.grammar import GrammarConstraint, grammar_for_json_schema
-from runlm.engine.reasoning import THINK_CLOSE, ThinkingBudget, ThinkingPlan, thinking_switch
+from runlm.engine.reasoning import THINK_CLOSE, THINK_OPEN, ThinkingBudget, ThinkingPlan, thinking_switch
 from runlm.engine.tools import tool_call_schema
 from runlm.errors import RunlmError
 from runlm.runner import ImageInput
@@ -216,12 +216,14 @@ def deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
-def thinking_budget(state: ServerState, thinking: ThinkingPlan, tokens: int) -> ThinkingBudget | None:
-    """The bound on a split reply's thinking (none where it is -1, or where replies are not split)."""
-    if not thinking.active or tokens < 0:
+def thinking_budget(state: ServerState, thinking: ThinkingPlan, tokens: int,
+                    gates_grammar: bool = False) -> ThinkingBudget | None:
+    """What the engine watches of a split reply's thinking: its bound (none where it is -1), and, under a grammar,
+    where it ends (the grammar holds what follows). None where there is nothing to watch."""
+    if not thinking.active or (tokens < 0 and not gates_grammar):
         return None
     close = state.tokenizer.encode(f"\n{THINK_CLOSE}\n\n", add_bos=False, add_eos=False)
-    return ThinkingBudget(tokens, tuple(close), thinking.opened)
+    return ThinkingBudget(tokens if tokens >= 0 else None, tuple(close), thinking.opened)
 
 
 def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
@@ -254,10 +256,11 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     if body.reasoning_effort is not None:
         extra.setdefault("reasoning_effort", body.reasoning_effort)
     budget = body.reasoning_budget if body.reasoning_budget is not None else state.reasoning_budget
-    if constrained or budget == 0:  # a grammar holds the whole reply, or no thinking is allowed: answer at once
+    if budget == 0:  # no thinking allowed: the template's thinking off
         extra.setdefault("enable_thinking", False)
     elif body.reasoning_effort is not None:
         extra.setdefault("enable_thinking", thinking_switch(body.reasoning_effort))
+    thinking_off = extra.get("enable_thinking") is False
     template_tools = tools.tools if tools.active and tools.template_aware else None
     for name, value in (("chat_template_kwargs", extra), ("tools", template_tools), ("messages", messages)):
         if deeper_than(value, MAX_TEMPLATE_DEPTH):
@@ -275,11 +278,15 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     thinking = ThinkingPlan.for_prompt(body.reasoning_format or state.reasoning_format, template_source(template),
                                        prompt)
     grammar = None
-    if constrained:
+    if constrained:  # the grammar holds the answer, from the thinking's end (the engine gates it on the thinking)
         grammar = json_grammar(state, schema)
-        if thinking.opened:  # the template opened the thinking whatever it was told: close it empty
-            prompt += f"\n{THINK_CLOSE}\n\n"
-        thinking = ThinkingPlan()
+        if thinking.active and not thinking_off and not thinking.opened:  # open it here, as the model would
+            prompt += f"{THINK_OPEN}\n"
+            thinking = ThinkingPlan(True, True)
+        elif thinking_off or not thinking.active:
+            if thinking.opened:  # the template opened the thinking whatever it was told: close it empty
+                prompt += f"\n{THINK_CLOSE}\n\n"
+            thinking = ThinkingPlan()
     top = body.top_logprobs or 0
     if top and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
@@ -291,7 +298,7 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
         ignore_eos=body.ignore_eos,
         grammar=grammar,
         use_prompt_cache=body.cache_prompt,
-        thinking_budget=thinking_budget(state, thinking, budget),
+        thinking_budget=thinking_budget(state, thinking, budget, gates_grammar=grammar is not None),
     )
     if images:
         try:

@@ -10,6 +10,7 @@ import ollama
 import pytest
 from server_harness import openai_client, scripted_server
 
+from runlm.engine.reasoning import THINK_CLOSE
 from runlm.text.chat import ChatTemplate
 
 CHATML = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -20,24 +21,36 @@ THOUGHT, ANSWER = "Two and two make four.", "It is 4."
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
 
 
-def reply(prompt: str, n: int) -> str:
-    """Thinks unless the prompt closed the thinking already; a JSON answer where the prompt asked for JSON."""
-    if prompt.endswith("</think>\n\n"):
-        return '{"answer": 4}' if "JSON" in prompt else ANSWER
-    opened = prompt.endswith("<think>\n")
-    return ("" if opened else "<think>\n") + f"{THOUGHT}\n</think>\n\n{ANSWER}"
+JSON_ANSWER = '{"answer": 4}'
 
 
+def reply(text: str, n: int) -> str:
+    """What the model writes on from `text` (the prompt, and what it wrote so far): thinks unless the thinking is
+    closed already, then answers; in JSON where it was asked for JSON (whitespace before it goes where a grammar
+    refuses it)."""
+    answer = JSON_ANSWER if "JSON" in text else ANSWER
+    turn = text.rsplit("<|im_start|>assistant", 1)[-1]
+    if THINK_CLOSE in turn:  # the answer has begun: the rest of it
+        done = turn.rsplit(THINK_CLOSE, 1)[1].lstrip()
+        return answer[len(done):] if answer.startswith(done) else ""
+    opened = text.endswith("<think>\n")
+    return ("" if opened else "<think>\n") + f"{THOUGHT}\n</think>\n\n{answer}"
+
+
+# The scripted model's sessions carry its script, which a prompt-cache restore would bring back from an earlier
+# request: these servers keep no prompt cache.
 @pytest.fixture(scope="module")
 def qwen3_style(smollm2_loaded):
-    server = scripted_server(smollm2_loaded, reply, name="thinker", api_key="", chat_template=ChatTemplate(QWEN3_STYLE))
+    server = scripted_server(smollm2_loaded, reply, name="thinker", api_key="", chat_template=ChatTemplate(QWEN3_STYLE),
+                             prompt_cache_mb=0)
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
 def r1_style(smollm2_loaded):
-    server = scripted_server(smollm2_loaded, reply, name="thinker", api_key="", chat_template=ChatTemplate(R1_STYLE))
+    server = scripted_server(smollm2_loaded, reply, name="thinker", api_key="", chat_template=ChatTemplate(R1_STYLE),
+                             prompt_cache_mb=0)
     yield server
     server.stop()
 
@@ -88,12 +101,17 @@ def test_reasoning_format_none_leaves_the_thinking_in_the_answer(qwen3_style, sm
         server.stop()
 
 
-def test_a_json_answer_skips_the_thinking_the_template_opened(r1_style):
-    """response_format constrains the answer: the opened thinking is closed empty in the prompt, and the reply is
-    the JSON alone."""
-    message = chat(r1_style, response_format={"type": "json_object"},
-                   messages=[{"role": "user", "content": "Answer in JSON: what is 2 + 2?"}]).choices[0].message
-    assert message.content == '{"answer": 4}' and getattr(message, "reasoning_content", None) is None
+@pytest.mark.parametrize("style", ["qwen3_style", "r1_style"])
+def test_a_json_answer_follows_the_thinking_and_only_it_is_held_to_the_grammar(style, request):
+    """response_format holds the answer: the thinking runs free before it (a Qwen3-style template has the thinking
+    opened for it), the answer after it is the JSON; with the thinking switched off the reply is the JSON alone."""
+    server = request.getfixturevalue(style)
+    asked = [{"role": "user", "content": "Answer in JSON: what is 2 + 2?"}]
+    message = chat(server, response_format={"type": "json_object"}, messages=asked).choices[0].message
+    assert (message.reasoning_content, message.content) == (THOUGHT, JSON_ANSWER)
+    off = chat(server, response_format={"type": "json_object"}, messages=asked, reasoning_effort="none")
+    assert off.choices[0].message.content == JSON_ANSWER
+    assert getattr(off.choices[0].message, "reasoning_content", None) is None
 
 
 def test_anthropic_messages_give_a_thinking_block(qwen3_style):
