@@ -186,6 +186,9 @@ def start(options: ReplicaOptions, cluster: ClusterOptions, server_options: dict
     serve = _serve()
     import ray
 
+    from runlm.server.app import warn_if_open
+
+    warn_if_open(cluster.host, (server_options or {}).get("api_key"))
     app = build_app(options, cluster, server_options)  # bad options fail here, before Ray starts
     if not ray.is_initialized():
         init_ray(cluster.ray_address, log_to_driver=log_to_driver)

@@ -131,18 +131,22 @@ def create_app(
     return app
 
 
-def serve(loaded: Any, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info",
-          header_timeout_s: float = HEADER_TIMEOUT_S, **kw: Any) -> None:
-    """Run the server until interrupted (the CLI's `runlm serve`). Binds loopback unless told otherwise; a
-    request's headers must arrive within `header_timeout_s` (server.timeouts)."""
-    api_key = kw.get("api_key")
+def warn_if_open(host: str, api_key: str | Sequence[str] | None) -> None:
+    """One warning where a server (the single one, or the Ray front) listens beyond loopback with no API key."""
     if api_key is None:
         api_key = os.environ.get("RUNLM_API_KEY") or None
     if host not in LOOPBACK_HOSTS and not api_key:
         log.warning("serving on %s without an API key: anyone who can reach this address can use the model",
                     host)
+
+
+def serve(loaded: Any, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info",
+          header_timeout_s: float = HEADER_TIMEOUT_S, **kw: Any) -> None:
+    """Run the server until interrupted (the CLI's `runlm serve`). Binds loopback unless told otherwise; a
+    request's headers must arrive within `header_timeout_s` (server.timeouts)."""
+    warn_if_open(host, kw.get("api_key"))
     uvicorn.run(create_app(loaded, **kw), host=host, port=port, log_level=log_level,
                 **uvicorn_options(header_timeout_s))
 
 
-__all__ = ["create_app", "serve", "ServerState"]
+__all__ = ["create_app", "serve", "ServerState", "warn_if_open"]

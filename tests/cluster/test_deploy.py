@@ -17,6 +17,18 @@ def test_impossible_replica_counts_are_refused(cluster):
         build_app(ReplicaOptions(model="unused.gguf"), cluster)
 
 
+def test_the_front_warns_when_it_listens_beyond_loopback_without_a_key(caplog, monkeypatch):
+    """As the single server does; checked before Ray starts (the replica count 0 then stops the start)."""
+    from runlm.cluster.deploy import start
+
+    monkeypatch.delenv("RUNLM_API_KEY", raising=False)
+    for host, keys, warned in (("0.0.0.0", [], True), ("0.0.0.0", ["k"], False), ("127.0.0.1", [], False)):
+        caplog.clear()
+        with pytest.raises(RunlmError, match="replicas"):
+            start(ReplicaOptions(model="unused.gguf"), ClusterOptions(replicas=0, host=host), {"api_key": keys})
+        assert ("without an API key" in caplog.text) == warned, (host, keys)
+
+
 def test_autoscaling_is_passed_to_ray_and_a_fixed_count_otherwise():
     assert scaling_options(ClusterOptions(replicas=3)) == {"num_replicas": 3}
     scaled = scaling_options(ClusterOptions(replicas=2, min_replicas=1, max_replicas=8, target_ongoing_requests=3))
