@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Iterator
 from typing import Any
 
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
@@ -36,33 +37,28 @@ def _typed(value: str, schema: Any) -> Any:
         return value
 
 
+def _named_blocks(text: str, opening: str, closing: str) -> Iterator[tuple[str, str]]:
+    """(NAME, body) of each `{opening}NAME>body{closing}` in `text`, the last possibly unclosed (its body runs to the
+    end), found by string search."""
+    at = text.find(opening)
+    while at != -1:
+        name_end = text.find(">", at)
+        if name_end == -1:
+            return
+        end = text.find(closing, name_end)
+        yield text[at + len(opening) : name_end].strip(), text[name_end + 1 : end if end != -1 else len(text)]
+        at = -1 if end == -1 else text.find(opening, end)
+
+
 def xml_calls(text: str, parameters: dict[str, Any] | None = None) -> list[RawCall]:
     """Each `<function=NAME>` block in `text` (the last possibly unclosed), its `<parameter=KEY>` values typed by
     `parameters` (tool name -> its JSON schema)."""
     calls: list[RawCall] = []
-    at = text.find(FUNCTION_OPEN)
-    while at != -1:
-        name_end = text.find(">", at)
-        if name_end == -1:
-            break
-        name = text[at + len(FUNCTION_OPEN) : name_end].strip()
-        end = text.find(FUNCTION_CLOSE, name_end)
-        body = text[name_end + 1 : end if end != -1 else len(text)]
+    for name, body in _named_blocks(text, FUNCTION_OPEN, FUNCTION_CLOSE):
         properties = ((parameters or {}).get(name) or {}).get("properties") or {}
-        arguments: dict[str, Any] = {}
-        p = body.find(PARAMETER_OPEN)
-        while p != -1:
-            key_end = body.find(">", p)
-            if key_end == -1:
-                break
-            key = body[p + len(PARAMETER_OPEN) : key_end].strip()
-            close = body.find(PARAMETER_CLOSE, key_end)
-            value = body[key_end + 1 : close if close != -1 else len(body)]
-            value = value.removeprefix("\n").removesuffix("\n")
-            arguments[key] = _typed(value, properties.get(key))
-            p = -1 if close == -1 else body.find(PARAMETER_OPEN, close)
+        arguments = {key: _typed(value.removeprefix("\n").removesuffix("\n"), properties.get(key))
+                     for key, value in _named_blocks(body, PARAMETER_OPEN, PARAMETER_CLOSE)}
         calls.append((name, arguments, ""))
-        at = -1 if end == -1 else text.find(FUNCTION_OPEN, end)
     return calls
 
 
