@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from runlm.engine.grammar import GrammarConstraint, whitespace_tokens
 from runlm.engine.prompt_cache import PromptCache
-from runlm.engine.reasoning import BudgetWatch, ThinkingBudget
+from runlm.engine.reasoning import ThinkingBudget, ThinkingWatch
 from runlm.engine.stops import StopStringFilter
 from runlm.errors import ContextOverflowError, InvalidInputError
 from runlm.runner import ImageInput, LmRunner, PartialBatchError, Session
@@ -107,7 +107,7 @@ class Generation:
         self.sampler = Sampler(request.sampling, vocab_size, history=request.prompt_ids)
         self.detok = StreamingDetokenizer(tokenizer, continuation=True)
         self.stops = StopStringFilter(request.stop)
-        self.budget = BudgetWatch(request.thinking_budget) if request.thinking_budget is not None else None
+        self.thinking = ThinkingWatch(request.thinking_budget) if request.thinking_budget is not None else None
         ids = request.stop_ids if request.stop_ids is not None else getattr(tokenizer, "stop_ids", frozenset())
         self.stop_ids = frozenset() if request.ignore_eos else frozenset(ids)
         self.max_new = max_new
@@ -141,16 +141,16 @@ class Generation:
     def on_logits(self, logits: torch.Tensor) -> StreamRecord:
         """Sample from this step's logits and advance; sets `next_token` unless the sequence finished."""
         grammar = self.request.grammar
-        between = False  # between the thinking and the answer: whitespace may come before what the grammar holds
-        if grammar is not None and self.budget is not None:
-            if self.budget.thinking:
+        whitespace = None  # between the thinking and the answer: whitespace may come before what the grammar holds
+        if grammar is not None and self.thinking is not None:
+            if self.thinking.thinking:
                 grammar = None  # the grammar holds the answer, which starts where the thinking ends
-            else:
-                between = self.budget.splitter.state == "after"
+            elif self.thinking.between:
+                whitespace = whitespace_tokens(self.tokenizer, grammar.n_vocab)
         allowed = grammar.allowed() if grammar is not None else None
-        if between:
-            allowed = allowed | whitespace_tokens(self.tokenizer, len(allowed))
-        forced = self.budget.forced_token() if self.budget is not None else None
+        if whitespace is not None:
+            allowed = allowed | whitespace
+        forced = self.thinking.forced_token() if self.thinking is not None else None
         if forced is None:
             token = self.sampler(logits, allowed)
         else:  # the end of a spent thinking phase: written, not drawn (the penalties still see it)
@@ -169,13 +169,13 @@ class Generation:
             record.text = self._flush()
             return self._finish(record, "stop")
         piece = self.detok.push(token)
-        if self.budget is not None:
-            self.budget.advance(piece)
+        if self.thinking is not None:
+            self.thinking.advance(piece)
         text, hit = self.stops.push(piece)
         record.text = text
         if hit:
             return self._finish(record, "stop")
-        if between and whitespace_tokens(self.tokenizer, len(allowed))[token]:
+        if whitespace is not None and whitespace[token]:
             grammar = None  # whitespace before the answer: not the grammar's
         if grammar is not None and (not grammar.accept(token) or grammar.done):
             record.text += self._flush()

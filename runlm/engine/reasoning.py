@@ -135,9 +135,10 @@ class ThinkingBudget:
     opened: bool = False
 
 
-class BudgetWatch:
-    """One generation's thinking budget: counts the tokens written inside the thinking and, once they reach the
-    budget, gives the closing tokens to write in place of sampled ones."""
+class ThinkingWatch:
+    """One generation's thinking, followed token by token: where the reply is (inside the thinking, between it and
+    the answer), how many tokens the thinking spent and, once they reach the budget, the closing tokens to write in
+    place of sampled ones."""
 
     def __init__(self, budget: ThinkingBudget):
         self.budget = budget
@@ -157,6 +158,11 @@ class BudgetWatch:
     def thinking(self) -> bool:
         """Whether the reply is inside its thinking now."""
         return self.splitter.state == "thinking"
+
+    @property
+    def between(self) -> bool:
+        """Whether the thinking has ended and the answer has not begun (only whitespace since)."""
+        return self.splitter.state == "after"
 
     def advance(self, text: str) -> None:
         """After each token: the text it added."""
