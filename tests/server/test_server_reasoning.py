@@ -37,20 +37,23 @@ def reply(text: str, n: int) -> str:
     return ("" if opened else "<think>\n") + f"{THOUGHT}\n</think>\n\n{answer}"
 
 
-# The scripted model's sessions carry its script, which a prompt-cache restore would bring back from an earlier
-# request: these servers keep no prompt cache.
+def thinker(loaded, template: str, writes=reply, **options):
+    """A live server whose scripted model `writes` under the chat `template`. The scripted model's sessions carry
+    its script, which a prompt-cache restore would bring back from an earlier request: it keeps no prompt cache."""
+    return scripted_server(loaded, writes, name="thinker", api_key="", chat_template=ChatTemplate(template),
+                           prompt_cache_mb=0, **options)
+
+
 @pytest.fixture(scope="module")
 def qwen3_style(smollm2_loaded):
-    server = scripted_server(smollm2_loaded, reply, name="thinker", api_key="", chat_template=ChatTemplate(QWEN3_STYLE),
-                             prompt_cache_mb=0)
+    server = thinker(smollm2_loaded, QWEN3_STYLE)
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
 def r1_style(smollm2_loaded):
-    server = scripted_server(smollm2_loaded, reply, name="thinker", api_key="", chat_template=ChatTemplate(R1_STYLE),
-                             prompt_cache_mb=0)
+    server = thinker(smollm2_loaded, R1_STYLE)
     yield server
     server.stop()
 
@@ -90,8 +93,7 @@ def test_reasoning_effort_none_turns_the_templates_thinking_off(qwen3_style):
 def test_reasoning_format_none_leaves_the_thinking_in_the_answer(qwen3_style, smollm2_loaded):
     message = chat(qwen3_style, extra_body={"reasoning_format": "none"}).choices[0].message
     assert message.content == f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}"
-    server = scripted_server(smollm2_loaded, reply, name="thinker", api_key="", chat_template=ChatTemplate(QWEN3_STYLE),
-                             reasoning_format="none")
+    server = thinker(smollm2_loaded, QWEN3_STYLE, reasoning_format="none")
     try:
         assert chat(server).choices[0].message.content == f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}"
         bad = httpx.post(server.base_url + "/v1/chat/completions",
@@ -172,10 +174,8 @@ def long_thinker(prompt: str, n: int) -> str:
 def test_a_spent_thinking_budget_closes_the_thinking_and_the_model_answers(smollm2_loaded, template):
     """A budget of 6 tokens: the thinking stops after 6 of its tokens, the answer follows; the Anthropic budget
     and the server's --reasoning-budget do the same, and 0 answers without thinking."""
-    server = scripted_server(smollm2_loaded, long_thinker, name="thinker", api_key="",
-                             chat_template=ChatTemplate(template))
-    budgeted = scripted_server(smollm2_loaded, long_thinker, name="thinker", api_key="",
-                               chat_template=ChatTemplate(template), reasoning_budget=6)
+    server = thinker(smollm2_loaded, template, long_thinker)
+    budgeted = thinker(smollm2_loaded, template, long_thinker, reasoning_budget=6)
     try:
         unbounded = chat(server).choices[0].message
         assert (unbounded.reasoning_content, unbounded.content) == (LONG_THOUGHT, ANSWER)
