@@ -38,10 +38,8 @@ def reply(text: str, n: int) -> str:
 
 
 def thinker(loaded, template: str, writes=reply, **options):
-    """A live server whose scripted model `writes` under the chat `template`. The scripted model's sessions carry
-    its script, which a prompt-cache restore would bring back from an earlier request: it keeps no prompt cache."""
-    return scripted_server(loaded, writes, name="thinker", api_key="", chat_template=ChatTemplate(template),
-                           prompt_cache_mb=0, **options)
+    """A live server whose scripted model `writes` under the chat `template`."""
+    return scripted_server(loaded, writes, name="thinker", api_key="", chat_template=ChatTemplate(template), **options)
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,7 @@ EXPECTED = ("get_weather", {"city": "Paris", "days": 2})
 
 @pytest.fixture(scope="module")
 def server(smollm2_loaded):
-    live = scripted_server(smollm2_loaded, lambda prompt, n: REPLIES[last_user_text(prompt)], api_key="",
-                           prompt_cache_mb=0)  # its sessions carry the script, which a restore would bring back
+    live = scripted_server(smollm2_loaded, lambda prompt, n: REPLIES[last_user_text(prompt)], api_key="")
     yield live
     live.stop()
 
