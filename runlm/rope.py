@@ -29,6 +29,12 @@ def table_block(inv_freq: np.ndarray, first: int, scale: float = 1.0) -> tuple[n
     return np.concatenate([cos, cos], axis=1), np.concatenate([-sin, sin], axis=1)
 
 
+def _powers(dims: int, theta: float) -> np.ndarray:
+    """theta ** (2i / dims) for each rotated pair i, in float32 step by step as transformers computes it."""
+    f32 = np.float32
+    return f32(theta) ** (np.arange(0, dims, 2, dtype=np.int64).astype(f32) / f32(dims))
+
+
 def inv_freq(head_dim: int, theta: float, scaling: dict | None = None,
              freq_factors: np.ndarray | None = None, long_context: bool = False) -> np.ndarray:
     """Inverse frequencies [head_dim / 2] float32, with linear or llama3 scaling (the kinds
@@ -38,7 +44,7 @@ def inv_freq(head_dim: int, theta: float, scaling: dict | None = None,
     blends interpolated and original frequencies over a ramp of dimensions; LongRoPE divides each by its short or,
     with `long_context`, long factor.`head_dim` is the rotated part of a head where RoPE is partial."""
     f32 = np.float32
-    base = f32(1.0) / (f32(theta) ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(f32) / f32(head_dim)))
+    base = f32(1.0) / _powers(head_dim, theta)
     if freq_factors is not None:
         return base / np.asarray(freq_factors, dtype=f32)
     scaling = scaling or {}
@@ -60,7 +66,7 @@ def inv_freq(head_dim: int, theta: float, scaling: dict | None = None,
         return _yarn(head_dim, theta, scaling)
     if kind == "longrope":
         factors = scaling["long_factor" if long_context else "short_factor"]
-        powers = f32(theta) ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(f32) / f32(head_dim))
+        powers = _powers(head_dim, theta)
         return (f32(1.0) / (np.asarray(factors, dtype=f32) * powers)).astype(f32)
     raise NotImplementedError(f"rope scaling type {kind!r} is not supported")
 
@@ -80,7 +86,7 @@ def _yarn(dims: int, theta: float, scaling: dict) -> np.ndarray:
     low, high = max(low, 0), min(high, dims - 1)
     if low == high:
         high += 0.001
-    powers = f32(theta) ** (np.arange(0, dims, 2, dtype=np.int64).astype(f32) / f32(dims))
+    powers = _powers(dims, theta)
     extrapolated, interpolated = f32(1.0) / powers, f32(1.0) / (f32(factor) * powers)
     ramp = np.clip((np.arange(dims // 2, dtype=f32) - f32(low)) / f32(high - low), 0, 1).astype(f32)
     keep = f32(1) - ramp
