@@ -135,12 +135,11 @@ class FamilySpec:
             rows.append(("scales", ", ".join(scales)))
         return rows
 
-    def refuse_unapplied(self, has: Callable[[str], bool], layer: int, where: object,
-                         config: ModelConfig | None = None) -> None:
+    def refuse_unapplied(self, has: Callable[[str], bool], layer: int, where: object, config: ModelConfig) -> None:
         """Refuse a block whose file holds tensors runlm would not apply (a bias on o, gate, up or down), or partial
         RoPE with q/k norms (whose weights would need the rotated layout too): a model run without them would answer,
         wrongly."""
-        if config is not None and config.rope_dims and config.rope_dims < config.head_dim and self.qk_norm:
+        if config.rope_dims and config.rope_dims < config.head_dim and self.qk_norm:
             raise ModelLoadError(f"{where}: partial RoPE with q/k norms is not supported")
         p = f"model.layers.{layer}."
         unapplied = [p + name for name in UNAPPLIED_TENSORS if has(p + name)]
