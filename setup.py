@@ -1,5 +1,5 @@
 """The kernels' shared libraries, compiled when runlm is installed: kernels.cpp as the native runtime's plain C
-library, once per instruction-set variant (runlm.quant.build.variants; the one the CPU runs is chosen at run time).
+library, once per instruction-set variant (runlm.native.build.variants; the one the CPU runs is chosen at run time).
 Everything else about the package is in pyproject.toml."""
 
 import os
@@ -9,7 +9,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from runlm.quant import build  # noqa: E402  (build.py reads only the standard library)
+from runlm.native import build  # noqa: E402  (build.py reads only the standard library)
 
 
 class BuildKernels(build_ext):

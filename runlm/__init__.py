@@ -27,7 +27,7 @@ def lazy_exports(package: str, names: dict[str, str]):
 
 
 __getattr__ = lazy_exports(__name__, {
-    "LoadedModel": "runlm.loading",
+    "LoadedModel": "runlm.pytorch.loading",
     "load": "runlm.runtime",
     "NativeLoaded": "runlm.native.runner",
     "ImageInput": "runlm.runner",

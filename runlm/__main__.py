@@ -1,5 +1,5 @@
 import sys
 
-from runlm.launch import main
+from runlm.cli import main
 
 sys.exit(main())

@@ -1,5 +1,5 @@
 """Image files and encoded bytes to RGB pixels (Pillow only): what the CLI and the server decode before a vision
-tower sees an image, kept apart from runlm.models.vision so that the server imports without PyTorch."""
+tower sees an image, kept apart from runlm.pytorch.vision so that the server imports without PyTorch."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """RoPE's inverse frequencies and cos / sin tables, computed with numpy (tables in whole blocks of positions).
 
-Both runners take their tables from here (runlm.nn.Rope for the PyTorch path, runlm.native.model without it), so a
+Both runners take their tables from here (runlm.pytorch.nn.Rope for the PyTorch backend, runlm.native.model), so a
 position's angles are the same bits in both: one ulp of difference in a table moves a quantized model's logits by
 up to ~1 after its layers (int8 activation rounding amplifies it), which is far more than the two paths otherwise
 differ (nothing: they run the same C++ blocks). A block's values do not depend on how many blocks came before it.

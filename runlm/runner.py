@@ -20,8 +20,9 @@ import numpy as np
 
 from runlm.errors import ContextOverflowError, InvalidInputError, RunlmError, UnsupportedOperationError
 
-if TYPE_CHECKING:  # logits are torch tensors from the families' runners, numpy arrays from runlm.native's
-    import torch
+if TYPE_CHECKING:
+    from runlm.families.config import ModelConfig
+    from runlm.text import ChatTemplate, Tokenizer
 
 OnToken = Callable[[int], bool]
 DEFAULT_MAX_CONTEXT = 4096
@@ -39,28 +40,19 @@ class PartialBatchError(RunlmError):
     """extend_batch failed part-way: the first len(rows) sessions advanced (these are their logits), the
     next one raised `cause`, and the rest were not touched."""
 
-    def __init__(self, rows: list[torch.Tensor], cause: BaseException):
+    def __init__(self, rows: list[np.ndarray], cause: BaseException):
         super().__init__(f"extend_batch failed at session {len(rows)}: {cause}")
         self.rows, self.cause = rows, cause
 
 
 def as_numpy(rows: Any) -> np.ndarray:
-    """A runner's logits or hidden states as float32 numpy: an array as it is, a torch tensor without a copy where it
-    is float32 on the CPU already (duck-typed: torch is not imported here)."""
+    """Logits or hidden states as the contract returns them, float32 numpy: an array as it is, a torch tensor (what
+    the PyTorch backend computes) without a copy where it is float32 on the CPU already (duck-typed: torch is not
+    imported here)."""
     if hasattr(rows, "detach"):
         rows = rows.detach().cpu()
         rows = rows.numpy() if str(rows.dtype) == "torch.float32" else rows.float().numpy()
     return np.asarray(rows, dtype=np.float32)
-
-
-def stack_rows(rows: list) -> Any:
-    """Rows of logits as one [N, vocab] array of their own kind: torch tensors (the families' runners) or numpy
-    arrays (runlm.native's runner, in a process without torch)."""
-    if hasattr(rows[0], "detach"):
-        import torch
-
-        return torch.stack(rows)
-    return np.stack(rows)
 
 
 @dataclass
@@ -116,7 +108,7 @@ class LmRunner(ABC):
     """One model family behind one small contract.
 
     A runner may be handed to another thread (the server runs inference on a worker) but is never
-    used from two threads at once.
+    used from two threads at once. Logits and hidden states are float32 numpy arrays on every runtime.
     """
 
     # -- required -----------------------------------------------------------------------
@@ -129,7 +121,7 @@ class LmRunner(ABC):
         """Size of the LM head's vocabulary."""
 
     @abstractmethod
-    def predict_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+    def predict_logits(self, prompt_ids: Sequence[int]) -> np.ndarray:
         """Run prefill on `prompt_ids` and return the last position's logits [vocab]."""
 
     # -- sessions: what the engine runs on -----------------------------------------------
@@ -152,7 +144,7 @@ class LmRunner(ABC):
         session.tokens = []
         session.state = None
 
-    def extend(self, session: Session, ids: Sequence[int], all_positions: bool = False) -> torch.Tensor:
+    def extend(self, session: Session, ids: Sequence[int], all_positions: bool = False) -> np.ndarray:
         """Append `ids` to `session`; the last position's logits [vocab], or every new one's [T, vocab].
 
         The default re-runs the whole context for each position it reports.
@@ -166,23 +158,23 @@ class LmRunner(ABC):
         for i, token in enumerate(ids):
             context.append(int(token))
             if all_positions or i == len(ids) - 1:
-                rows.append(self.predict_logits(context))
+                rows.append(as_numpy(self.predict_logits(context)))
         session.tokens = context
-        return stack_rows(rows) if all_positions else rows[-1]
+        return np.stack(rows) if all_positions else rows[-1]
 
-    def prefill(self, session: Session, prompt_ids: Sequence[int]) -> torch.Tensor:
+    def prefill(self, session: Session, prompt_ids: Sequence[int]) -> np.ndarray:
         """Make `session` hold exactly `prompt_ids`; the last position's logits [vocab]."""
         self.check_prompt(prompt_ids)
         self.reset_session(session)
         return self.extend(session, prompt_ids)
 
-    def decode(self, session: Session, token: int) -> torch.Tensor:
+    def decode(self, session: Session, token: int) -> np.ndarray:
         """Feed one token to a prefilled session; the next position's logits [vocab]."""
         if not session.tokens:
             raise InvalidInputError("decode needs a prefilled session: call prefill first")
         return self.extend(session, [token])
 
-    def extend_batch(self, sessions: Sequence[Session], ids_lists: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    def extend_batch(self, sessions: Sequence[Session], ids_lists: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """Append ids_lists[i] to sessions[i] for every i as one step; the last new position's logits of each.
 
         Decode steps (one token) and prefill chunks (many) of different sequences share a step this way. An
@@ -192,7 +184,7 @@ class LmRunner(ABC):
         """
         if len(sessions) != len(ids_lists) or not sessions:
             raise InvalidInputError("extend_batch needs one token list per session, and at least one session")
-        rows: list[torch.Tensor] = []
+        rows: list[np.ndarray] = []
         for session, ids in zip(sessions, ids_lists):
             try:
                 rows.append(self.extend(session, ids))
@@ -202,11 +194,11 @@ class LmRunner(ABC):
                 raise PartialBatchError(rows, exc) from exc
         return rows
 
-    def decode_batch(self, sessions: Sequence[Session], tokens: Sequence[int]) -> torch.Tensor:
+    def decode_batch(self, sessions: Sequence[Session], tokens: Sequence[int]) -> np.ndarray:
         """One token for each prefilled session, each at its own position: logits [B, vocab] (see extend_batch)."""
         if any(not session.tokens for session in sessions):
             raise InvalidInputError("decode_batch needs prefilled sessions: call prefill first")
-        return stack_rows(self.extend_batch(sessions, [[token] for token in tokens]))
+        return np.stack(self.extend_batch(sessions, [[token] for token in tokens]))
 
     def export(self, session: Session) -> SessionSnapshot | None:
         """Snapshot `session` for prompt-cache reuse; None if this runner cannot."""
@@ -218,7 +210,7 @@ class LmRunner(ABC):
 
     def prefill_reusing(
         self, session: Session, prompt: Sequence[int], snap: SessionSnapshot, reuse_len: int
-    ) -> tuple[torch.Tensor, int]:
+    ) -> tuple[np.ndarray, int]:
         """Prefill `prompt` whose first `reuse_len` tokens `snap` covers: (last logits, tokens really reused).
 
         Reuse can fall short of `reuse_len` (at least one token must run to give logits) or fail
@@ -261,7 +253,7 @@ class LmRunner(ABC):
         tokenizer: Any = None,
         all_positions: bool = False,
         ids: Sequence[int] | None = None,
-    ) -> torch.Tensor:
+    ) -> np.ndarray:
         """Prefill `prompt` with `image` spliced in at its marker; `session` then holds
         `multimodal_prompt_ids(prompt)`, or `ids` when given (what `multimodal_prompt_ids` returned, used as they
         are rather than tokenizing `prompt` again). `on_phase` hears "vision" and "prefill" as they start.
@@ -269,7 +261,7 @@ class LmRunner(ABC):
         raise UnsupportedOperationError(f"{self.family()} runner has no vision tower: this model cannot take images")
 
     # -- embeddings ------------------------------------------------------------------------
-    def hidden_states(self, ids: Sequence[int]) -> torch.Tensor:
+    def hidden_states(self, ids: Sequence[int]) -> np.ndarray:
         """The final norm's output at every position of `ids`, before the LM head: [T, hidden] float32.
 
         What embeddings are pooled from. Logits cannot give it back, so a runner with only the three
@@ -295,7 +287,7 @@ class LmRunner(ABC):
         return self.greedy_continue(self.own_session, self.prefill(self.own_session, prompt_ids), n_new, on_token)
 
     def greedy_continue(
-        self, session: Session, logits: torch.Tensor, n_new: int, on_token: OnToken | None
+        self, session: Session, logits: np.ndarray, n_new: int, on_token: OnToken | None
     ) -> list[int]:
         """Greedy tokens from a prefilled session's `logits` on."""
         produced: list[int] = []
@@ -308,13 +300,13 @@ class LmRunner(ABC):
                 return produced
             logits = self.decode(session, token)
 
-    def prefill_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+    def prefill_logits(self, prompt_ids: Sequence[int]) -> np.ndarray:
         return self.prefill(self.own_session, prompt_ids)
 
-    def decode_logits(self, token: int) -> torch.Tensor:
+    def decode_logits(self, token: int) -> np.ndarray:
         return self.decode(self.own_session, token)
 
-    def prefill_logits_reusing(self, prompt: Sequence[int], snap: SessionSnapshot, reuse_len: int) -> torch.Tensor:
+    def prefill_logits_reusing(self, prompt: Sequence[int], snap: SessionSnapshot, reuse_len: int) -> np.ndarray:
         return self.prefill_reusing(self.own_session, prompt, snap, reuse_len)[0]
 
     def export_session(self) -> SessionSnapshot | None:
@@ -377,11 +369,20 @@ class LmRunner(ABC):
             self.check_fits(len(session.tokens) + len(ids))
 
 
+@dataclass(kw_only=True)
 class ServedModel:
-    """What the CLI and the server read of a loaded model around its runner: runlm.LoadedModel, and runlm.native's
-    LeanLoaded (both dataclasses with a `runner` field)."""
+    """A loaded model as the CLI, the engine and the server read it: the runner and what surrounds it. Each runtime
+    returns one (runlm.native.runner.NativeLoaded, runlm.pytorch.loading.LoadedModel)."""
 
     runner: LmRunner
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate | None
+    path: Path
+    format: str  # "gguf" or "safetensors"
+    quantization: str  # the file's type ("Q4_K_M", ...) or the PyTorch dtype of a safetensors model
+    config: ModelConfig
+    metadata: dict[str, Any] = field(default_factory=dict)  # the file's keys, without the tokenizer's arrays
+    runtime: str = "native"  # "native" or "torch"
 
     @property
     def family(self) -> str:

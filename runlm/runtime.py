@@ -1,7 +1,7 @@
 """runlm.load(): a model's format, family and runtime, chosen without side effects.
 
 A GGUF file on a CPU runs on the native runtime (runlm.native: the file's weights on runlm's C++ kernels, in a
-process that never imports PyTorch). The PyTorch backend (runlm.loading, the `torch` extra) runs what the native
+process that never imports PyTorch). The PyTorch backend (runlm.pytorch.loading, the `torch` extra) runs what the native
 runtime does not: Hugging Face directories, a GPU, the float32 reference (dtype "f32") and bf16, a vision tower,
 full sliding-window caches, and models whose weights or features the fused blocks do not take (those fall back to
 it, said through `note`).
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from runlm import catalog
 from runlm.errors import InvalidInputError, ModelLoadError
-from runlm.quant import build
+from runlm.native import build
 from runlm.runner import ServedModel
 
 RUNTIMES = ("auto", "native", "torch")
@@ -70,7 +70,7 @@ def load(
     `runtime` "auto" takes the native runtime wherever the model and the options allow it, else the PyTorch
     backend (with a line to `note` when a model the native runtime refuses falls back); "native" insists (an error
     says why it cannot); "torch" asks for the PyTorch backend. `images`: the caller will send images. The other
-    options are runlm.loading.load's; `threads` sets the kernels' threads.
+    options are runlm.pytorch.loading.load's; `threads` sets the kernels' threads.
     """
     if runtime not in RUNTIMES:
         raise InvalidInputError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
@@ -110,7 +110,7 @@ def _torch_load(name_or_path, *, threads: int | None = None, **options) -> Serve
     try:
         import torch
 
-        from runlm.loading import load as load_with_torch
+        from runlm.pytorch.loading import load as load_with_torch
     except ImportError as exc:
         raise ModelLoadError(f"the PyTorch backend cannot be imported ({exc}): {TORCH_EXTRA}") from exc
 

@@ -216,7 +216,7 @@ def sample(
     history: Sequence[int] = (),
     allowed=None,
 ) -> int:
-    """Draw one token id from [vocab] logits (numpy or torch). `allowed` is a bool mask [vocab] (a grammar's),
+    """Draw one token id from [vocab] logits. `allowed` is a bool mask [vocab] (a grammar's),
     applied before the chain."""
     scores, mask = as_numpy(logits), as_mask(allowed)
     if params.greedy and mask is None and not params.logit_bias and not penalties_apply(params, history):

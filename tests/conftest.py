@@ -32,7 +32,7 @@ def gemma3_gguf() -> Path:
 def smollm2_loaded(smollm2_gguf):
     """SmolLM2 loaded once for the whole run (engine and server tests share it), on the default (packed) path.
 
-    The packed path is route-invariant (runlm.models.fused): a prompt-cache hit, a fresh prefill, a decode step
+    The packed path is route-invariant (runlm.pytorch.fused): a prompt-cache hit, a fresh prefill, a decode step
     and a batched step give bit-identical logits, so tests compare answers reached by different routes token
     for token on the path users get.
     """

@@ -17,7 +17,7 @@ def test_bench_runs_each_peer_with_repeats(smollm2_gguf, tmp_path):
     args = ["--prompt-tokens", "16", "--gen-tokens", "3", "--ppl-tokens", "64", "--repeat", "3", "--threads", "1",
             "--vs", "runlm-f32"]
     proc = subprocess.run(
-        [sys.executable, "-m", "runlm.cli", "bench", "-m", str(smollm2_gguf), *args, "--json", str(out)],
+        [sys.executable, "-m", "runlm", "bench", "-m", str(smollm2_gguf), *args, "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -82,7 +82,7 @@ def test_a_peer_that_fails_to_load_is_skipped_with_its_reason(tmp_path):
 
 def test_bench_without_perplexity(smollm2_gguf, tmp_path, capsys):
     """--ppl-tokens 0 leaves perplexity out: '-' in the table and null in the JSON, not a made-up figure."""
-    from runlm.cli import main
+    from runlm.cli.commands import main
 
     out = tmp_path / "bench.json"
     assert main(["bench", "-m", str(smollm2_gguf), "--prompt-tokens", "8", "--gen-tokens", "2", "--ppl-tokens", "0",
@@ -94,7 +94,7 @@ def test_bench_without_perplexity(smollm2_gguf, tmp_path, capsys):
 
 
 def test_bench_kernels_times_each_weight_type(smollm2_gguf, capsys):
-    from runlm.cli import main
+    from runlm.cli.commands import main
 
     assert main(["bench", "-m", str(smollm2_gguf), "--kernels", "--threads", "1"]) == 0
     rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| blk.")
@@ -109,7 +109,7 @@ def test_bench_streams_reports_batching_admission_serving_and_routes(smollm2_ggu
     route-invariance line, with numbers in them (the procedure; the speed is the README's table)."""
     import re
 
-    from runlm.cli import main
+    from runlm.cli.commands import main
 
     assert main(["bench", "-m", str(smollm2_gguf), "--streams", "1,2", "--gen-tokens", "6", "--repeat", "1",
                  "--admit-tokens", "300", "--threads", "2"]) == 0

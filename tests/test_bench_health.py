@@ -8,7 +8,7 @@ from runlm.bench import health as bench_health
 
 
 def test_bench_health_prints_each_attack_with_its_latencies(smollm2_gguf, capsys, monkeypatch):
-    from runlm.cli import main
+    from runlm.cli.commands import main
 
     monkeypatch.setattr(bench_health, "BENCH_ATTACKS", ("tool-whitespace",))  # one quick attack: the procedure
     assert main(["bench", "-m", str(smollm2_gguf), "--health", "--repeat", "1", "--threads", "2"]) == 0

@@ -14,9 +14,11 @@ import pytest
 from reference.tiny import build_qwen3_embedding
 from server_harness import serve_cli
 
-from runlm import cli, load
+from runlm import load
+from runlm.cli import commands as cli
 from runlm.engine.embeddings import embed, embedding_ids
-from runlm.quant import build, kernels
+from runlm.native import build
+from runlm.pytorch import kernels
 
 
 def runlm(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -188,8 +190,8 @@ def test_kv_type_takes_f32_f16_or_q8_0(smollm2_gguf):
 
 
 def test_serve_bounds_requests_without_max_tokens_by_default():
-    from runlm.cli import build_parser
-    from runlm.cli_args import DEFAULT_SERVE_MAX_TOKENS, serve_options
+    from runlm.cli.args import DEFAULT_SERVE_MAX_TOKENS, serve_options
+    from runlm.cli.commands import build_parser
 
     args = build_parser().parse_args(["serve"])
     assert serve_options(args)["default_max_tokens"] == DEFAULT_SERVE_MAX_TOKENS == 2048

@@ -11,7 +11,7 @@ import sys
 import pytest
 from reference.tiny import build_llama
 
-from runlm.quant import kernels
+from runlm.pytorch import kernels
 
 PROMPT = "What is the capital of France?"
 BLOCKED = "torch is blocked in this test"

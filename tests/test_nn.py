@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runlm.nn import FullKVCache, Rope, apply_rope, attention
-from runlm.quant import kernels
+from runlm.pytorch import kernels
+from runlm.pytorch.nn import FullKVCache, Rope, apply_rope, attention
 from runlm.rope import inv_freq
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="native kernels unavailable")

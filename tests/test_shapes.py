@@ -17,7 +17,7 @@ import torch
 from runlm import load
 from runlm.bench import run_bench
 from runlm.bench.peers import read_bandwidth_gbs, weights_bytes_per_token
-from runlm.cli import build_parser
+from runlm.cli.commands import build_parser
 from runlm.errors import CatalogError, InvalidInputError
 from runlm.formats.gguf import GGUFFile
 from runlm.runner import as_numpy

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from runlm.errors import InvalidInputError, RunlmError
 from runlm.formats.gguf import GGUFFile
-from runlm.quant import build
+from runlm.native import build
 from runlm.system import cpu_name, python_command
 from runlm.text import Tokenizer
 

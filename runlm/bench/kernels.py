@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from runlm.bench.common import best_ms, machine
 from runlm.catalog import resolve_model
 from runlm.formats.gguf import GGUFFile
-from runlm.quant import kernels
-from runlm.quant.int4 import pack_linear
+from runlm.pytorch import kernels
+from runlm.pytorch.int4 import pack_linear
 
 
 def run_kernel_bench(args, max_rows: int = 8192) -> int:

@@ -25,7 +25,7 @@ from runlm.bench.common import best_ms, english_text, load_tokenizer, machine
 from runlm.catalog import resolve_model
 from runlm.errors import RunlmError
 from runlm.formats.gguf import GGUFFile
-from runlm.quant import kernels
+from runlm.pytorch import kernels
 from runlm.system import python_command
 
 PEERS = ("runlm", "runlm-torch", "runlm-f32", "llama.cpp", "transformers")

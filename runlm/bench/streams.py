@@ -14,7 +14,7 @@ import numpy as np
 from runlm.bench.common import english_text, machine, served_process, streamed_token_times
 from runlm.cluster.simulate import percentile
 from runlm.engine import Engine, GenerationRequest, Scheduler
-from runlm.runner import as_numpy
+from runlm.runner import ServedModel, as_numpy
 from runlm.runtime import load
 from runlm.sampling import SamplingParams
 
@@ -60,7 +60,7 @@ def timed_records(handle) -> list[float]:
     return [time.perf_counter() for record in handle if record.token_id is not None]
 
 
-def run_streams(loaded, ids: list[int], count: int, gen_tokens: int) -> dict[str, float]:
+def run_streams(loaded: ServedModel, ids: list[int], count: int, gen_tokens: int) -> dict[str, float]:
     """`count` streams through the scheduler at once: aggregate and per-stream decode rate, TTFT, inter-token
     latency p50 / p99 (each stream's records timed on a thread of its own)."""
     started = time.perf_counter()
@@ -72,7 +72,7 @@ def run_streams(loaded, ids: list[int], count: int, gen_tokens: int) -> dict[str
             "itl_p50": percentile(gaps, 0.5), "itl_p99": percentile(gaps, 0.99)}
 
 
-def run_long_prompt_admission(loaded, ids: list[int], streams: int, prompt_tokens: int):
+def run_long_prompt_admission(loaded: ServedModel, ids: list[int], streams: int, prompt_tokens: int):
     """Inter-token latencies of `streams` running streams while a `prompt_tokens` prompt is admitted, the same
     streams' latencies over the same tokens in a run without it (their normal value: a stream's steps grow
     slower as its context grows, so latencies from before the admission would flatter nothing), and how long
@@ -106,7 +106,7 @@ def run_long_prompt_admission(loaded, ids: list[int], streams: int, prompt_token
     return normal, during, first_at - admitted_at
 
 
-def _timed_streams(loaded, ids: list[int], streams: int, max_tokens: int = 100_000,
+def _timed_streams(loaded: ServedModel, ids: list[int], streams: int, max_tokens: int = 100_000,
                    meanwhile: Callable | None = None) -> tuple[list[list[float]], Any]:
     """`streams` greedy streams through a scheduler, their records timed on threads of their own: to their end,
     or while `meanwhile(scheduler, handles)` runs, then cancelled. (token times per stream, what it returned)"""
@@ -128,8 +128,8 @@ def _timed_streams(loaded, ids: list[int], streams: int, max_tokens: int = 100_0
         scheduler.close()
 
 
-def run_served_vs_direct(loaded, ids: list[int], gen_tokens: int, threads: int, repeat: int = 1, dtype: str = "auto",
-                         kv_type: str = "auto") -> tuple[float, float, list[float]]:
+def run_served_vs_direct(loaded: ServedModel, ids: list[int], gen_tokens: int, threads: int, repeat: int = 1,
+                         dtype: str = "auto", kv_type: str = "auto") -> tuple[float, float, list[float]]:
     """Decode tok/s of one stream read by an HTTP client from `runlm serve` in its own process (the runner
     here, behind the server), and of the runner's own greedy loop here, on the same prompt, taken in turns `repeat`
     times: the best of each, and the ratio served / direct of each adjacent pair (a shared machine's speed drifts; a

@@ -13,7 +13,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import numpy as np
 
 from runlm.engine.grammar import GrammarConstraint, whitespace_tokens
 from runlm.engine.prompt_cache import PromptCache
@@ -23,9 +25,6 @@ from runlm.errors import ContextOverflowError, InvalidInputError
 from runlm.runner import ImageInput, LmRunner, PartialBatchError, Session
 from runlm.sampling import SEED_SPAN, Sampler, SamplingParams, TokenLogprob
 from runlm.text import StreamingDetokenizer
-
-if TYPE_CHECKING:  # logits are torch tensors from the families' runners, numpy arrays from runlm.native's
-    import torch
 
 
 @dataclass
@@ -138,7 +137,7 @@ class Generation:
         self.usage.prefill_s = now - self._started_at
         self.prefilled = True
 
-    def on_logits(self, logits: torch.Tensor) -> StreamRecord:
+    def on_logits(self, logits: np.ndarray) -> StreamRecord:
         """Sample from this step's logits and advance; sets `next_token` unless the sequence finished."""
         grammar = self.request.grammar
         whitespace = None  # between the thinking and the answer: whitespace may come before what the grammar holds
@@ -355,7 +354,7 @@ class Engine:
                 self.runner.reset_session(gen.session)
         gen.pending = list(prompt[gen.reused:])
 
-    def _prefill(self, gen: Generation) -> torch.Tensor:
+    def _prefill(self, gen: Generation) -> np.ndarray:
         """Make `gen` a session holding its prompt (from the prompt cache where it can); the last logits."""
         request = gen.request
         if request.image is not None:
@@ -385,7 +384,7 @@ class Engine:
             # whole chunks, the last one up to twice as long (and of two tokens at least): no short tail step
             # at the end of a prompt, and a prompt's last chunk is never a lone token, which reads like a decode
             ids_lists.append(g.pending[:chunk] if chunk and len(g.pending) >= chunk + max(chunk, 2) else g.pending)
-        rows: list[torch.Tensor | Exception]
+        rows: list[np.ndarray | Exception]
         try:
             rows = list(self.runner.extend_batch([g.session for g in members], ids_lists))
         except Exception as batch_error:

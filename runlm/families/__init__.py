@@ -1,6 +1,6 @@
 """Model families, each described once: a short declarative spec (runlm.families.spec) that every runtime reads.
 
-The native runtime (runlm.native) builds its C++ blocks from a spec; the PyTorch backend (runlm.models) builds its
+The native runtime (runlm.native) builds its C++ blocks from a spec; the PyTorch backend (runlm.pytorch) builds its
 modules from the same spec. Adding a dense family that needs no new kernel is one file here plus its tests.
 Nothing in this package imports PyTorch.
 """

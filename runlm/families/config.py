@@ -91,7 +91,7 @@ KEY_NAMES: dict[str, tuple[str, str]] = {
     "rope_layers": ("block_count", "no_rope_layers"),
     "rope_dims": ("rope.dimension_count", "partial_rotary_factor"),
 }
-# rope_type -> the entries rope_inv_freq reads (runlm/nn.py implements these and no others).
+# rope_type -> the entries rope_inv_freq reads (runlm/pytorch/nn.py implements these and no others).
 ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),

@@ -1,6 +1,6 @@
 """Gemma 3 text models: sandwich norms, (1 + w) RMSNorm, per-head q/k norms, GELU, interleaved sliding-window and
 global attention with a RoPE base each, scaled embeddings, a tied head. Its vision tower runs on the PyTorch
-backend (runlm.models.vision)."""
+backend (runlm.pytorch.vision)."""
 
 from __future__ import annotations
 

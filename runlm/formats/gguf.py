@@ -16,7 +16,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from runlm.errors import ModelLoadError
 from runlm.formats import ShapeRule, WeightSource
-from runlm.quant.build import BLOCK_LAYOUTS
+from runlm.native.build import BLOCK_LAYOUTS
 
 if TYPE_CHECKING:  # the header reader imports without torch (runlm.native reads tokenizers with it)
     import torch
@@ -161,7 +161,7 @@ class GGUFFile:
 
 def _dequantized(raw: RawTensor, path: Path) -> torch.Tensor:
     """A float32 copy of a tensor, read without touching the map (see RawTensor)."""
-    from runlm.quant.dequant import dequantize
+    from runlm.pytorch.dequant import dequantize
 
     try:
         return dequantize(raw.type_name, raw.read_rows(0, math.prod(raw.shape[:-1])), raw.shape)

@@ -1,9 +1,9 @@
 """runlm's C++ kernels without PyTorch: kernels.cpp compiled with -DRUNLM_STANDALONE into a plain shared library per
 instruction-set variant when runlm is installed (setup.py), the one this CPU runs chosen here at run time
-(runlm.quant.build.variant), called through ctypes on numpy arrays. Where the install built none (a platform without
+(runlm.native.build.variant), called through ctypes on numpy arrays. Where the install built none (a platform without
 a compiler then, or a source changed since: each library carries its source's key), it is compiled at first use into
 $RUNLM_HOME/lean, ~30 s. The flags, the variant (RUNLM_GGUF_KERNELS) and the decode walk are the PyTorch extension's
-(runlm.quant.build), so both builds compute the same bits. A transformer block goes to C as one `Block` struct
+(runlm.native.build), so both builds compute the same bits. A transformer block goes to C as one `Block` struct
 (kernels.cpp's RlBlock)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 
 from runlm.catalog import runlm_home
 from runlm.errors import ModelLoadError, RunlmError
-from runlm.quant import build
+from runlm.native import build
 
 _i64, _f64, _ptr = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
 _PP = ctypes.POINTER(ctypes.c_void_p)  # takes a `pointers` array

@@ -40,7 +40,8 @@ def load_native(path: Path, kv_type: str = "auto", max_context: int | None = Non
     if template is None and fmt is not None:
         bos, eos = (None if i is None else tokenizer.token_str(i) for i in (tokenizer.bos_id, tokenizer.eos_id))
         template = ChatTemplate.builtin(fmt, bos, eos)
-    loaded = NativeLoaded(NativeRunner(model), tokenizer, template, Path(path), quantization_of(gguf), model.config,
+    loaded = NativeLoaded(runner=NativeRunner(model), tokenizer=tokenizer, chat_template=template, path=Path(path),
+                          quantization=quantization_of(gguf), config=model.config,
                           metadata={k: v for k, v in gguf.metadata.items() if not k.startswith("tokenizer.ggml.")})
     release_free_heap()  # what the build freed (the header's objects, the layout scratch) leaves the process
     return loaded

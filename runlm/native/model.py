@@ -20,10 +20,9 @@ from runlm.families import for_gguf
 from runlm.families.config import ModelConfig, check_config, default_attention_scale
 from runlm.families.spec import FamilySpec
 from runlm.formats.gguf import GGUFFile, find_mmproj
-from runlm.native import library
+from runlm.native import build, library
+from runlm.native.build import Q8_0_BYTES, Q8_0_VALUES
 from runlm.native.weights import NativeRefusal, WeightReader, table
-from runlm.quant import build
-from runlm.quant.build import Q8_0_BYTES, Q8_0_VALUES
 from runlm.rope import rope_frequencies, rope_index, table_block
 
 PREFILL_CHUNK = 256

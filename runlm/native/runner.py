@@ -8,16 +8,13 @@ tokens and prompt chunks of several sequences) is one forward over all their row
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 
 from runlm.errors import InvalidInputError
-from runlm.families.config import ModelConfig
 from runlm.native.model import NativeModel, NativeSession
 from runlm.runner import LmRunner, ServedModel, Session, SessionSnapshot
-from runlm.text import ChatTemplate, Tokenizer
 
 # positions a session made without a size starts with (it grows, doubling, up to the context)
 INITIAL_POSITIONS = 256
@@ -108,19 +105,12 @@ class NativeRunner(LmRunner):
         return True
 
 
-@dataclass
+@dataclass(kw_only=True)
 class NativeLoaded(ServedModel):
-    """A model on the native runtime with what callers need around it (runlm.LoadedModel's fields, without PyTorch)."""
+    """A model on the native runtime (no PyTorch)."""
 
     runner: NativeRunner
-    tokenizer: Tokenizer
-    chat_template: ChatTemplate | None
-    path: Path
-    quantization: str
-    config: ModelConfig
     format: str = "gguf"
-    metadata: dict = field(default_factory=dict)
-    runtime: str = "native"
 
 
 __all__ = ["NativeLoaded", "NativeRunner"]

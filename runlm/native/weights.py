@@ -5,7 +5,7 @@ in C into the interleaved layouts (`relayout`, as llama.cpp's CPU repack does) w
 kernels read in the file's own layout is used from the file's map as it is. Every tensor's shape is checked against
 the model's hyperparameters, and its type against what the kernels run, before a byte of it is read; the GGUF reader
 has already checked that its bytes lie within the file. The choices (which parts stack, which take the interleaved
-layout) are the PyTorch backend's (runlm.quant.kernels.GGUFLinear.from_parts), so both compute the same bits.
+layout) are the PyTorch backend's (runlm.pytorch.kernels.GGUFLinear.from_parts), so both compute the same bits.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from runlm.families.config import ModelConfig, expected_shapes
 from runlm.families.spec import FamilySpec
 from runlm.formats.gguf import GGUFFile, RawTensor, gguf_name
 from runlm.native import library
-from runlm.quant.build import BLOCK_LAYOUTS, KERNEL_TYPES, X4, X4_TYPES
+from runlm.native.build import BLOCK_LAYOUTS, KERNEL_TYPES, X4, X4_TYPES
 
 FLOAT_TYPES = {"F32": np.float32, "F16": np.float16}
 # Bytes of a weight read and regrouped at a time, through one scratch buffer kept for the load.

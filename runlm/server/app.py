@@ -21,6 +21,7 @@ from runlm.engine import Engine, Scheduler
 from runlm.engine.embeddings import check_pooling
 from runlm.engine.reasoning import check_reasoning_budget, check_reasoning_format
 from runlm.engine.scheduler import kv_budget_bytes
+from runlm.runner import ServedModel
 from runlm.server import anthropic_api, embeddings_api, llamacpp_api, ollama_api, openai_api, responses_api
 from runlm.server.errors import install_error_handlers
 from runlm.server.metrics import Metrics
@@ -38,7 +39,7 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def create_app(
-    loaded: Any,
+    loaded: ServedModel,
     *,
     api_key: str | Sequence[str] | None = None,
     shared_prompt_cache: bool = False,
@@ -140,7 +141,7 @@ def warn_if_open(host: str, api_key: str | Sequence[str] | None) -> None:
                     host)
 
 
-def serve(loaded: Any, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info",
+def serve(loaded: ServedModel, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info",
           header_timeout_s: float = HEADER_TIMEOUT_S, **kw: Any) -> None:
     """Run the server until interrupted (the CLI's `runlm serve`). Binds loopback unless told otherwise; a
     request's headers must arrive within `header_timeout_s` (server.timeouts)."""

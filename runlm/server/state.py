@@ -15,6 +15,7 @@ from fastapi import Request
 from runlm import catalog
 from runlm.engine import Engine, QueueFullError, Scheduler
 from runlm.engine.embeddings import Pooling, declared_pooling
+from runlm.runner import ServedModel
 from runlm.server.errors import APIError
 from runlm.server.images import RemoteImages, public_address
 from runlm.server.metrics import Metrics
@@ -25,7 +26,7 @@ from runlm.text.literal import LiteralSpecials
 
 @dataclass
 class ServerState:
-    loaded: Any  # a runlm.LoadedModel (tests pass a stand-in with the same fields)
+    loaded: ServedModel
     engine: Engine
     scheduler: Scheduler
     metrics: Metrics
@@ -111,7 +112,7 @@ class ServerState:
                 "file": loaded.path.name, "multimodal": bool(loaded.runner.supports_multimodal())}
 
 
-def served_names(loaded: Any, model_name: str | None) -> tuple[str, set[str]]:
+def served_names(loaded: ServedModel, model_name: str | None) -> tuple[str, set[str]]:
     """The name the server answers to, and every alias a client may use (file name, stem, catalog name, and
     each of these with Ollama's default `:latest` tag, which Ollama clients add)."""
     catalog_name = catalog.name_for_file(loaded.path.name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runlm.cli import main
+from runlm.cli.commands import main
 from runlm.cluster.deploy import ClusterOptions, ReplicaOptions, build_app, scaling_options
 from runlm.errors import RunlmError
 

@@ -7,7 +7,7 @@ import pytest
 from runlm.bench.common import english_text
 from runlm.engine import Engine, GenerationRequest, Scheduler
 from runlm.engine.scheduler import StepPacer
-from runlm.quant import kernels
+from runlm.pytorch import kernels
 from runlm.sampling import SamplingParams
 
 

@@ -23,7 +23,7 @@ from hostile import LOADS, catalog, targeted
 from reference.tiny import build_gemma3, build_llama, build_qwen3
 from reference.tiny_vision import build_gemma3_vision
 
-from runlm.quant import kernels
+from runlm.pytorch import kernels
 
 SEED = 14
 WORKERS = 2

@@ -82,7 +82,7 @@ def test_quantized_agrees_with_llama_cpp(converted, quant):
 
 
 def test_info_prints_the_options_read_from_the_file(converted, capsys):
-    from runlm.cli import main
+    from runlm.cli.commands import main
 
     family, gguf = converted
     assert main(["info", str(gguf)]) == 0

@@ -2,7 +2,7 @@
 
 Prefill in one go, prefill in chunks, one decode step at a time, decode batched with another sequence, and a
 prompt-cache restore followed by the suffix all give bit-identical logits (torch.equal, not a tolerance):
-every stage of the fused block is computed row by row (runlm.models.fused, kernels.cpp "Route-invariant
+every stage of the fused block is computed row by row (runlm.pytorch.fused, kernels.cpp "Route-invariant
 blocks"). Checked on the tiny quantized models of each family and on both real GGUFs, past Gemma's window,
 with the default float16 KV cache (a new key is rounded before any route reads it), with `kv_type="f32"` and with
 `kv_type="q8_0"` (a new key is quantized before any route reads it).
@@ -16,8 +16,8 @@ import torch
 from reference.tiny import GEMMA_WINDOW, QUANTIZED_COPIES, build_gemma3, build_llama, build_qwen3
 
 from runlm.bench.streams import route_logits
-from runlm.loading import load
-from runlm.quant import kernels
+from runlm.pytorch import kernels
+from runlm.pytorch.loading import load
 
 BUILDERS = {"llama32": build_llama, "qwen3": build_qwen3, "gemma": build_gemma3}
 
@@ -96,7 +96,7 @@ def test_q8_0_kv_cache_on_real_smollm2(smollm2_gguf):
 @pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
 def test_a_long_prefill_runs_in_chunks_with_the_same_logits(smollm2_gguf, monkeypatch):
     """The PyTorch backend's chunking (the native runtime's: tests/native)."""
-    from runlm.models import base
+    from runlm.pytorch import base
 
     loaded = load(smollm2_gguf)
     runner = loaded.runner
@@ -107,7 +107,7 @@ def test_a_long_prefill_runs_in_chunks_with_the_same_logits(smollm2_gguf, monkey
     model_call = type(runner.model).__call__
     monkeypatch.setattr(type(runner.model), "__call__", lambda m, ids_, *a, **k: calls.append(len(ids_)) or
                         model_call(m, ids_, *a, **k))
-    assert torch.equal(runner.prefill(runner.new_session(), ids), whole)
+    assert np.array_equal(runner.prefill(runner.new_session(), ids), whole)
     assert calls == [base.PREFILL_CHUNK, base.PREFILL_CHUNK, 9]
 
 
@@ -124,4 +124,4 @@ def test_one_call_for_all_blocks_gives_the_per_block_calls_logits(family, tmp_pa
     runner.model.block_stack = None  # back to one call per block
     per_block = route_logits(runner, ids, split=GEMMA_WINDOW - 3, chunk=9)
     for name, logits in stacked.items():
-        assert torch.equal(torch.as_tensor(logits), torch.as_tensor(per_block[name])), name
+        assert np.array_equal(logits, per_block[name]), name

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from runlm.quant import kernels
+from runlm.pytorch import kernels
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
 

@@ -18,11 +18,11 @@ import torch
 from reference.tiny import build_llama, build_qwen3
 
 from runlm.errors import ContextOverflowError, InvalidInputError, ModelLoadError
-from runlm.loading import load as load_with_torch
 from runlm.native import library
 from runlm.native.model import PREFILL_CHUNK, NativeModel
 from runlm.native.weights import NativeRefusal
-from runlm.quant import kernels
+from runlm.pytorch import kernels
+from runlm.pytorch.loading import load as load_with_torch
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
 
@@ -30,8 +30,8 @@ pytestmark = pytest.mark.skipif(not kernels.available(), reason="runlm's C++ ker
 def assert_same_logits(path, ids, kv_type="f16"):
     runner = load_with_torch(path, kv_type="auto" if kv_type == "f16" else kv_type).runner
     session = runner.new_session()
-    whole = runner.extend(session, ids, all_positions=True).numpy()
-    steps = [runner.extend(session, [t]).numpy() for t in (5, 9, 11)]
+    whole = runner.extend(session, ids, all_positions=True)
+    steps = [runner.extend(session, [t]) for t in (5, 9, 11)]
     model = NativeModel.open(path, kv_type=kv_type)
     native_session = model.new_session(len(ids) + 3)
     native_whole = model.extend(native_session, ids, all_positions=True)
@@ -64,8 +64,8 @@ def test_tiny_qwen3_with_head_norms(tmp_path):
 
 
 def test_the_native_modules_import_no_torch():
-    code = ("import sys; from runlm.native import library, loader, model, runner, weights; import runlm.launch; "
-            "import runlm.cli, runlm.runtime, runlm.families, runlm.server.app; "
+    code = ("import sys; from runlm.native import library, loader, model, runner, weights; import runlm.cli; "
+            "import runlm.cli.commands, runlm.runtime, runlm.families, runlm.server.app; "
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -12,7 +12,7 @@ import pytest
 from runlm.errors import ContextOverflowError, InvalidInputError
 from runlm.native.model import NativeModel
 from runlm.native.runner import NativeRunner
-from runlm.quant import kernels
+from runlm.pytorch import kernels
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
 
@@ -108,10 +108,10 @@ def test_a_batch_step_gives_each_session_its_own_logits(name, request):
 
 def test_hidden_states_are_the_pytorch_backends(smollm2_gguf, smol):
     """The final norm's output at every position, past one prefill chunk: what the PyTorch backend's runner gives."""
-    from runlm.loading import load
+    from runlm.pytorch.loading import load
 
     ids = list(range(100, 100 + 300))
-    want = load(smollm2_gguf).runner.hidden_states(ids).numpy()
+    want = load(smollm2_gguf).runner.hidden_states(ids)
     np.testing.assert_array_equal(smol.hidden_states(ids), want)
     with pytest.raises(InvalidInputError):
         smol.hidden_states([])
@@ -158,7 +158,7 @@ def test_a_broken_library_under_runlms_home_is_built_again(tmp_path):
     code = """
 import importlib.util, shutil
 from runlm.native import library
-from runlm.quant import build
+from runlm.native import build
 installed = importlib.util.find_spec(f"runlm.native._kernels_{build.variant()}").origin
 path = library._library_path()
 path.parent.mkdir(parents=True)

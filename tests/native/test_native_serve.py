@@ -12,7 +12,7 @@ import openai
 import pytest
 from server_harness import openai_client, serve_cli
 
-from runlm.quant import kernels
+from runlm.pytorch import kernels
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
 

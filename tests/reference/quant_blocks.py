@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from runlm.quant import BLOCK_LAYOUTS
+from runlm.native.build import BLOCK_LAYOUTS
 
 # Byte offsets of the float16 scale fields inside one block of each type.
 F16_FIELDS = {

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from server_harness import LiveServer
 
-from runlm.cli import build_parser, main
+from runlm.cli.commands import build_parser, main
 from runlm.server import create_app
 from runlm.server.timeouts import uvicorn_options
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 from server_harness import LiveServer, openai_client
 
-from runlm.cli_args import serve_keys
+from runlm.cli.args import serve_keys
 from runlm.errors import InvalidInputError
 from runlm.server import create_app
 from runlm.server.middleware import read_api_keys_file

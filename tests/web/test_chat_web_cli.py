@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from runlm import cli
 from runlm.bench.common import free_port
+from runlm.cli import commands as cli
 
 
 def test_chat_web_opens_the_page_once_the_server_listens(monkeypatch):

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
 from runlm.errors import InvalidInputError
 from runlm.families.config import ModelConfig
 from runlm.formats import WeightSource
-from runlm.models.fused import Rows, fuse_blocks
-from runlm.nn import FullKVCache, Rope, SlidingKVCache, kv_row_width
-from runlm.quant import kernels
-from runlm.quant.dequant import dequantize
-from runlm.quant.int4 import DenseLinear, concat_linears, pack_linear
-from runlm.quant.kernels import GGUFLinear
-from runlm.runner import LmRunner, Session, SessionSnapshot
+from runlm.pytorch import kernels
+from runlm.pytorch.dequant import dequantize
+from runlm.pytorch.fused import Rows, fuse_blocks
+from runlm.pytorch.int4 import DenseLinear, concat_linears, pack_linear
+from runlm.pytorch.kernels import GGUFLinear
+from runlm.pytorch.nn import FullKVCache, Rope, SlidingKVCache, kv_row_width
+from runlm.runner import LmRunner, Session, SessionSnapshot, as_numpy
 
 # Prompt tokens run at a time by `CachedRunner.extend`: the fused blocks' activations (~0.3 MB per token at 1B) stay
 # bounded, and 256 rows keep the kernels' tiles full; the results do not depend on it (route invariance).
@@ -139,7 +140,7 @@ class DecoderLM(nn.Module):
         """One KV cache per layer: a ring of the window for sliding-window layers, unless `swa_full` keeps every
         position there too (more memory, but a prompt-cache snapshot can then be reused at any length). Full
         caches are sized for `positions` when the caller knows how many the session will hold. `dtype`: the
-        caches' element type (default: the activations'; torch.uint8: q8_0 blocks, see runlm.nn.kv_row_width)."""
+        caches' element type (default: the activations'; torch.uint8: q8_0 blocks, see nn.kv_row_width)."""
         cfg = self.config
         device = self.norm.scale.device
         dtype = dtype or self.dtype
@@ -277,7 +278,7 @@ class CachedRunner(LmRunner):
     def max_context(self) -> int:
         return self.context
 
-    def predict_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+    def predict_logits(self, prompt_ids: Sequence[int]) -> np.ndarray:
         return self.prefill(self.new_session(), prompt_ids)
 
     def new_session(self, positions: int | None = None) -> Session:
@@ -292,7 +293,7 @@ class CachedRunner(LmRunner):
         session.tokens = []
 
     @torch.inference_mode()
-    def extend(self, session: Session, ids: Sequence[int], all_positions: bool = False) -> torch.Tensor:
+    def extend(self, session: Session, ids: Sequence[int], all_positions: bool = False) -> np.ndarray:
         if len(ids) == 0:
             raise InvalidInputError("nothing to extend: no token ids")
         self.check_tokens(ids)
@@ -302,20 +303,20 @@ class CachedRunner(LmRunner):
         while not all_positions and len(ids_tensor) > PREFILL_CHUNK:  # a long prompt one chunk's memory at a time
             self.model(ids_tensor[:PREFILL_CHUNK], session.state, start)
             ids_tensor, start = ids_tensor[PREFILL_CHUNK:], start + PREFILL_CHUNK
-        logits = self.model(ids_tensor, session.state, start, last_only=not all_positions).cpu()
+        logits = as_numpy(self.model(ids_tensor, session.state, start, last_only=not all_positions))
         session.tokens.extend(int(t) for t in ids)
         return logits if all_positions else logits[-1]
 
     @torch.inference_mode()
-    def hidden_states(self, ids: Sequence[int]) -> torch.Tensor:
+    def hidden_states(self, ids: Sequence[int]) -> np.ndarray:
         """One forward over a throwaway cache (no session is touched): [T, hidden] float32 on the CPU."""
         self.check_prompt(ids)
         self.check_fits(len(ids))
         ids_tensor = torch.tensor([int(t) for t in ids], dtype=torch.long, device=self.device)
-        return self.model.hidden_states(ids_tensor, self.model.new_cache(dtype=self.kv_dtype)).float().cpu()
+        return as_numpy(self.model.hidden_states(ids_tensor, self.model.new_cache(dtype=self.kv_dtype)))
 
     @torch.inference_mode()
-    def extend_batch(self, sessions: Sequence[Session], ids_lists: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    def extend_batch(self, sessions: Sequence[Session], ids_lists: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """One batched forward: projections and MLP read the weights once for every row of every session.
 
         Fused blocks take ragged rows (a prefill chunk beside decode steps); the float32 reference path
@@ -329,9 +330,9 @@ class CachedRunner(LmRunner):
         caches = [session.state for session in sessions]
         flat = torch.tensor([int(t) for ids in ids_lists for t in ids], dtype=torch.long, device=self.device)
         if self.model.fused_stack:
-            logits = self.model.forward_rows(flat, caches, starts, counts).cpu()
+            logits = as_numpy(self.model.forward_rows(flat, caches, starts, counts))
         elif all(count == 1 for count in counts):
-            logits = self.model.forward_batch(flat, caches, starts).cpu()
+            logits = as_numpy(self.model.forward_batch(flat, caches, starts))
         else:
             return super().extend_batch(sessions, ids_lists)
         for session, ids in zip(sessions, ids_lists):

@@ -1,4 +1,4 @@
-"""Packed int4 linears (runlm.quant.int4) against the float32 dequantized matmul x @ dequantize(...).T.
+"""Packed int4 linears (runlm.pytorch.int4) against the float32 dequantized matmul x @ dequantize(...).T.
 
 Tolerances (relative Frobenius error of the output):
 * bfloat16 kernel (the fast one): < 1e-2. Sources: bf16 activations, scale/zero rounded to bf16, bf16 output;
@@ -18,16 +18,16 @@ from reference.quant_blocks import random_blocks, rel_err
 
 from runlm.errors import InvalidInputError
 from runlm.formats.gguf import GGUFFile
-from runlm.quant import (
+from runlm.pytorch import int4 as packed_mod
+from runlm.pytorch.dequant import dequantize
+from runlm.pytorch.int4 import (
     ConcatLinear,
     DenseLinear,
     Int4Linear,
     concat_linears,
-    dequantize,
     make_linear,
     pack_linear,
 )
-from runlm.quant import int4 as packed_mod
 
 BF16_TOL = 1e-2
 F32_TOL = 1e-5

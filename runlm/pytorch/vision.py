@@ -43,7 +43,7 @@ from runlm.errors import (
 from runlm.families.config import integer, number
 from runlm.formats.gguf import GGUFFile, find_mmproj
 from runlm.formats.safetensors import SafetensorsSource
-from runlm.nn import RMSNorm
+from runlm.pytorch.nn import RMSNorm
 from runlm.runner import ImageInput
 from runlm.text import Tokenizer
 

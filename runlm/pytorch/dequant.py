@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from runlm.errors import ModelLoadError
-from runlm.quant.build import BLOCK_LAYOUTS, QK_K
+from runlm.native.build import BLOCK_LAYOUTS, QK_K
 
 SUPPORTED_TYPES: frozenset[str] = frozenset(BLOCK_LAYOUTS)
 

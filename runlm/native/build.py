@@ -1,5 +1,5 @@
 """How runlm's C++ kernels (kernels.cpp) are compiled and tuned, for both of their builds: the PyTorch extension
-(runlm.quant.kernels) and the standalone library of the decode process without torch (runlm.native.library). Importing
+(runlm.pytorch.kernels) and the standalone library of the decode process without torch (runlm.native.library). Importing
 this module does not import torch.
 
 Environment: RUNLM_GGUF_KERNELS=0 disables the kernels; =scalar picks the portable scalar path, =avx2 the AVX2 path
@@ -57,7 +57,7 @@ BLOCK_LAYOUTS: dict[str, tuple[int, int]] = {
 X4 = 256  # added to a type id: the weight is in the interleaved layout (kernels.cpp's X4)
 X4_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 # The kernels' one translation unit, and every file of it (its parts, split by concern, in runlm/native/csrc)
-SOURCE = Path(__file__).resolve().parents[1] / "native" / "csrc" / "kernels.cpp"
+SOURCE = Path(__file__).resolve().parent / "csrc" / "kernels.cpp"
 SOURCES = sorted(SOURCE.parent.glob("*.[ch]*"))
 CFLAGS = ["-O3", "-fopenmp"]
 # what makes kernels.cpp the plain shared library of the native runtime (no PyTorch)

@@ -19,10 +19,10 @@ x float32 [..., in_features] (made contiguous if it is not), w the raw GGUF byte
 
     torch.ops.runlm.gguf_dequantize(Tensor w, int type, int out_features, int in_features) -> Tensor
 
-(float32 [out_features, in_features], same values as `runlm.quant.dequantize`). Both have fake (meta) kernels, so
-`torch.compile` treats them as opaque ops. A failed build never raises at import: `available()` is False,
-`unavailable_reason()` says why, one warning line on stderr (logger `runlm.kernels`, once per process) names what
-was missing (a C++ compiler, ninja) or the build's first error, and callers fall back to `runlm.quant.int4`.
+(float32 [out_features, in_features], same values as `runlm.pytorch.dequant.dequantize`). Both have fake (meta)
+kernels, so `torch.compile` treats them as opaque ops. A failed build never raises at import: `available()` is
+False, `unavailable_reason()` says why, one warning line on stderr (logger `runlm.kernels`, once per process) names what
+was missing (a C++ compiler, ninja) or the build's first error, and callers fall back to `runlm.pytorch.int4`.
 
 With many activation rows (prefill) GGUFLinear switches to dequantize + float32 GEMM, see DENSE_MIN_ROWS (weights in
 16-row groups never do).
@@ -56,8 +56,8 @@ from torch import nn
 from torch.utils import cpp_extension
 
 from runlm.errors import InvalidInputError, ModelLoadError
-from runlm.quant import build
-from runlm.quant.dequant import BLOCK_LAYOUTS, dequantize, normalize_type_name
+from runlm.native import build
+from runlm.pytorch.dequant import BLOCK_LAYOUTS, dequantize, normalize_type_name
 
 KERNEL_TYPES, X4_TYPES, X4 = build.KERNEL_TYPES, build.X4_TYPES, build.X4
 
@@ -110,7 +110,7 @@ class WeightRows(Protocol):
         ...
 
 
-# the build's settings, shared with runlm.native's build (runlm.quant.build), named here for callers of this module
+# the build's settings, shared with runlm.native's build (runlm.native.build), named here for callers of this module
 ENV_VAR, WALK_ENV_VAR, DECODE_WALKS = build.ENV_VAR, build.WALK_ENV_VAR, build.DECODE_WALKS
 
 log = logging.getLogger("runlm.kernels")
@@ -318,7 +318,7 @@ def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, out_featu
 def gguf_dequantize(blocks: torch.Tensor, type_name: str, shape: Sequence[int]) -> torch.Tensor:
     """float32 [rows, cols] from GGUF blocks uint8 [rows, row_bytes] with the C++ decoder; needs `available()`.
 
-    Same values as `runlm.quant.dequantize` (bit for bit in the tests). Rows may be any subset of a weight's rows,
+    Same values as `dequant.dequantize` (bit for bit in the tests). Rows may be any subset of a weight's rows,
     e.g. `blocks[token_ids]` for an embedding lookup that keeps the table quantized.
     """
     name = normalize_type_name(type_name)
@@ -548,7 +548,7 @@ def gguf_linear_module(
     """A GGUFLinear for a GGUF weight of row-major `shape` (out_features, in_features), or None.
 
     None when the kernels are unavailable (build failed / disabled) or there is no kernel for this type / shape:
-    the caller should use `runlm.quant.int4.make_linear` instead. The bytes are copied (`data` may change after).
+    the caller should use `runlm.pytorch.int4.make_linear` instead. The bytes are copied (`data` may change after).
     `interleave`: in the x4 layout where the type has one (see GGUFLinear.interleaved).
     """
     if len(shape) != 2:
@@ -573,7 +573,7 @@ def gguf_linear_from_parts(parts: Sequence[WeightRows], interleave: bool = True)
 
 def concat_gguf_linears(modules: Sequence[nn.Module]) -> GGUFLinear | None:
     """One GGUFLinear for `modules` stacked along the output dim, or None if they are not all GGUFLinear of one
-    type and in_features (then use `runlm.quant.int4.concat_linears`)."""
+    type and in_features (then use `runlm.pytorch.int4.concat_linears`)."""
     modules = list(modules)
     if not modules or not all(isinstance(m, GGUFLinear) for m in modules):
         return None

@@ -1,6 +1,6 @@
 """How blocks are fed to runlm's C++ kernels: chosen once per block, at load, here alone.
 
-Family files build plain blocks (`runlm.nn.PreNormBlock`, `SandwichBlock`); `fuse_blocks(model)` then looks at
+Family files build plain blocks (`runlm.pytorch.nn.PreNormBlock`, `SandwichBlock`); `fuse_blocks(model)` then looks at
 each block's weights and, where every projection is a GGUF kernel linear, gives the block a `fused` callable that
 runs the whole block in one C++ call (`torch.ops.runlm.transformer_block`) for any rows: a prefill chunk of one
 sequence, one decode step, or one step of a batch of sequences. Every stage of that op is computed row by row,
@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runlm.nn import Attention, PreNormBlock, RMSNorm, SandwichBlock
-from runlm.quant import kernels
-from runlm.quant.int4 import ConcatLinear, DenseLinear
-from runlm.quant.kernels import GGUFLinear
+from runlm.pytorch import kernels
+from runlm.pytorch.int4 import ConcatLinear, DenseLinear
+from runlm.pytorch.kernels import GGUFLinear
+from runlm.pytorch.nn import Attention, PreNormBlock, RMSNorm, SandwichBlock
 
 
 def _kernel_parts(module: nn.Module) -> list[GGUFLinear] | None:

@@ -1,4 +1,4 @@
-"""runlm's GGUF block kernels (runlm/native/csrc via runlm.quant.kernels) against float references.
+"""runlm's GGUF block kernels (runlm/native/csrc via runlm.pytorch.kernels) against float references.
 
 Tolerances (relative Frobenius error of the output [M, N]):
 * EXACT_TOL = 2e-6 against x_q @ dequantize(W).T in float64, where x_q is the activation quantized to 8 bits the
@@ -9,7 +9,7 @@ Tolerances (relative Frobenius error of the output [M, N]):
   the activation to 8 bits): TOL_32 = 1.5e-2 for the 32-wide types (one activation scale per 32 values;
   measured 4e-3..8.5e-3) and TOL_K = 3e-2 for the K-quants (one activation scale per 256 values; measured
   4e-3..1.3e-2, the top from random-byte weights with random mins; real Q4_K / Q6_K tensors measure <= 8e-3).
-* runlm::gguf_dequantize equals runlm.quant.dequantize bit for bit.
+* runlm::gguf_dequantize equals runlm.pytorch.dequant.dequantize bit for bit.
 * A float16 KV cache: values are stored as torch rounds them to float16, bit for bit, and attention over the cache
   is SDPA over its values widened to float32 (1e-5), in every build.
 * A q8_0 KV cache: rows are stored as the gguf package quantizes them to Q8_0, byte for byte, and attention over the
@@ -35,8 +35,10 @@ from reference.quant_blocks import random_blocks, rel_err
 
 from runlm.errors import InvalidInputError, ModelLoadError
 from runlm.formats.gguf import GGUFFile
-from runlm.nn import FullKVCache
-from runlm.quant import build, dequantize, kernels
+from runlm.native import build
+from runlm.pytorch import kernels
+from runlm.pytorch.dequant import dequantize
+from runlm.pytorch.nn import FullKVCache
 
 EXACT_TOL = 2e-6
 TOL_32 = 1.5e-2
@@ -495,8 +497,8 @@ def test_torch_compile_treats_op_as_opaque():
 _VARIANT_SCRIPT = """
 import sys
 import torch
-from runlm.quant import kernels
-from runlm.quant import dequantize
+from runlm.pytorch import kernels
+from runlm.pytorch.dequant import dequantize
 import test_kernels as t
 isa, expected = sys.argv[1], torch.load(sys.argv[2])
 assert kernels.available(), kernels.unavailable_reason()
@@ -573,7 +575,8 @@ def test_other_builds_match(variant: str, tmp_path):
 def test_disabled_kernels_fall_back():
     code = """
 import numpy as np, torch
-from runlm.quant import kernels, dequantize
+from runlm.pytorch import kernels
+from runlm.pytorch.dequant import dequantize
 assert not kernels.available()
 assert "disabled" in kernels.unavailable_reason()
 data = np.random.default_rng(0).integers(0, 256, (8, 34), dtype=np.uint8)
@@ -590,7 +593,7 @@ print("fallback ok")
 
 def test_failed_build_is_reported_not_raised(tmp_path):
     code = """
-from runlm.quant import kernels
+from runlm.pytorch import kernels
 assert not kernels.available()
 assert "Error building extension" in kernels.unavailable_reason(), kernels.unavailable_reason()
 assert kernels.gguf_linear_module("Q8_0", bytes(34), (1, 32)) is None
@@ -605,7 +608,7 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_load():
     (run where the extension is built already, so it only loads)."""
     code = """
 import fcntl
-from runlm.quant import kernels
+from runlm.pytorch import kernels
 directory = kernels._build_directory(kernels._extension_name())
 with open(directory / "runlm-build.lock", "w") as handle:
     fcntl.flock(handle, fcntl.LOCK_EX)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runlm.quant import kernels
+from runlm.pytorch import kernels
 
 REPO = Path(__file__).resolve().parents[2]
 # The runner contract (engine, scheduler, server over a second runner), the engine on the real SmolLM2 (every
@@ -26,7 +26,8 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
 def test_missing_compiler_is_one_warning_line_and_results_stay_right(tmp_path):
     code = """
 import numpy as np, torch
-from runlm.quant import dequantize, kernels
+from runlm.pytorch import kernels
+from runlm.pytorch.dequant import dequantize
 assert not kernels.available() and not kernels.available()
 data = np.random.default_rng(0).integers(0, 256, (8, 34), dtype=np.uint8)
 data[:, :2] = np.full((8, 1), 0.01, np.float16).view(np.uint8)
@@ -49,7 +50,7 @@ def test_kernels_switched_off_say_nothing_and_the_core_suite_passes():
     """What CI would see on a machine without a compiler: the core tests on the portable path."""
     code = f"""
 import sys, pytest
-from runlm.quant import kernels
+from runlm.pytorch import kernels
 assert not kernels.available() and "disabled" in kernels.unavailable_reason()
 sys.exit(pytest.main(["-q", "-x", "-p", "no:cacheprovider", *{CORE_TESTS!r}]))
 """

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -11,34 +11,26 @@ import torch
 from runlm import catalog
 from runlm.catalog import resolve_model
 from runlm.errors import InvalidInputError, ModelLoadError
-from runlm.families.config import ModelConfig, check_config, expected_shapes
+from runlm.families.config import check_config, expected_shapes
 from runlm.formats.gguf import GGUFFile, GGUFSource, gguf_name, quantization_of
 from runlm.formats.safetensors import SafetensorsSource
-from runlm.models.base import WeightLoader
-from runlm.models.registry import Family, family_for_gguf, family_for_hf
+from runlm.native.build import Q8_0_VALUES
 from runlm.native.loader import check_vocabulary
-from runlm.quant import kernels
-from runlm.quant.build import Q8_0_VALUES
-from runlm.quant.int4 import Int4Linear
-from runlm.quant.kernels import GGUFLinear
+from runlm.pytorch import kernels
+from runlm.pytorch.base import WeightLoader
+from runlm.pytorch.int4 import Int4Linear
+from runlm.pytorch.kernels import GGUFLinear
+from runlm.pytorch.registry import Family, family_for_gguf, family_for_hf
 from runlm.runner import LmRunner, ServedModel
 from runlm.system import release_free_heap, steady_heap
 from runlm.text import ChatTemplate, Tokenizer
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LoadedModel(ServedModel):
-    """A ready runner with what callers need around it."""
+    """A model on the PyTorch backend: the served description, and how its family was recognised and built."""
 
-    runner: LmRunner
-    tokenizer: Tokenizer
-    chat_template: ChatTemplate | None
-    path: Path
-    format: str
-    family_spec: Family  # how the family was recognised and built
-    config: ModelConfig
-    quantization: str
-    metadata: dict = field(default_factory=dict)
+    family_spec: Family
     runtime: str = "torch"
 
 
@@ -49,7 +41,7 @@ DTYPES = {
     "bf16": (torch.bfloat16, True),
 }
 
-# KV cache element types; "auto": see kv_dtype_for. torch.uint8 means q8_0: GGML's block_q8_0 bytes (runlm.nn
+# KV cache element types; "auto": see kv_dtype_for. torch.uint8 means q8_0: GGML's block_q8_0 bytes (runlm.pytorch.nn
 # kv_row_width), which only the fused C++ blocks read and write (see q8_0_kv_refusal).
 KV_TYPES = {"auto": None, "f32": torch.float32, "f16": torch.float16, "q8_0": torch.uint8}
 

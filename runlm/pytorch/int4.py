@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from runlm.errors import InvalidInputError
-from runlm.quant.dequant import dequantize, int4_groups, normalize_type_name
-from runlm.quant.kernels import concat_gguf_linears
+from runlm.pytorch.dequant import dequantize, int4_groups, normalize_type_name
+from runlm.pytorch.kernels import concat_gguf_linears
 
 INT4_TYPES: frozenset[str] = frozenset({"Q4_0", "Q4_1", "Q4_K"})
 GROUP_SIZE = 32
@@ -61,7 +61,7 @@ class DenseLinear(nn.Module):
         self.register_buffer("weight", weight.contiguous())
         self.out_features, self.in_features = (int(d) for d in weight.shape)
         # One row at a time: a float GEMM's result for a row depends on how many rows share the call (BLAS picks
-        # other kernels), so a route-invariant model runs a plain head this way (set by runlm.models.fused).
+        # other kernels), so a route-invariant model runs a plain head this way (set by runlm.pytorch.fused).
         self.row_by_row = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

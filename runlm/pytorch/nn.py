@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runlm.quant import kernels
-from runlm.quant.build import Q8_0_BYTES, Q8_0_VALUES
+from runlm.native.build import Q8_0_BYTES, Q8_0_VALUES
+from runlm.pytorch import kernels
 from runlm.rope import table_block
 
 

@@ -1,4 +1,4 @@
-"""runlm.quant.dequantize against the gguf package's reference dequantizer (gguf.quants.dequantize)."""
+"""runlm.pytorch.dequant.dequantize against the gguf package's reference dequantizer (gguf.quants.dequantize)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from reference import quant_blocks
 
 from runlm.errors import ModelLoadError
 from runlm.formats.gguf import GGUFFile
-from runlm.quant import BLOCK_LAYOUTS, SUPPORTED_TYPES, dequantize
+from runlm.native.build import BLOCK_LAYOUTS
+from runlm.pytorch.dequant import SUPPORTED_TYPES, dequantize
 
 ALL_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 QUANT_TYPES = [t for t in ALL_TYPES if BLOCK_LAYOUTS[t][0] > 1]
@@ -144,7 +145,7 @@ def test_real_tensors_match_reference(fixture: str, request: pytest.FixtureReque
             assert_matches(dequantize(raw.type_name, raw.data[:512], rows), ref)
         else:
             ref = reference(raw.type_name, raw.data, raw.shape)
-            assert_matches(gguf.tensor(name), ref)  # GGUFFile.tensor -> runlm.quant.dequantize on the memory map
+            assert_matches(gguf.tensor(name), ref)  # GGUFFile.tensor dequantizes the memory map
         seen.add(type_name)
     expected = {"smollm2_gguf": {"Q4_1", "Q8_0", "F32"}, "gemma3_gguf": {"Q4_K", "Q5_0", "Q6_K", "Q8_0", "F32"}}
     assert expected[fixture] <= seen

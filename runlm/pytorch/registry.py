@@ -13,7 +13,7 @@ import torch
 from runlm import families
 from runlm.families.config import ModelConfig
 from runlm.families.spec import FamilySpec
-from runlm.models.base import CachedRunner, DecoderLM, WeightLoader
+from runlm.pytorch.base import CachedRunner, DecoderLM, WeightLoader
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Family:
         return self.spec.gguf_names
 
     def build(self, config: ModelConfig, weights: WeightLoader) -> DecoderLM:
-        from runlm.models.build import build_decoder
+        from runlm.pytorch.decoder import build_decoder
 
         return build_decoder(self.spec, config, weights)
 
@@ -48,8 +48,8 @@ class Family:
 
 def family(spec: FamilySpec) -> Family:
     if spec.vision:
-        from runlm.models.gemma3 import GemmaRunner
-        from runlm.models.vision import attach_vision
+        from runlm.pytorch.gemma3 import GemmaRunner
+        from runlm.pytorch.vision import attach_vision
 
         return Family(spec, GemmaRunner, attach_vision)
     return Family(spec, CachedRunner)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from runlm.errors import UnsupportedOperationError
-from runlm.models import vision as vision_module
-from runlm.models.base import CachedRunner, DecoderLM
-from runlm.models.vision import VisionModel
-from runlm.runner import ImageInput, Session
+from runlm.pytorch import vision as vision_module
+from runlm.pytorch.base import CachedRunner, DecoderLM
+from runlm.pytorch.vision import VisionModel
+from runlm.runner import ImageInput, Session, as_numpy
 
 
 class GemmaRunner(CachedRunner):
@@ -54,7 +55,7 @@ class GemmaRunner(CachedRunner):
     def prefill_multimodal(
         self, session: Session, prompt: str, image: ImageInput, on_phase=None, tokenizer=None,
         all_positions: bool = False, ids: Sequence[int] | None = None,
-    ) -> torch.Tensor:
+    ) -> np.ndarray:
         """The image's soft tokens replace the text embeddings at its block, which attends bidirectionally."""
         vision = self._require_vision()
         tok = vision_module.resolve_tokenizer(tokenizer if tokenizer is not None else self.tokenizer)
@@ -78,4 +79,4 @@ class GemmaRunner(CachedRunner):
         h[0, group >= 0] = features.to(h.dtype)
         logits = self.model.forward_embeds(h, session.state, 0, last_only=not all_positions, image_group=group)
         session.tokens = list(ids)
-        return (logits if all_positions else logits[-1]).cpu()
+        return as_numpy(logits if all_positions else logits[-1])

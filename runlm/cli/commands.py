@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from runlm import catalog, hub
-from runlm.cli_args import (
+from runlm.cli.args import (
     add_chat_arguments,
     add_generate_arguments,
     add_model_arguments,
@@ -29,6 +29,7 @@ from runlm.cluster.simulate import run_from_args as run_simulation_from_args
 from runlm.engine import Engine, GenerationRequest, ImageInput
 from runlm.errors import CatalogError, RunlmError
 from runlm.pixels import image_to_rgb
+from runlm.runner import ServedModel
 from runlm.runtime import TORCH_EXTRA, load, require_torch
 from runlm.shapes import SHAPES
 from runlm.system import cpu_name, meminfo_bytes
@@ -153,7 +154,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine(loaded):
+def _engine(loaded: ServedModel) -> Engine:
     return Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length)
 
 
@@ -200,8 +201,7 @@ def _gib(nbytes: int | None) -> str:
 def system_rows(threads: int | None = None) -> list[tuple[str, str]]:
     """What decides runlm's speed here: the CPU, the kernels' variant (the one the native runtime loads for this
     CPU), threads. No PyTorch: its version is read from the installed package's metadata."""
-    from runlm.native import library
-    from runlm.quant import build
+    from runlm.native import build, library
 
     try:
         isa = library.isa()
@@ -259,7 +259,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _family_rows(loaded) -> list[tuple[str, str]]:
+def _family_rows(loaded: ServedModel) -> list[tuple[str, str]]:
     from runlm import families
 
     spec = next((s for s in families.specs().values() if s.name == loaded.family), None)
@@ -271,7 +271,7 @@ def _kernels_row(runtime: str) -> str:
         from runlm.native import library
 
         return library.isa()
-    from runlm.quant import kernels
+    from runlm.pytorch import kernels
 
     return kernels.isa() or f"off ({kernels.unavailable_reason() or 'disabled'}): plain PyTorch"
 
@@ -366,6 +366,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return exit_status(lambda: COMMANDS[args.command](args))
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """The PyTorch backend's modules for any family, built from its spec (runlm.families): one builder, no per-family
 code. Quantized weights come from WeightLoader (GGUF blocks, packed or dense); kernels are chosen later, at load
-(runlm.models.fused)."""
+(runlm.pytorch.fused)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from runlm.errors import ModelLoadError
 from runlm.families.config import ModelConfig, default_attention_scale
 from runlm.families.spec import FamilySpec
 from runlm.formats.gguf import GGUFSource
-from runlm.models.base import DecoderLM, WeightLoader
-from runlm.nn import Attention, GatedMLP, PreNormBlock, RMSNorm, Rope, SandwichBlock
+from runlm.pytorch.base import DecoderLM, WeightLoader
+from runlm.pytorch.nn import Attention, GatedMLP, PreNormBlock, RMSNorm, Rope, SandwichBlock
 from runlm.rope import rope_frequencies, rope_index
 
 
