@@ -130,7 +130,10 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                          help="serve N model replicas behind one endpoint on Ray Serve (default: one process, no Ray)")
     cluster.add_argument("--threads-per-replica", type=int, default=1, help="CPU threads (and Ray CPUs) per replica")
     cluster.add_argument("--ray-address", default=None,
-                         help="join this Ray cluster ('auto', 'ray://host:10001'); default: start a local Ray")
+                         help="join this Ray cluster ('auto', 'host:6379'); it must run with Ray's token auth "
+                              "(RAY_AUTH_MODE=token); default: start a local Ray on loopback")
+    cluster.add_argument("--insecure-ray", action="store_true",
+                         help="join a --ray-address cluster that answers without a token")
     cluster.add_argument("--routing", choices=("prefix-affinity", "power-of-two", "round-robin"),
                          default="prefix-affinity", help="how requests pick a replica")
     cluster.add_argument("--min-replicas", type=int, default=None, help="autoscale: at least this many replicas")

@@ -336,6 +336,7 @@ def serve_on_ray(args: argparse.Namespace, server_options: dict) -> int:
                              max_batch=args.parallel, max_queue=args.max_queue, kv_budget_mb=args.kv_budget_mb)
     cluster = ClusterOptions(replicas=args.replicas if args.replicas is not None else args.min_replicas or 1,
                              threads_per_replica=args.threads_per_replica, ray_address=args.ray_address,
+                             insecure_ray=args.insecure_ray,
                              policy=args.routing, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
                              target_ongoing_requests=args.target_ongoing_requests, host=args.host, port=args.port)
     serve_replicas(replica, cluster, server_options)

@@ -1,20 +1,23 @@
 """runlm on Ray Serve: N model replicas behind one front that serves the single server's routes.
 
-Two deployments make one Serve application:
-- `RunlmReplica` (N of them, or autoscaled): a `ModelReplica` each, with its own threads; its calls are
-  routed by `RunlmRouter` (prefix affinity by default).
-- `RunlmFront` (one): `create_app` over a `RemoteScheduler`, as Serve's HTTP ingress, so the OpenAI
-  routes, the other APIs, the chat page, /metrics and the key checks are the single server's own. It
-  loads the model too: the tokenizer and chat template plan requests here, and embeddings run here.
+- `RunlmReplica` (N of them, or autoscaled) is the one Serve deployment: a `ModelReplica` each, with its own
+  threads; its calls are routed by `RunlmRouter` (prefix affinity by default).
+- The front runs in the process that started the replicas (`runlm serve --replicas`): `create_app` over a
+  `RemoteScheduler` that calls the deployment's handle, on the single server's own uvicorn setup, so the routes,
+  the chat page, /metrics, the key checks, the body limit, the header deadline and the header size cap are the
+  single server's. Serve's HTTP proxy is not started. The front loads the model too: the tokenizer and chat
+  template plan requests here, and embeddings run here.
 
-Ray runs the processes, restarts a replica that dies, drains replicas on shutdown and autoscales;
-`runlm serve --replicas N` starts a local Ray (or joins one with `--ray-address`).
+Ray runs the replicas' processes, restarts a replica that dies, drains replicas on shutdown and autoscales;
+`runlm serve --replicas N` starts a local Ray, or joins one with `--ray-address`: a cluster that answers without
+Ray's token auth is refused unless `--insecure-ray` is given.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -47,6 +50,8 @@ class ClusterOptions:
     port: int = 8000
     stats_period_s: float = 1.0  # how often replicas report to the router (routing stats)
     graceful_shutdown_s: float = 20.0  # how long a stopping replica may finish what it runs
+    insecure_ray: bool = False  # join a Ray cluster that answers without Ray's token auth
+    header_timeout_s: float | None = None  # the front's header deadline (None: the single server's default)
 
 
 def _serve():
@@ -93,27 +98,47 @@ class RunlmReplica(ModelReplica):
         self.close()
 
 
-class RunlmFront:
-    """The HTTP ingress: the single server's app over the replicas."""
+class Front:
+    """The HTTP front in this process: the single server's app over the replicas' handle, on uvicorn in a thread."""
 
-    def __init__(self, replicas: Any, options: ReplicaOptions, server_options: dict[str, Any]):
+    def __init__(self, replicas: Any, options: ReplicaOptions, cluster: ClusterOptions,
+                 server_options: dict[str, Any]):
+        import uvicorn
+
         from runlm.cluster.remote import RemoteScheduler, replica_reports
         from runlm.engine import Engine
         from runlm.runtime import load
         from runlm.server.app import create_app
+        from runlm.server.timeouts import uvicorn_options
 
-        _serve_grpc_on_loopback()
         # the front plans and tokenizes; the replicas own the cores
         loaded = load(options.model, dtype=options.dtype, max_context=options.ctx, mmproj=options.mmproj,
                       swa_full=options.swa_full, threads=1, runtime=options.runtime)
         engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length, prompt_cache_mb=0)
         scheduler = RemoteScheduler(engine, replicas, max_batch=options.max_batch, max_queue=options.max_queue,
                                     stats=replica_reports)
-        self._app = create_app(loaded, scheduler=scheduler, prompt_cache_mb=options.prompt_cache_mb,
-                               max_queue=options.max_queue, max_batch=options.max_batch, **server_options)
+        app = create_app(loaded, scheduler=scheduler, prompt_cache_mb=options.prompt_cache_mb,
+                         max_queue=options.max_queue, max_batch=options.max_batch, **server_options)
+        transport = uvicorn_options() if cluster.header_timeout_s is None else uvicorn_options(cluster.header_timeout_s)
+        config = uvicorn.Config(app, host=cluster.host, port=cluster.port, log_level="warning", **transport)
+        self.server = uvicorn.Server(config)
+        self.url = f"http://{cluster.host}:{cluster.port}"
+        self._thread = threading.Thread(target=self.server.run, name="runlm-front", daemon=True)
 
-    def __serve_build_asgi_app__(self) -> Any:
-        return self._app
+    def listen(self, timeout_s: float = 60.0) -> None:
+        """Serve, and return once the socket listens (or raise with why it could not)."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self._thread.is_alive():
+                raise ClusterUnavailableError(f"the front could not listen on {self.url} (is the port taken?)")
+            if time.monotonic() > deadline:
+                raise ClusterUnavailableError(f"the front did not start listening on {self.url} in {timeout_s} s")
+            time.sleep(0.05)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout_s)
 
 
 def scaling_options(cluster: ClusterOptions) -> dict[str, Any]:
@@ -133,8 +158,8 @@ def scaling_options(cluster: ClusterOptions) -> dict[str, Any]:
                                    "target_ongoing_requests": cluster.target_ongoing_requests}}
 
 
-def build_app(options: ReplicaOptions, cluster: ClusterOptions, server_options: dict[str, Any] | None = None):
-    """The Serve application (front + replicas), ready for `serve.run`."""
+def build_app(options: ReplicaOptions, cluster: ClusterOptions):
+    """The Serve application (the replicas), ready for `serve.run`."""
     serve = _serve()
     from ray.serve.config import RequestRouterConfig
 
@@ -152,14 +177,13 @@ def build_app(options: ReplicaOptions, cluster: ClusterOptions, server_options: 
             request_routing_stats_period_s=cluster.stats_period_s),
         **scaling,
     )
-    front = serve.deployment(serve.ingress()(RunlmFront), name="RunlmFront", num_replicas=1,
-                             ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
-    return front.bind(replica.bind(options), options, dict(server_options or {}))
+    return replica.bind(options)
 
 
-def init_ray(address: str | None = None, *, log_to_driver: bool = True, **options: Any) -> None:
+def init_ray(address: str | None = None, *, log_to_driver: bool = True, insecure: bool = False,
+             **options: Any) -> None:
     """Start a local Ray that listens on loopback only (with Ray's token auth, on by default), or join the Ray at
-    `address`.
+    `address`, which must answer and require a token (`checked_cluster`) unless `insecure`.
 
     Ray binds its servers (the GCS, the raylets, every worker, the dashboard and runtime-env agents) to the node's
     IP on every interface, unless that IP is loopback, which it takes only where told that this node makes no
@@ -171,6 +195,8 @@ def init_ray(address: str | None = None, *, log_to_driver: bool = True, **option
         from ray._private import ray_constants
 
         ray_constants.ENABLE_RAY_CLUSTER = False
+    else:
+        address = checked_cluster(address, insecure)
     import ray
 
     try:
@@ -180,32 +206,84 @@ def init_ray(address: str | None = None, *, log_to_driver: bool = True, **option
         raise ClusterUnavailableError(f"cannot start or join Ray at {address!r}: {exc}") from exc
 
 
+def checked_cluster(address: str, insecure: bool = False) -> str:
+    """The GCS address ("host:port") of the Ray cluster at `address` ("auto" included), once its GCS has answered,
+    before joining it (Ray itself retries an unreachable one for minutes). A cluster whose GCS answers a call that
+    carries no token is refused unless `insecure`: with Ray's token auth off, anyone who reaches its ports runs
+    code on it, and runlm's API keys protect none of them."""
+    if address.startswith("ray://"):
+        if insecure:
+            return address
+        raise ClusterUnavailableError(f"{address}: a Ray Client address cannot be checked for Ray's token auth; "
+                                      "join with the GCS address (host:6379), or pass --insecure-ray")
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        gcs = canonicalize_bootstrap_address(address)
+    except (ConnectionError, ValueError) as exc:
+        raise ClusterUnavailableError(f"no Ray cluster at {address!r}: {exc}") from exc
+    if gcs is None:
+        raise ClusterUnavailableError(f"no Ray cluster at {address!r}: none is running on this machine")
+    if answers_without_token(gcs) and not insecure:
+        raise ClusterUnavailableError(
+            f"the Ray cluster at {gcs} answers without a token (Ray's token auth is off): start it with "
+            "RAY_AUTH_MODE=token (see docs/cluster.md), or pass --insecure-ray")
+    return gcs
+
+
+def answers_without_token(gcs_address: str, timeout_s: float = 10.0) -> bool:
+    """Whether the GCS at `gcs_address` ("host:port") answers a call that carries no token."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    with grpc.insecure_channel(gcs_address) as channel:
+        try:
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                return False
+            raise ClusterUnavailableError(f"the Ray GCS at {gcs_address} did not answer: {exc.details()}") from exc
+    return True
+
+
+_FRONT: Front | None = None  # the front this process serves, between start() and stop()
+
+
 def start(options: ReplicaOptions, cluster: ClusterOptions, server_options: dict[str, Any] | None = None,
           *, log_to_driver: bool = True) -> str:
-    """Start (or join) Ray, deploy the application and return its base URL once it answers."""
+    """Start (or join) Ray, deploy the replicas, serve the front here and return its base URL once it listens."""
+    global _FRONT
     serve = _serve()
     import ray
 
     from runlm.server.app import warn_if_open
 
     warn_if_open(cluster.host, (server_options or {}).get("api_key"))
-    app = build_app(options, cluster, server_options)  # bad options fail here, before Ray starts
+    app = build_app(options, cluster)  # bad options fail here, before Ray starts
     if not ray.is_initialized():
-        init_ray(cluster.ray_address, log_to_driver=log_to_driver)
-    serve.start(http_options={"host": cluster.host, "port": cluster.port})
+        init_ray(cluster.ray_address, log_to_driver=log_to_driver, insecure=cluster.insecure_ray)
+    serve.start(proxy_location="Disabled")
     t0 = time.monotonic()
-    serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+    replicas = serve.run(app, name=APP_NAME, route_prefix=None, blocking=False)
+    front = Front(replicas, options, cluster, dict(server_options or {}))
+    front.listen()
+    _FRONT = front
     log.info("runlm: %s replicas of %s ready in %.1f s (%s routing)", cluster.replicas, options.model,
              time.monotonic() - t0, cluster.policy)
-    return f"http://{cluster.host}:{cluster.port}"
+    return front.url
 
 
 def stop() -> None:
-    """Drain and delete the application, then leave Ray (a Ray this process started stops with it)."""
+    """Stop the front, drain and delete the replicas, then leave Ray (a Ray this process started stops with it)."""
+    global _FRONT
     serve = _serve()
     import ray
 
     try:
+        if _FRONT is not None:
+            _FRONT.close()
+            _FRONT = None
         serve.delete(APP_NAME)
         serve.shutdown()
     finally:
@@ -226,5 +304,5 @@ def serve_replicas(options: ReplicaOptions, cluster: ClusterOptions, server_opti
         stop()
 
 
-__all__ = ["ClusterOptions", "ClusterUnavailableError", "ReplicaOptions", "build_app", "serve_replicas", "start",
-           "stop"]
+__all__ = ["ClusterOptions", "ClusterUnavailableError", "Front", "ReplicaOptions", "answers_without_token", "build_app",
+           "init_ray", "checked_cluster", "serve_replicas", "start", "stop"]

@@ -142,10 +142,12 @@ def source_key(name: str) -> str:
 
 def build_key(*extra: str) -> str:
     """A short hash of what a build depends on: the CPU's features (a -march=native build is only reused on the same
-    kind of CPU), the kernel source, this process's flags and `extra` (torch's version, for the extension). Two
-    checkouts or versions of runlm on one machine then keep builds of their own, instead of rebuilding over (and
-    loading) each other's in one directory."""
-    key = hashlib.sha1(f"{platform.machine()}|{platform.processor()}|{cpu_flags()}|{variant_cflags()}|{extra}".encode())
+    kind of CPU), the kernel source and where it lies, this process's flags and `extra` (torch's version, for the
+    extension). Two checkouts or versions of runlm on one machine then keep builds of their own, instead of
+    rebuilding over (and loading) each other's in one directory: torch's build file names the source by its path,
+    so two checkouts of the same source would otherwise each find the other's build stale."""
+    key = hashlib.sha1(f"{platform.machine()}|{platform.processor()}|{cpu_flags()}|{variant_cflags()}|{extra}|"
+                       f"{SOURCE.parent}".encode())
     for source in SOURCES:
         key.update(source.read_bytes())
     return key.hexdigest()[:12]

@@ -8,6 +8,7 @@ the one it was generating), the service keeps answering and Ray brings the repli
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -22,10 +23,18 @@ httpx = pytest.importorskip("httpx")
 
 from server_harness import LiveServer, free_port, openai_client  # noqa: E402
 
-from runlm.cluster.deploy import ClusterOptions, ReplicaOptions, init_ray, start, stop  # noqa: E402
+from runlm.cluster.deploy import (  # noqa: E402
+    ClusterOptions,
+    ReplicaOptions,
+    answers_without_token,
+    init_ray,
+    start,
+    stop,
+)
 from runlm.server import create_app  # noqa: E402
 
 MODEL = "smollm2-135m"
+FRONT_MAX_BODY = 200_000
 T = TypeVar("T")
 SYSTEMS = [
     "You are a ship's navigator on a long voyage across the northern sea. Answer every question in the voice of "
@@ -49,8 +58,9 @@ def wait_for(condition: Callable[[], T], what: str, timeout_s: float = 120.0) ->
 @pytest.fixture(scope="module")
 def cluster_url(smollm2_gguf):
     init_ray(num_cpus=2, log_to_driver=False)  # as `runlm serve --replicas` starts it
-    cluster = ClusterOptions(replicas=2, port=free_port(), stats_period_s=0.5)
-    url = start(ReplicaOptions(model=str(smollm2_gguf), max_batch=2, max_queue=4), cluster, {})
+    cluster = ClusterOptions(replicas=2, port=free_port(), stats_period_s=0.5, header_timeout_s=2.0)
+    url = start(ReplicaOptions(model=str(smollm2_gguf), max_batch=2, max_queue=4), cluster,
+                {"max_body_bytes": FRONT_MAX_BODY})
     yield url
     stop()
 
@@ -182,6 +192,48 @@ def test_the_local_ray_listens_on_loopback_only(cluster_url):
     assert any(str(port) == session for _, port, _ in listening)  # the GCS is among them
     exposed = [s for s in listening if s[0] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")]
     assert not exposed, exposed
+
+
+def front_socket(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=30)  # the timeout only guards the test
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_the_front_cuts_off_headers_that_trickle_in(cluster_url):
+    """The front is the single server's uvicorn setup: its header deadline (2 s here) closes the connection."""
+    started = time.monotonic()
+    with front_socket(cluster_url) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: appl")
+        assert read_until_closed(sock) == b""  # closed by the front, without an answer
+    assert time.monotonic() - started < 20
+
+
+def test_the_front_refuses_a_header_block_past_the_bound_and_keeps_serving(cluster_url):
+    from runlm.server.timeouts import MAX_HEADER_BYTES
+
+    filler = b"x" * MAX_HEADER_BYTES
+    with front_socket(cluster_url) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: " + filler + b"\r\n\r\n")
+        assert read_until_closed(sock).startswith(b"HTTP/1.1 400")
+    assert httpx.get(cluster_url + "/health").status_code == 200
+
+
+def test_the_front_bounds_request_bodies(cluster_url):
+    too_big = httpx.post(cluster_url + "/tokenize", json={"content": "x" * FRONT_MAX_BODY}, timeout=60)
+    assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "request_too_large"
+    assert httpx.post(cluster_url + "/tokenize", json={"content": "ok"}).status_code == 200
+
+
+def test_the_local_ray_requires_a_token(cluster_url):
+    """runlm's own Ray runs with Ray's token auth: its GCS refuses a call that carries none."""
+    assert answers_without_token(ray.get_runtime_context().gcs_address) is False
 
 
 def test_follow_up_turns_reach_the_replica_that_holds_their_prefix(cluster_url, smollm2_gguf):
