@@ -219,3 +219,21 @@ class InfillRequest(SamplingFields):
     n_predict: Annotated[int, Field(ge=-1)] | None = None  # -1: no limit but the context (and --max-tokens)
     return_tokens: bool = False
 
+
+MAX_RERANK_DOCUMENTS = 1000  # documents of one rerank request (Cohere's own limit)
+
+
+class RerankDocument(Strict):
+    text: Annotated[str, Field(min_length=1)]
+
+
+class RerankRequest(Strict):
+    """Jina's and Cohere's rerank body (llama-server's too); `instruction` is Qwen3-Reranker's <Instruct>."""
+
+    model: str | None = None
+    query: Annotated[str, Field(min_length=1)]
+    documents: Annotated[list[Annotated[str, Field(min_length=1)] | RerankDocument],
+                         Field(min_length=1, max_length=MAX_RERANK_DOCUMENTS)]
+    top_n: Annotated[int, Field(ge=1)] | None = None
+    return_documents: bool = False
+    instruction: Annotated[str, Field(min_length=1, max_length=10_000)] | None = None
