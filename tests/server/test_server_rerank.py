@@ -153,3 +153,19 @@ def test_no_reranker_option_scores_by_embeddings(reranker_dir):
         assert data["scoring"] == "embedding-similarity" and data["results"][0]["index"] == 0
     finally:
         server.stop()
+
+
+def test_key_and_body_limit_guard_rerank_and_infill(smollm2_loaded):
+    server = LiveServer(create_app(smollm2_loaded, model_name=MODEL, api_key="secret", max_body_bytes=4096,
+                                   max_queue=4, prompt_cache_mb=0))
+    try:
+        with httpx.Client(base_url=server.base_url, timeout=120) as http:
+            body = {"query": QUERY, "documents": DOCS}
+            for path in ("/v1/rerank", "/rerank", "/v1/reranking", "/infill"):
+                assert http.post(path, json=body).status_code == 401
+            key = {"Authorization": "Bearer secret"}
+            assert http.post("/v1/rerank", json=body, headers=key).status_code == 200
+            big = {"query": QUERY, "documents": ["x" * 5000]}
+            assert http.post("/v1/rerank", json=big, headers=key).status_code == 413
+    finally:
+        server.stop()
