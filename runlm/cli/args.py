@@ -125,6 +125,9 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                             "Anthropic thinking.budget_tokens wins")
     serve.add_argument("--pooling", choices=("mean", "last"), default=None,
                        help="how embeddings pool token states (default: as the model declares, else mean)")
+    serve.add_argument("--reranker", action=argparse.BooleanOptionalAction, default=None,
+                       help="score /v1/rerank with the model as a Qwen3-Reranker (P(yes)); --no-reranker: by "
+                            "embedding similarity (default: a reranker where the model's name or GGUF says so)")
     cluster = serve.add_argument_group("replicas on Ray Serve (pip install 'runlm[cluster]')")
     cluster.add_argument("--replicas", type=int, default=None,
                          help="serve N model replicas behind one endpoint on Ray Serve (default: one process, no Ray)")
@@ -154,6 +157,7 @@ def serve_options(args: argparse.Namespace) -> dict:
         allow_remote_images=args.allow_remote_images,
         allow_private_image_urls=args.allow_private_image_urls,
         pooling=args.pooling,
+        reranker=args.reranker,
         allowed_hosts=[h for value in args.allowed_hosts for h in value.split(",") if h.strip()],
         api_docs=args.api_docs,
         special_tokens_in_content=args.special_tokens_in_content,
@@ -249,6 +253,7 @@ def chat_web(args: argparse.Namespace, serve: Callable[[argparse.Namespace], int
         **vars(args), "host": "127.0.0.1", "api_key": None, "api_keys_file": None, "shared_prompt_cache": False,
         "prompt_cache_mb": 256, "max_queue": 16, "parallel": 8,
         "mmproj": None, "allow_remote_images": False, "allow_private_image_urls": False, "pooling": None,
+        "reranker": None,
         "allowed_hosts": [], "api_docs": False, "special_tokens_in_content": False, "kv_budget_mb": None,
         "reasoning_format": "auto", "reasoning_budget": -1,
         "replicas": None, "min_replicas": None, "max_replicas": None,  # one process: the page is one user's

@@ -1,7 +1,7 @@
 """The HTTP server: one engine and scheduler behind each API's routes, composed here.
 
-Routes live by API (`openai_api`, `llamacpp_api`); request planning and response shaping in
-`openai_shapes`; streaming in `sse`; images in `images`; tools in `tools`; auth, body limits and
+Routes live by API (`openai_api`, `llamacpp_api`, `embeddings_api`, `rerank_api` ...); request planning
+and response shaping in `openai_shapes`; streaming in `sse`; images in `images`; tools in `tools`; auth, body limits and
 request counting in `middleware`; error shapes in `errors`. Safe by default: loopback bind, optional
 bearer key, a body size limit, and every bad input answered with an OpenAI-shaped 4xx.
 """
@@ -20,9 +20,18 @@ from fastapi import FastAPI
 from runlm.engine import Engine, Scheduler
 from runlm.engine.embeddings import check_pooling
 from runlm.engine.reasoning import check_reasoning_budget, check_reasoning_format
+from runlm.engine.rerank import Reranker, looks_like_reranker
 from runlm.engine.scheduler import kv_budget_bytes
 from runlm.runner import ServedModel
-from runlm.server import anthropic_api, embeddings_api, llamacpp_api, ollama_api, openai_api, responses_api
+from runlm.server import (
+    anthropic_api,
+    embeddings_api,
+    llamacpp_api,
+    ollama_api,
+    openai_api,
+    rerank_api,
+    responses_api,
+)
 from runlm.server.errors import install_error_handlers
 from runlm.server.metrics import Metrics
 from runlm.server.middleware import DEFAULT_ALLOWED_HOSTS, GuardMiddleware, HostList, OriginGuard, api_keys_from
@@ -61,6 +70,7 @@ def create_app(
     kv_budget_mb: float | None = None,
     reasoning_format: str = "auto",
     reasoning_budget: int = -1,
+    reranker: bool | None = None,
 ) -> FastAPI:
     """A FastAPI app serving one loaded model (a runlm.LoadedModel).
 
@@ -82,12 +92,16 @@ def create_app(
     available when the app is made; 0: no bound). `reasoning_format` ("auto", "none", "think"; a request's own
     `reasoning_format` wins) says whether chat replies give their thinking apart, as `reasoning_content`;
     `reasoning_budget` tokens of thinking are written before the model is made to close it (-1: no bound; 0: the
-    template's thinking is off).
+    template's thinking is off). `reranker` True scores /v1/rerank with the model as a Qwen3-Reranker (P(yes)),
+    False by embedding similarity; None decides by the model's files (runlm.engine.rerank.looks_like_reranker).
     """
     if api_key is None:
         api_key = os.environ.get("RUNLM_API_KEY") or None
     api_keys = api_keys_from(api_key)
     pooling = check_pooling(pooling) if pooling is not None else None
+    if reranker is None:
+        reranker = looks_like_reranker(loaded)
+    rerank_model = Reranker.for_tokenizer(loaded.tokenizer) if reranker else None
     hosts = HostList((*DEFAULT_ALLOWED_HOSTS, *allowed_hosts))
     if scheduler is None:
         engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length,
@@ -102,7 +116,8 @@ def create_app(
                         allow_private_image_urls=allow_private_image_urls,
                         pooling=pooling, special_tokens_in_content=special_tokens_in_content,
                         reasoning_format=check_reasoning_format(reasoning_format),
-                        reasoning_budget=check_reasoning_budget(reasoning_budget), tenants=len(api_keys) or 1)
+                        reasoning_budget=check_reasoning_budget(reasoning_budget), tenants=len(api_keys) or 1,
+                        reranker=rerank_model)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -126,6 +141,7 @@ def create_app(
     app.include_router(openai_api.router)
     app.include_router(llamacpp_api.router)
     app.include_router(embeddings_api.router)
+    app.include_router(rerank_api.router)
     app.include_router(anthropic_api.router)
     app.include_router(ollama_api.router)
     app.include_router(responses_api.router)

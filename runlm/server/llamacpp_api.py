@@ -1,17 +1,31 @@
-"""llama-server's extra routes: /props, /health, /metrics (Prometheus), /tokenize, /detokenize."""
+"""llama-server's extra routes: /infill (fill-in-the-middle), /props, /health, /metrics (Prometheus), /tokenize,
+/detokenize.
+
+/infill is planned like an OpenAI text completion (the same sampling fields, scheduler and stream generator) with
+the FIM prompt of server.infill, and answers in the shape of llama-server's /completion: `content`, `stop`,
+`tokens_predicted` / `tokens_evaluated`, `stop_type`, `timings`; streamed, `data:` events of `content` pieces and a
+last one with `stop: true` (no `[DONE]`).
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from runlm.engine import Completion, GenerationRequest, StreamRecord, Usage
 from runlm.server.errors import APIError
+from runlm.server.infill import fim_request
 from runlm.server.metrics import replica_lines
-from runlm.server.openai_shapes import token_text
-from runlm.server.schemas import DetokenizeRequest, TokenizeRequest
+from runlm.server.openai_api import collect, streaming, submit
+from runlm.server.openai_shapes import CompletionPlan, sampling_from, stop_list, timings_json, token_text
+from runlm.server.schemas import DetokenizeRequest, InfillRequest, TokenizeRequest
+from runlm.server.sse import event_stream
 from runlm.server.state import ServerState, get_state
 from runlm.server.tools import template_source
 from runlm.server.workers import PartedJSONResponse, json_body
+from runlm.text.fim import ExtraChunk
 
 router = APIRouter()
 
@@ -76,3 +90,83 @@ async def tokenize(body: TokenizeRequest = Depends(json_body(TokenizeRequest)),
 async def detokenize(body: DetokenizeRequest = Depends(json_body(DetokenizeRequest)),
                      state: ServerState = Depends(get_state)):
     return await state.workers.run(detokenized, state, body)
+
+
+# -- /infill ----------------------------------------------------------------------------------------
+
+
+def plan_infill(state: ServerState, body: InfillRequest) -> CompletionPlan:
+    """[extra] [fim_pre] input_prefix [fim_suf] input_suffix [fim_mid] prompt, sampled as a text completion."""
+    if body.n_predict == 0:
+        raise APIError(400, "n_predict must be -1 (no limit) or at least 1", param="n_predict", code="invalid_value")
+    extra = [ExtraChunk(chunk.filename, chunk.text) for chunk in body.input_extra or ()]
+    ids, stop_ids = fim_request(state, body.input_prefix, body.input_suffix, extra=extra, prompt=body.prompt,
+                                param="input_prefix")
+    limit = body.n_predict if body.n_predict is not None and body.n_predict > 0 else body.max_tokens
+    request = GenerationRequest(
+        prompt_ids=ids,
+        max_tokens=limit or state.default_max_tokens,
+        sampling=sampling_from(body, state.engine.vocab_size, False, 0),
+        stop=stop_list(body.stop),
+        stop_ids=stop_ids,
+        ignore_eos=body.ignore_eos,
+        use_prompt_cache=body.cache_prompt,
+    )
+    return CompletionPlan(request, "")
+
+
+def stop_type(plan: CompletionPlan, finish_reason: str | None, last_token: int | None) -> str:
+    """llama-server's account of why it stopped: the token limit, an end-of-generation token, or a stop word."""
+    if finish_reason == "length":
+        return "limit"
+    stop_ids = plan.request.stop_ids or frozenset()
+    return "word" if plan.request.stop and last_token not in stop_ids else "eos"
+
+
+def infill_final(state: ServerState, plan: CompletionPlan, body: InfillRequest, usage: Usage, reason: str) -> dict:
+    """What llama-server's last (or only) /completion object carries besides the text."""
+    return {"index": 0, "id_slot": 0, "stop": True, "model": body.model, "stop_type": reason, "stopping_word": "",
+            "tokens_predicted": usage.completion_tokens, "tokens_evaluated": usage.prompt_tokens,
+            "tokens_cached": usage.cached_tokens, "truncated": False,
+            "prompt": state.tokenizer.decode(plan.request.prompt_ids), "timings": timings_json(usage)}
+
+
+def infill_reply(state: ServerState, plan: CompletionPlan, body: InfillRequest, result: Completion) -> dict:
+    last = result.token_ids[-1] if result.token_ids else None
+    reason = stop_type(plan, result.finish_reason, last)
+    return {"content": result.text, "tokens": list(result.token_ids) if body.return_tokens else [],
+            **infill_final(state, plan, body, result.usage, reason)}
+
+
+class InfillChunks:
+    """llama-server's stream: {content, stop: false} per piece, then the final object with `stop: true`."""
+
+    def __init__(self, state: ServerState, plan: CompletionPlan, body: InfillRequest):
+        self.state, self.plan, self.body = state, plan, body
+        self.last_token: int | None = None
+
+    def opening(self) -> list[dict[str, Any]]:
+        return []
+
+    def on_record(self, record: StreamRecord) -> list[dict[str, Any]]:
+        if record.token_id is not None:
+            self.last_token = record.token_id
+        if not record.text:
+            return []
+        tokens = [record.token_id] if self.body.return_tokens and record.token_id is not None else []
+        return [{"index": 0, "content": record.text, "tokens": tokens, "stop": False}]
+
+    def closing(self, last: StreamRecord, usage: Usage) -> list[dict[str, Any]]:
+        reason = stop_type(self.plan, last.finish_reason, self.last_token)
+        return [{"content": "", "tokens": [], **infill_final(self.state, self.plan, self.body, usage, reason)}]
+
+
+@router.post("/infill")
+async def infill(request: Request, body: InfillRequest = Depends(json_body(InfillRequest)),
+                 state: ServerState = Depends(get_state)):
+    if body.model is None:
+        body = body.model_copy(update={"model": state.model_name})
+    plan, handle, _ = await submit(state, plan_infill, body, "infill", request)
+    if body.stream:
+        return streaming(event_stream(handle, InfillChunks(state, plan, body), end_marker=False))
+    return await state.workers.reply(infill_reply, state, plan, body, await collect(handle, request))

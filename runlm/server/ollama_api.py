@@ -59,7 +59,7 @@ async def chat(request: Request, body: ChatBody = Depends(json_body(ChatBody)),
 @router.post("/api/generate")
 async def generate(request: Request, body: GenerateBody = Depends(json_body(GenerateBody)),
                    state: ServerState = Depends(get_state)):
-    if not body.prompt and not body.images:
+    if not (body.prompt or body.images or body.suffix):
         state.check_model(body.model)
         return loaded_reply(body, chat=False)
     plan, handle, _ = await submit(state, plan_ollama_generate, body, "generate", request)

@@ -164,12 +164,19 @@ def plan_ollama_chat(state: ServerState, body: ChatBody) -> ChatPlan:
 
 
 def plan_ollama_generate(state: ServerState, body: GenerateBody) -> ChatPlan | CompletionPlan:
-    """A raw prompt runs as a text completion; otherwise system + prompt go through the chat template."""
-    unsupported = {"suffix": body.suffix, "template": body.template, "context": body.context}
+    """A raw prompt runs as a text completion, a `suffix` as a fill-in-the-middle between prompt and suffix (the
+    system prompt and the chat template take no part, as in Ollama's FIM templates); otherwise system + prompt go
+    through the chat template."""
+    unsupported = {"template": body.template, "context": body.context}
     for field, value in unsupported.items():
         if value:
             raise APIError(400, f"{field} is not supported by this server (use /api/chat for conversations)",
                            param=field)
+    if body.suffix:
+        if body.images:
+            raise APIError(400, "images cannot be combined with suffix", param="images")
+        return plan_completion(state, openai_request(CompletionRequest, {**_sampling(body), "prompt": body.prompt,
+                                                                         "suffix": body.suffix}))
     if body.raw:
         if body.images:
             raise APIError(400, "images need the chat template: send them without raw", param="images")

@@ -20,6 +20,7 @@ from runlm.runner import ImageInput
 from runlm.sampling import SamplingParams, TokenLogprob
 from runlm.server.errors import APIError
 from runlm.server.images import fetch_image
+from runlm.server.infill import fim_request
 from runlm.server.schemas import (
     ChatCompletionRequest,
     ChatMessage,
@@ -328,13 +329,21 @@ def choices_asked(body: CompletionRequest) -> tuple[int, int]:
 
 
 def plan_completion(state: ServerState, body: CompletionRequest) -> CompletionPlan:
-    if body.suffix:
-        raise APIError(400, "suffix (fill-in-the-middle) is not supported", param="suffix", code="unsupported")
+    """A text completion; with a `suffix`, a fill-in-the-middle between the prompt and it (server.infill)."""
     n, best_of = choices_asked(body)
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
         prompt = prompt[0]
-    if isinstance(prompt, str):
+    stop_ids = None
+    if body.suffix:
+        if not isinstance(prompt, str):
+            raise APIError(400, "suffix needs the prompt as text (the code before the gap), not token ids",
+                           param="prompt", code="invalid_value")
+        if body.echo:
+            raise APIError(400, "echo cannot be combined with suffix", param="echo", code="invalid_value")
+        ids, stop_ids = fim_request(state, prompt, body.suffix, param="suffix")
+        echo_text = ""
+    elif isinstance(prompt, str):
         ids = state.tokenizer.encode_prompt(prompt)
         echo_text = prompt
     else:
@@ -352,6 +361,7 @@ def plan_completion(state: ServerState, body: CompletionRequest) -> CompletionPl
         ignore_eos=body.ignore_eos,
         grammar=json_grammar(state, schema) if constrained else None,
         use_prompt_cache=body.cache_prompt,
+        stop_ids=stop_ids,
     )
     return CompletionPlan(request, echo_text if body.echo else "")
 

@@ -196,3 +196,44 @@ class EmbeddingRequest(Strict):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Field(ge=1)] | None = None
     user: str | None = None
+
+
+MAX_INFILL_EXTRA = 256  # input_extra chunks of one /infill request
+
+
+class InfillExtra(Strict):
+    """A chunk of context from another file (llama-server's input_extra item)."""
+
+    filename: Annotated[str, Field(max_length=1000)] = "tmp"
+    text: str = ""
+
+
+class InfillRequest(SamplingFields):
+    """llama-server's /infill: the code before and after the cursor, and its /completion sampling fields."""
+
+    model: str | None = None  # llama-server's requests name no model
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: Annotated[list[InfillExtra], Field(max_length=MAX_INFILL_EXTRA)] | None = None
+    prompt: str = ""
+    n_predict: Annotated[int, Field(ge=-1)] | None = None  # -1: no limit but the context (and --max-tokens)
+    return_tokens: bool = False
+
+
+MAX_RERANK_DOCUMENTS = 1000  # documents of one rerank request (Cohere's own limit)
+
+
+class RerankDocument(Strict):
+    text: Annotated[str, Field(min_length=1)]
+
+
+class RerankRequest(Strict):
+    """Jina's and Cohere's rerank body (llama-server's too); `instruction` is Qwen3-Reranker's <Instruct>."""
+
+    model: str | None = None
+    query: Annotated[str, Field(min_length=1)]
+    documents: Annotated[list[Annotated[str, Field(min_length=1)] | RerankDocument],
+                         Field(min_length=1, max_length=MAX_RERANK_DOCUMENTS)]
+    top_n: Annotated[int, Field(ge=1)] | None = None
+    return_documents: bool = False
+    instruction: Annotated[str, Field(min_length=1, max_length=10_000)] | None = None

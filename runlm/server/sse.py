@@ -55,15 +55,17 @@ def openai_failure(err: APIError) -> list[dict[str, Any]]:
 
 
 async def event_stream(handle: RecordSource, shaper: EventShaper, *, typed: bool = False, lines: bool = False,
-                       failure: Callable[[APIError], list[dict[str, Any]]] = openai_failure) -> AsyncIterator[str]:
+                       failure: Callable[[APIError], list[dict[str, Any]]] = openai_failure,
+                       end_marker: bool = True) -> AsyncIterator[str]:
     """The stream of one request. `typed`: events carry a "type" sent as their `event:` line, and the
     stream ends without `[DONE]`; `lines`: one JSON object per line instead of SSE, no `[DONE]`; `failure`
-    makes the in-band events that report a mid-stream error."""
+    makes the in-band events that report a mid-stream error; `end_marker` False: no `[DONE]` either (llama-server's
+    own routes end with their `stop: true` event)."""
 
     def frame(event: dict[str, Any]) -> str:
         return json_line(event) if lines else sse(event, typed)
 
-    done = not (typed or lines)
+    done = end_marker and not (typed or lines)
     last = StreamRecord()
     try:
         for event in shaper.opening():

@@ -15,6 +15,7 @@ from fastapi import Request
 from runlm import catalog
 from runlm.engine import Engine, QueueFullError, Scheduler
 from runlm.engine.embeddings import Pooling, declared_pooling
+from runlm.engine.rerank import Reranker
 from runlm.runner import ServedModel
 from runlm.server.errors import APIError
 from runlm.server.images import RemoteImages, public_address
@@ -41,6 +42,7 @@ class ServerState:
     reasoning_format: str = "auto"  # how chat replies split their thinking (engine.reasoning.REASONING_FORMATS)
     reasoning_budget: int = -1  # tokens of thinking before it is closed (-1: no bound, 0: thinking off)
     tenants: int = 1  # the API keys the server knows, each a tenant
+    reranker: Reranker | None = None  # rerank scores: this model's P(yes) (None: embedding similarity)
     created: int = field(default_factory=lambda: int(time.time()))
     workers: Workers = field(default_factory=Workers)  # planning, large bodies, JSON replies
     # How chat prompts keep special-token strings in client text as text (None: they are not kept). Made with

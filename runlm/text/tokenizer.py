@@ -27,6 +27,7 @@ from tokenizers import Tokenizer as _Backend
 from runlm.catalog import runlm_home
 from runlm.errors import TokenizerError
 from runlm.formats.gguf import GGUFFile
+from runlm.text.fim import FIM_ROLES, FimTokens, fim_tokens, find_fim_ids
 
 # llama.cpp token types (gguf.TokenType)
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
@@ -376,6 +377,7 @@ class Tokenizer:
         extra_stop_ids: Iterable[int] = (),
         byte_mode: str = "byte_level",
         strip_mode: tuple[str, int] = ("none", 0),
+        fim_declared: Mapping[str, Any] | None = None,
     ):
         backend.no_truncation()
         backend.no_padding()
@@ -403,6 +405,9 @@ class Tokenizer:
         self._bytes_cache: dict[int, bytes] = {}
         self._modes = _EncodeModes()
         self._pre_after_special = _never_prepending(backend.pre_tokenizer)
+        # Fill-in-the-middle roles -> ids: as the file declares them, else found by token text (runlm.text.fim).
+        self.fim_ids: dict[str, int] = find_fim_ids(fim_declared or {}, backend.token_to_id, self.vocab_size)
+        self.fim: FimTokens | None = fim_tokens(self.fim_ids, backend.token_to_id)
 
     # ------------------------------------------------------------------ constructors
 
@@ -443,6 +448,10 @@ class Tokenizer:
         add_bos = metadata.get("tokenizer.ggml.add_bos_token", default_add_bos)
         add_eos = metadata.get("tokenizer.ggml.add_eos_token", False)
         extra_stops = [i for i in (token_id("eot_token_id"), token_id("eom_token_id")) if i is not None]
+        # fim_<role>_token_id, or the older prefix / suffix / middle_token_id names
+        legacy = {"pre": "prefix", "suf": "suffix", "mid": "middle"}
+        fim = {role: token_id(f"fim_{role}_token_id") for role in FIM_ROLES}
+        fim |= {role: token_id(f"{name}_token_id") for role, name in legacy.items() if fim[role] is None}
         return cls(
             backend,
             bos_id=token_id("bos_token_id"),
@@ -452,6 +461,7 @@ class Tokenizer:
             extra_stop_ids=extra_stops,
             byte_mode=byte_mode,
             strip_mode=strip_mode,
+            fim_declared=fim,
         )
 
     @staticmethod

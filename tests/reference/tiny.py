@@ -37,7 +37,7 @@ TINY_DIMS = dict(
 )
 
 
-def tiny_tokenizer():
+def tiny_tokenizer(corpus: list[str] = CORPUS):
     """A byte-level BPE trained on a fixed corpus: deterministic, 384 tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -50,7 +50,7 @@ def tiny_tokenizer():
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(CORPUS, trainer=trainer)
+    tok.train_from_iterator(corpus, trainer=trainer)
     return tok
 
 
@@ -330,4 +330,21 @@ def build_qwen3_embedding(directory: Path, seed: int = 3):
         "pooling_mode_lasttoken": True, "include_prompt": True,
     }))
     (directory / "2_Normalize").mkdir(exist_ok=True)
+    return model
+
+
+def build_qwen3_reranker(directory: Path, seed: int = 4):
+    """A Qwen3-Reranker-style HF directory: a plain Qwen3 causal LM (the reranker's weights are one), whose
+    vocabulary has "yes" and "no" tokens, with room for the reranker's long prompt. Name `directory` with
+    "rerank" in it, as the real model's name has, for the server to find it a reranker."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(**{**TINY_DIMS, "max_position_embeddings": 2048}, num_hidden_layers=2, rms_norm_eps=1e-6,
+                         tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).eval()
+    _randomize(model, seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(directory), safe_serialization=True)
+    _write_hf_tokenizer(directory, tiny_tokenizer([*CORPUS, "yes\nno\n" * 16]))
     return model
