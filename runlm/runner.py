@@ -194,6 +194,23 @@ class LmRunner(ABC):
                 raise PartialBatchError(rows, exc) from exc
         return rows
 
+    def extend_batch_rows(self, sessions: Sequence[Session], ids_lists: Sequence[Sequence[int]],
+                          every_row: Sequence[bool]) -> list[np.ndarray]:
+        """extend_batch, where a session marked in `every_row` gets every new position's logits [T, vocab] (what a
+        speculative step verifies its draft with). The default extends the sessions one after another."""
+        self.check_batch(sessions, ids_lists)
+        return [self.extend(session, ids, all_positions=bool(every))
+                for session, ids, every in zip(sessions, ids_lists, every_row)]
+
+    def can_rewind(self, session: Session, positions: int) -> bool:
+        """Whether `session`, extended by `positions` more tokens, can be cut back to what it holds now
+        (`truncate`): a speculative step's refused draft is cut so. False unless a runner says otherwise."""
+        return False
+
+    def truncate(self, session: Session, length: int) -> None:
+        """Keep the session's first `length` positions; only after `can_rewind` said yes for what was added."""
+        raise UnsupportedOperationError(f"{type(self).__name__} cannot cut a session short")
+
     def decode_batch(self, sessions: Sequence[Session], tokens: Sequence[int]) -> np.ndarray:
         """One token for each prefilled session, each at its own position: logits [B, vocab] (see extend_batch)."""
         if any(not session.tokens for session in sessions):

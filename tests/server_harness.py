@@ -8,10 +8,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from types import SimpleNamespace
+from dataclasses import replace
 from typing import Any
 
-import torch
+import numpy as np
 import uvicorn
 
 from runlm.bench.common import free_port, served_process
@@ -97,10 +97,10 @@ class ScriptedRunner(LmRunner):
     def image_marker(self) -> str | None:
         return "<start_of_image>" if self.multimodal else None
 
-    def predict_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+    def predict_logits(self, prompt_ids: Sequence[int]) -> np.ndarray:
         return self.prefill(self.new_session(), prompt_ids)
 
-    def extend(self, session: Session, ids: Sequence[int], all_positions: bool = False) -> torch.Tensor:
+    def extend(self, session: Session, ids: Sequence[int], all_positions: bool = False) -> np.ndarray:
         """session.state: [the scripted reply's ids, how far it has gone, the request's number]. One token on a
         session that has its reply is a decode step; anything else is (a chunk of) the prompt."""
         self.check_tokens(ids)
@@ -122,9 +122,9 @@ class ScriptedRunner(LmRunner):
         session.state[0], session.state[1] = self.tok.encode(text, add_bos=False) + [self.end], 0
         return self._logits(session)
 
-    def _logits(self, session: Session) -> torch.Tensor:
+    def _logits(self, session: Session) -> np.ndarray:
         script, pos, _ = session.state
-        logits = torch.zeros(self.vocab)
+        logits = np.zeros(self.vocab, dtype=np.float32)
         logits[script[min(pos, len(script) - 1)]] = 60.0
         return logits
 
@@ -135,9 +135,7 @@ def scripted_server(real, reply: Callable[[str, int], str], *, name: str = "scri
     `chat_template`; `kw`: the runner's delay_s / multimodal, and create_app's options."""
     runner_kw = {k: kw.pop(k) for k in ("delay_s", "multimodal") if k in kw}
     runner = ScriptedRunner(real.tokenizer, reply, **runner_kw)
-    loaded = SimpleNamespace(runner=runner, tokenizer=real.tokenizer, chat_template=chat_template or real.chat_template,
-                             path=real.path, quantization=real.quantization, format="gguf",
-                             context_length=4096, metadata=real.metadata, config=real.config)
+    loaded = replace(real, runner=runner, chat_template=chat_template or real.chat_template)
     server = LiveServer(create_app(loaded, model_name=name, **kw))
     server.runner = runner
     return server

@@ -200,8 +200,9 @@ def init_ray(address: str | None = None, *, log_to_driver: bool = True, insecure
     import ray
 
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=log_to_driver, ignore_reinit_error=True,
-                 **options)
+        # "local": a new Ray of this process's own, never one found running on the machine
+        ray.init(address=address or "local", include_dashboard=False, log_to_driver=log_to_driver,
+                 ignore_reinit_error=True, **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ClusterUnavailableError(f"cannot start or join Ray at {address!r}: {exc}") from exc
 

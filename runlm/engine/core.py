@@ -20,6 +20,7 @@ import numpy as np
 from runlm.engine.grammar import GrammarConstraint, whitespace_tokens
 from runlm.engine.prompt_cache import PromptCache
 from runlm.engine.reasoning import ThinkingBudget, ThinkingWatch
+from runlm.engine.speculative import Backoff, PromptLookup, Speculation
 from runlm.engine.stops import StopStringFilter
 from runlm.errors import ContextOverflowError, InvalidInputError
 from runlm.runner import ImageInput, LmRunner, PartialBatchError, Session
@@ -47,6 +48,7 @@ class GenerationRequest:
     prompt_text: str | None = None
     cache_scope: str = ""  # whose prompt-cache entries it may reuse: the server's tenant, never the request body
     thinking_budget: ThinkingBudget | None = None  # closes a thinking phase once it has spent so many tokens
+    speculation: Speculation | None = None  # None: the engine's (runlm.engine.speculative)
 
 
 @dataclass
@@ -58,6 +60,8 @@ class Usage:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     ttft_s: float = 0.0
+    draft_tokens: int = 0  # tokens drafted by speculation, and of them the ones the model kept
+    accepted_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -122,6 +126,8 @@ class Generation:
         self.reused = 0  # prompt tokens the session took from the prompt cache
         self.prefilled = False
         self.index = 0  # the choice this generation is, when a request asks for n of them
+        self.lookup: PromptLookup | None = None  # its context's n-grams, from its first speculative step
+        self.backoff = Backoff()
 
     @property
     def finished(self) -> bool:
@@ -157,6 +163,8 @@ class Generation:
             self.sampler.history.append(token)
         logprob = self.sampler.logprob(logits, token)
         self.generated.append(token)
+        if self.lookup is not None:
+            self.lookup.append(token)
         now = time.perf_counter()
         if len(self.generated) == 1:
             self._first_token_at = now
@@ -221,15 +229,18 @@ def merged_usage(usages: Sequence[Usage]) -> Usage:
     first = usages[0]
     return Usage(prompt_tokens=first.prompt_tokens, completion_tokens=sum(u.completion_tokens for u in usages),
                  cached_tokens=first.cached_tokens, queued_s=first.queued_s, prefill_s=first.prefill_s,
-                 decode_s=max(u.decode_s for u in usages), ttft_s=min(u.ttft_s for u in usages))
+                 decode_s=max(u.decode_s for u in usages), ttft_s=min(u.ttft_s for u in usages),
+                 draft_tokens=sum(u.draft_tokens for u in usages),
+                 accepted_tokens=sum(u.accepted_tokens for u in usages))
 
 
 class Engine:
     """Generation over one runner. Not thread-safe (the runner is not): the scheduler owns it."""
 
     def __init__(self, runner: LmRunner, tokenizer: Any, *, context_length: int | None = None,
-                 prompt_cache_mb: float = 256):
+                 prompt_cache_mb: float = 256, speculation: Speculation | None = None):
         self.runner = runner
+        self.speculation = speculation if speculation is not None else Speculation()
         self.tokenizer = tokenizer
         self.vocab_size = runner.vocab_size()
         self.context_length = context_length or runner.max_context()
@@ -379,14 +390,18 @@ class Engine:
         failing ones fail.
         """
         members = list(gens) + list(prefilling)
-        ids_lists = [[g.next_token] for g in gens]
+        drafts = [self._draft(g) for g in gens] + [[] for _ in prefilling]
+        ids_lists = [[g.next_token, *draft] for g, draft in zip(gens, drafts)]
         for g in prefilling:
             # whole chunks, the last one up to twice as long (and of two tokens at least): no short tail step
             # at the end of a prompt, and a prompt's last chunk is never a lone token, which reads like a decode
             ids_lists.append(g.pending[:chunk] if chunk and len(g.pending) >= chunk + max(chunk, 2) else g.pending)
         rows: list[np.ndarray | Exception]
+        drafting = [bool(draft) for draft in drafts]
         try:
-            rows = list(self.runner.extend_batch([g.session for g in members], ids_lists))
+            sessions = [g.session for g in members]
+            rows = list(self.runner.extend_batch_rows(sessions, ids_lists, drafting) if any(drafting)
+                        else self.runner.extend_batch(sessions, ids_lists))
         except Exception as batch_error:
             if isinstance(batch_error, PartialBatchError):
                 rows = [*batch_error.rows, batch_error.cause]  # these advanced; the next one failed
@@ -394,16 +409,19 @@ class Engine:
                 rows = [batch_error]
             else:
                 rows = []
-            for g, ids in zip(members[len(rows):], ids_lists[len(rows):]):
+            for g, ids, every in zip(members[len(rows):], ids_lists[len(rows):], drafting[len(rows):]):
                 try:
-                    rows.append(self.runner.extend(g.session, ids))
+                    rows.append(self.runner.extend(g.session, ids, all_positions=every))
                 except Exception as exc:
                     rows.append(exc)
         results: list[StepResult] = []
-        for g, ids, row in zip(members, ids_lists, rows):
+        for g, ids, row, draft in zip(members, ids_lists, rows, drafts):
             if isinstance(row, Exception):
                 g.fail()
                 results.append((g, row))
+                continue
+            if draft:
+                results.extend(self._verify(g, draft, row))
                 continue
             if g.pending:  # a prompt chunk
                 g.pending = g.pending[len(ids):]
@@ -415,6 +433,42 @@ class Engine:
             except Exception as exc:  # a sampler or grammar failure ends this request only
                 g.fail()
                 results.append((g, exc))
+        return results
+
+    def _draft(self, gen: Generation) -> list[int]:
+        """The tokens `gen` drafts this step after its next one (none where speculation is off for it, its drafts
+        have failed lately, or its session could not be cut back)."""
+        spec = gen.request.speculation or self.speculation
+        room = min(spec.draft_max, gen.max_new - len(gen.generated))
+        if not spec.enabled or room <= 0 or gen.pending or not gen.backoff.ready():
+            return []
+        if gen.lookup is None:
+            gen.lookup = PromptLookup(gen.request.prompt_ids + gen.generated)
+        draft = gen.lookup.draft(room)
+        return draft if draft and self.runner.can_rewind(gen.session, 1 + len(draft)) else []
+
+    def _verify(self, gen: Generation, draft: list[int], rows: np.ndarray) -> list[StepResult]:
+        """Draw `gen`'s tokens from the step's rows as plain decode steps would, one after another, while each
+        drawn token is the drafted one; cut the session back to the tokens kept. The first refused (or the
+        token after the whole draft) is the next step's, as after a plain step."""
+        held = len(gen.session.tokens) - len(draft) - 1
+        results: list[StepResult] = []
+        accepted = 0
+        for i, row in enumerate(rows):
+            try:
+                results.append((gen, gen.on_logits(row)))
+            except Exception as exc:  # a sampler or grammar failure ends this request only
+                gen.fail()
+                results.append((gen, exc))
+                break
+            if gen.finished or i == len(draft) or gen.next_token != draft[i]:
+                break
+            accepted += 1
+        gen.usage.draft_tokens += len(draft)
+        gen.usage.accepted_tokens += accepted
+        gen.backoff.record(len(draft), accepted)
+        if accepted < len(draft):
+            self.runner.truncate(gen.session, held + 1 + accepted)
         return results
 
     def finish(self, gen: Generation) -> None:
@@ -437,18 +491,15 @@ class Engine:
             if cancelled():
                 yield gen.cancel()
                 return
-            record = self.start(gen)
-            while True:
-                yield record
-                if gen.finished:
-                    return
+            yield self.start(gen)
+            while not gen.finished:
                 if cancelled():
                     yield gen.cancel()
                     return
-                [(_, result)] = self.step([gen])
-                if isinstance(result, Exception):
-                    raise result
-                record = result
+                for _, result in self.step([gen]):  # one record a token: several where a draft was kept
+                    if isinstance(result, Exception):
+                        raise result
+                    yield result
         finally:
             self.finish(gen)
 

@@ -618,8 +618,8 @@ class Scheduler:
                 else:
                     self._started(handle, result)
                 continue
-            handle = by_gen[id(gen)]
-            if isinstance(result, Exception) or gen.finished:
+            handle = by_gen[id(gen)]  # a generation that kept a draft has several records, the last one ending it
+            if isinstance(result, Exception) or result.finish_reason is not None:
                 self.active.remove(handle)
                 self._end(handle, result)
             else:

@@ -264,10 +264,12 @@ class NativeModel:
                 for first in range(0, len(ids), PREFILL_CHUNK)]
         return library.rms_norm(np.concatenate(rows), self.final_norm, self.final_eps)
 
-    def extend_batch(self, sessions: list[NativeSession], ids_lists: list[list[int]]) -> list[np.ndarray]:
+    def extend_batch(self, sessions: list[NativeSession], ids_lists: list[list[int]],
+                     every_row: list[bool] | None = None) -> list[np.ndarray]:
         """Each session's new tokens, all in one forward (every block reads its weights once for all the rows): the
-        last new position's logits of each session. A row's logits do not depend on the rows beside it (the blocks
-        and the head compute row by row), so they are what `extend` gives that session alone."""
+        last new position's logits of each session, or every new position's [T, vocab] for a session marked in
+        `every_row`. A row's logits do not depend on the rows beside it (the blocks and the head compute row by
+        row), so they are what `extend` gives that session alone."""
         if len(sessions) != len(ids_lists) or not sessions or any(not ids for ids in ids_lists):
             raise InvalidInputError("extend_batch needs one non-empty token list per session")
         for session, ids in zip(sessions, ids_lists):
@@ -276,10 +278,16 @@ class NativeModel:
         row_seq = [index for index, ids in enumerate(ids_lists) for _ in ids]
         row_pos = [len(session.tokens) + j for session, ids in zip(sessions, ids_lists) for j in range(len(ids))]
         h = self._run(np.asarray(flat, dtype=np.int64), sessions, row_seq, row_pos)
-        logits = self._logits(h[np.cumsum([len(ids) for ids in ids_lists]) - 1])
+        ends = np.cumsum([len(ids) for ids in ids_lists])
         for session, ids in zip(sessions, ids_lists):
             session.tokens.extend(int(t) for t in ids)
-        return list(logits)
+        if not every_row or not any(every_row):
+            return list(self._logits(h[ends - 1]))
+        spans = [(end - len(ids) if every else end - 1, end) for ids, end, every in zip(ids_lists, ends, every_row)]
+        logits = self._logits(h[np.concatenate([np.arange(a, b) for a, b in spans])])
+        bounds = np.cumsum([0] + [b - a for a, b in spans])
+        return [logits[a] if not every else logits[a:b]
+                for a, b, every in zip(bounds[:-1], bounds[1:], every_row)]
 
     def _check(self, session: NativeSession, ids: list[int]) -> None:
         if any(not 0 <= int(t) < self.vocab_size for t in ids):

@@ -68,6 +68,23 @@ class NativeRunner(LmRunner):
         return self.model.extend_batch([session.state for session in sessions],
                                        [[int(t) for t in ids] for ids in ids_lists])
 
+    def extend_batch_rows(self, sessions: Sequence[Session], ids_lists: Sequence[Sequence[int]],
+                          every_row: Sequence[bool]) -> list[np.ndarray]:
+        self.check_batch(sessions, ids_lists)
+        return self.model.extend_batch([session.state for session in sessions],
+                                       [[int(t) for t in ids] for ids in ids_lists], every_row=list(every_row))
+
+    def can_rewind(self, session: Session, positions: int) -> bool:
+        """Full caches can always be cut back (later positions are written over); a sliding-window ring only while
+        the session with `positions` more still fits its window (past it, new positions overwrite kept ones)."""
+        return not any(self.rings) or len(session.tokens) + positions <= min(
+            window for ring, window in zip(self.rings, self.windows) if ring)
+
+    def truncate(self, session: Session, length: int) -> None:
+        if not 0 <= length <= len(session.tokens):
+            raise InvalidInputError(f"cannot cut a session of {len(session.tokens)} tokens to {length}")
+        del session.tokens[length:]  # the native session's own list
+
     def hidden_states(self, ids: Sequence[int]) -> np.ndarray:
         self.check_prompt(ids)
         self.check_fits(len(ids))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from runlm.runner import LmRunner, Session, SessionSnapshot
@@ -84,7 +85,7 @@ class ScriptedRunner(LmRunner):
     def max_context(self) -> int:
         return self.context
 
-    def _logits(self, session: Session) -> torch.Tensor:
+    def _logits(self, session: Session) -> np.ndarray:
         step = len(session.tokens) - session.state
         logits = self.noise[len(session.tokens) % 512].clone()
         if step < len(self.script):
@@ -93,12 +94,12 @@ class ScriptedRunner(LmRunner):
             logits[0] += self.margin
         if self.delay_s:
             time.sleep(self.delay_s)
-        return logits
+        return logits.numpy()
 
-    def predict_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+    def predict_logits(self, prompt_ids: Sequence[int]) -> np.ndarray:
         return self.prefill(self.new_session(), prompt_ids)
 
-    def extend(self, session: Session, ids: Sequence[int], all_positions: bool = False) -> torch.Tensor:
+    def extend(self, session: Session, ids: Sequence[int], all_positions: bool = False) -> np.ndarray:
         self.check_tokens(ids)
         session.tokens = session.tokens + [int(t) for t in ids]
         if session.state is not None and len(ids) == 1:

@@ -135,7 +135,7 @@ def test_reranker_scores_are_p_yes_of_the_runner(reranker, reranker_dir):
     expected, tokens = {}, 0
     for i, doc in enumerate(docs):
         ids = tok.encode(MODEL_CARD_PROMPT.format(instruction=instruction, query="What does the fox do?", doc=doc))
-        logits = reference.runner.predict_logits(ids).double()
+        logits = reference.runner.predict_logits(ids).astype(np.float64)
         expected[i] = 1.0 / (1.0 + math.exp(float(logits[no[0]] - logits[yes[0]])))
         tokens += len(ids)
     got = {x["index"]: x["relevance_score"] for x in data["results"]}

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from types import SimpleNamespace
+from dataclasses import replace
 
 import httpx
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -42,10 +43,10 @@ class FastRunner(LmRunner):
     def max_context(self) -> int:
         return self.context
 
-    def predict_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
-        return self.noise[len(prompt_ids) % 64]
+    def predict_logits(self, prompt_ids: Sequence[int]) -> np.ndarray:
+        return self.noise[len(prompt_ids) % 64].numpy()
 
-    def extend(self, session: Session, ids: Sequence[int], all_positions: bool = False) -> torch.Tensor:
+    def extend(self, session: Session, ids: Sequence[int], all_positions: bool = False) -> np.ndarray:
         decoding = bool(session.tokens) and len(ids) == 1  # the engine runs a prompt whole or in chunks of 2+
         session.tokens = session.tokens + list(ids)
         logits = self.noise[len(session.tokens) % 64].clone()
@@ -53,16 +54,14 @@ class FastRunner(LmRunner):
             if self.delay_s:
                 time.sleep(self.delay_s)
             logits[self.eos] += 3.0
-        return logits
+        return logits.numpy()
 
 
 @pytest.fixture(scope="module")
 def fuzz_server(smollm2_loaded):
     real = smollm2_loaded
     tok = real.tokenizer
-    loaded = SimpleNamespace(runner=FastRunner(tok.vocab_size, tok.eos_id), tokenizer=tok,
-                             chat_template=real.chat_template, path=real.path,
-                             quantization=real.quantization, format="gguf", context_length=256)
+    loaded = replace(real, runner=FastRunner(tok.vocab_size, tok.eos_id))
     server = LiveServer(create_app(loaded, model_name=MODEL, max_queue=8, default_max_tokens=4,
                                    max_body_bytes=64 * 1024))
     server.runner = loaded.runner

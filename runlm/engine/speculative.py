@@ -1,0 +1,107 @@
+"""Speculative decoding by prompt lookup: draft the tokens that followed the last n-gram where it occurred before.
+
+A generation's context (prompt and reply) often repeats itself: code being rewritten, a quoted document, a list
+that follows a pattern. `PromptLookup` indexes every n-gram of the context as it grows and, at each decode step,
+drafts the tokens that followed the latest earlier occurrence of the context's last n tokens (the longest n that
+has one). The engine runs the draft with the step's token in one forward and keeps the drafted tokens the model
+itself samples, in order: each position's token is drawn from that position's logits as a plain decode step would
+draw it, and the draft goes on only while the drawn token is the drafted one. The logits of a row do not depend
+on the rows run beside it, so the reply is token for token the reply without speculation, greedy or sampled (the
+sampler draws once per token, in the same order); only the number of forwards changes.
+
+Drafting pays where the context repeats and costs rows that are thrown away where it does not: a lookup that
+finds nothing drafts nothing (no cost but the lookup), and a generation whose drafts keep failing drafts less
+often (`Backoff`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runlm.errors import InvalidInputError
+
+SPECULATIVE_MODES = ("off", "ngram")
+DEFAULT_DRAFT_MAX = 8
+NGRAM_MAX = 4  # the longest n-gram looked up
+NGRAM_MIN = 2  # the shortest: a lone token repeats too often to predict what follows it
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How generations draft: `mode` "ngram" (prompt lookup) or "off", at most `draft_max` tokens a step."""
+
+    mode: str = "ngram"
+    draft_max: int = DEFAULT_DRAFT_MAX
+
+    def __post_init__(self) -> None:
+        if self.mode not in SPECULATIVE_MODES:
+            raise InvalidInputError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, got {self.mode!r}")
+        if isinstance(self.draft_max, bool) or not isinstance(self.draft_max, int) or not 0 <= self.draft_max <= 64:
+            raise InvalidInputError(f"draft_max must be an integer in 0..64, got {self.draft_max!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off" and self.draft_max > 0
+
+
+class PromptLookup:
+    """An index of a growing token sequence's n-grams (n in NGRAM_MIN..NGRAM_MAX): for each, the position just
+    after its latest occurrence. Appending a token costs a few dict updates; a lookup, a few dict reads."""
+
+    def __init__(self, tokens: list[int] | None = None):
+        self.tokens: list[int] = []
+        self._after: dict[tuple[int, ...], int] = {}
+        for token in tokens or []:
+            self.append(token)
+
+    def append(self, token: int) -> None:
+        """Add `token`; the n-grams ending just before it now point at it. (An n-gram ending at the last token is
+        indexed only once a token follows it: the lookup must find an earlier occurrence, not the context's end.)"""
+        tokens = self.tokens
+        end = len(tokens)
+        for n in range(NGRAM_MIN, NGRAM_MAX + 1):
+            if end >= n:
+                self._after[tuple(tokens[end - n : end])] = end
+        tokens.append(int(token))
+
+    def draft(self, limit: int) -> list[int]:
+        """Up to `limit` tokens that followed the latest earlier occurrence of the longest suffix found."""
+        tokens = self.tokens
+        if limit <= 0:
+            return []
+        for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
+            if len(tokens) <= n:
+                continue
+            start = self._after.get(tuple(tokens[-n:]))
+            if start is not None:
+                return tokens[start : start + limit]
+        return []
+
+
+class Backoff:
+    """Skip drafting for a while after drafts fail: each step whose whole draft was refused doubles the steps to
+    skip (up to 16), and a step that keeps a drafted token resets it."""
+
+    MAX_SKIP = 16
+
+    def __init__(self) -> None:
+        self._skip = 0
+        self._wait = 0
+
+    def ready(self) -> bool:
+        if self._wait > 0:
+            self._wait -= 1
+            return False
+        return True
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        if accepted:
+            self._skip = 0
+        else:
+            self._skip = min(self.MAX_SKIP, max(1, 2 * self._skip))
+            self._wait = self._skip
+
+
+__all__ = ["DEFAULT_DRAFT_MAX", "SPECULATIVE_MODES", "Backoff", "PromptLookup", "Speculation"]
