@@ -1,5 +1,6 @@
 """`runlm bench`: runlm measured beside its peers (bench.peers), the engine's batching and prompt cache
-(bench.streams), each weight type's kernel (bench.kernels), /health under hostile requests (bench.health) and
+(bench.streams), speculative decoding off and on (bench.speculative), each weight type's kernel (bench.kernels),
+/health under hostile requests (bench.health) and
 replicas on Ray Serve (bench.replicas); bench.worker runs one peer in a process of its own, bench.common holds
 what they share. Each mode is imported when asked for: none of them imports another's.
 """
@@ -31,6 +32,10 @@ def run_bench(args: Any) -> int:
         from runlm.bench.replicas import run_replica_bench  # optional: the [cluster] extra
 
         return run_replica_bench(args)
+    if args.drafts:
+        from runlm.bench.speculative import run_speculative_bench
+
+        return run_speculative_bench(args)
     if args.streams or args.prompt_cache:
         from runlm.bench.streams import run_engine_bench
 

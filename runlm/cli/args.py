@@ -11,6 +11,7 @@ import time
 import webbrowser
 from collections.abc import Callable
 
+from runlm.engine.speculative import DEFAULT_DRAFT_MAX, SPECULATIVE_MODES, Speculation
 from runlm.errors import RunlmError, TokenizerError
 from runlm.sampling import SamplingParams
 
@@ -38,6 +39,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--swa-full", action="store_true",
         help="keep every position in sliding-window layers' caches (more memory; prompt-cache reuse at any length)",
     )
+    parser.add_argument("--speculative", default="ngram", choices=SPECULATIVE_MODES,
+                        help="speculative decoding: ngram drafts what followed the context's last tokens where they "
+                             "occurred before (replies are the same, faster where text repeats); off")
+    parser.add_argument("--draft-max", type=int, default=DEFAULT_DRAFT_MAX,
+                        help=f"most tokens drafted a step (default {DEFAULT_DRAFT_MAX})")
     parser.add_argument("--kv-type", default="auto", choices=["auto", "f32", "f16", "q8_0"],
                         help="KV cache element type (auto: f16 for quantized GGUF weights on the default path, "
                              "else as --dtype; q8_0: 8-bit blocks, 17/32 of f16's memory, default path only)")
@@ -60,6 +66,11 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None)
 
 
+def speculation_of(args: argparse.Namespace) -> Speculation:
+    """--speculative and --draft-max."""
+    return Speculation(args.speculative, args.draft_max)
+
+
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
     """The sampling flags as the sampler both paths share takes them."""
     return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
@@ -69,6 +80,8 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
     add_model_arguments(gen)
     add_sampling_arguments(gen)
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    gen.add_argument("--stats", action="store_true",
+                     help="print the prompt and decode speeds and the drafts kept, on stderr")
     gen.add_argument("--system", default=None, help="system prompt (chat models)")
     gen.add_argument("--image", default=None, help="an image file (PNG, JPEG...) for vision models; greedy decoding")
     gen.add_argument("--mmproj", default=None, help="llama.cpp vision projector GGUF for a GGUF model")
@@ -163,6 +176,7 @@ def serve_options(args: argparse.Namespace) -> dict:
         special_tokens_in_content=args.special_tokens_in_content,
         reasoning_format=args.reasoning_format,
         reasoning_budget=args.reasoning_budget,
+        speculation=speculation_of(args),
     )
 
 

@@ -22,11 +22,13 @@ from runlm.cli.args import (
     read_template_file,
     sampling_params,
     serve_options,
+    speculation_of,
     terminal_safe,
 )
 from runlm.cluster.simulate import add_arguments as add_simulation_arguments
 from runlm.cluster.simulate import run_from_args as run_simulation_from_args
 from runlm.engine import Engine, GenerationRequest, ImageInput
+from runlm.engine.core import Usage
 from runlm.errors import CatalogError, RunlmError
 from runlm.pixels import image_to_rgb
 from runlm.runner import ServedModel
@@ -86,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--prompt-cache", action="store_true", help="time to first token with and without a cached prefix"
     )
+    bench.add_argument("--drafts", action="store_true",
+                       help="speculative decoding off and on: a copy-heavy request and free text (runlm.bench."
+                            "speculative)")
     bench.add_argument("--health", action="store_true",
                        help="/health latency while hostile requests run against `runlm serve` (runlm.bench.health)")
     bench.add_argument(
@@ -150,12 +155,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
             {"role": "user", "content": prompt}
         ]
         text = loaded.chat_template.render(messages)
-    _stream_reply(_engine(loaded), text, args, image)
+    _stream_reply(_engine(loaded, args), text, args, image)
     return 0
 
 
-def _engine(loaded: ServedModel) -> Engine:
-    return Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length)
+def _engine(loaded: ServedModel, args: argparse.Namespace) -> Engine:
+    return Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length,
+                  speculation=speculation_of(args))
 
 
 def _stream_reply(engine, text: str, args: argparse.Namespace, image=None) -> str:
@@ -174,8 +180,20 @@ def _stream_reply(engine, text: str, args: argparse.Namespace, image=None) -> st
             pieces.append(record.text)
             sys.stdout.write(shown(record.text))
             sys.stdout.flush()
+        if record.usage is not None and getattr(args, "stats", False):
+            print_stats(record.usage)
     sys.stdout.write("\n")
     return "".join(pieces)
+
+
+def print_stats(usage: Usage) -> None:
+    """One line on stderr: the prompt and decode speeds, and how many drafted tokens the model kept."""
+    prompt_run = usage.prompt_tokens - usage.cached_tokens
+    prefill = prompt_run / usage.prefill_s if usage.prefill_s > 0 else 0.0
+    drafts = (f", drafts kept {usage.accepted_tokens}/{usage.draft_tokens} "
+              f"({usage.accepted_tokens / usage.draft_tokens:.0%})" if usage.draft_tokens else ", no drafts")
+    print(f"\nrunlm: prompt {usage.prompt_tokens} tokens ({usage.cached_tokens} cached) at {prefill:.1f} tok/s, "
+          f"{usage.completion_tokens} generated at {usage.decode_tokens_per_s:.1f} tok/s{drafts}", file=sys.stderr)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -184,7 +202,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     loaded = _load(args)
     if loaded.chat_template is None:
         raise RunlmError(f"{loaded.path}: the model has no chat template; use `runlm generate --raw`")
-    engine = _engine(loaded)  # its prompt cache makes each turn prefill only the new text
+    engine = _engine(loaded, args)  # its prompt cache makes each turn prefill only the new text
     print(f"runlm chat: {loaded.path.name} ({loaded.family}, {loaded.runtime} runtime). Empty line or Ctrl-D to quit.",
           file=sys.stderr)
     return chat_loop(args.system, lambda messages: _stream_reply(engine, loaded.chat_template.render(messages), args))
@@ -333,7 +351,8 @@ def serve_on_ray(args: argparse.Namespace, server_options: dict) -> int:
     replica = ReplicaOptions(model=args.model, dtype=args.dtype, ctx=args.ctx, swa_full=args.swa_full,
                              kv_type=args.kv_type, mmproj=args.mmproj, prompt_cache_mb=args.prompt_cache_mb,
                              runtime=runtime_asked(args),
-                             max_batch=args.parallel, max_queue=args.max_queue, kv_budget_mb=args.kv_budget_mb)
+                             max_batch=args.parallel, max_queue=args.max_queue, kv_budget_mb=args.kv_budget_mb,
+                             speculation=speculation_of(args))
     cluster = ClusterOptions(replicas=args.replicas if args.replicas is not None else args.min_replicas or 1,
                              threads_per_replica=args.threads_per_replica, ray_address=args.ray_address,
                              insecure_ray=args.insecure_ray,

@@ -20,6 +20,7 @@ from runlm.engine import Engine, Scheduler
 from runlm.engine.core import GenerationRequest, StreamRecord, Usage
 from runlm.engine.grammar import GrammarConstraint
 from runlm.engine.scheduler import RequestHandle, kv_budget_bytes
+from runlm.engine.speculative import Speculation
 
 
 @dataclass
@@ -75,6 +76,7 @@ class ReplicaOptions:
     max_batch: int = 8
     max_queue: int = 16
     kv_budget_mb: float | None = None  # None: half the memory available when the replica starts; 0: no bound
+    speculation: Speculation | None = None  # None: the engine's default (runlm.engine.speculative)
 
 
 class ModelReplica:
@@ -87,7 +89,7 @@ class ModelReplica:
                            swa_full=options.swa_full, kv_type=options.kv_type, threads=options.threads,
                            runtime=options.runtime)
         self.engine = Engine(self.loaded.runner, self.loaded.tokenizer, context_length=self.loaded.context_length,
-                             prompt_cache_mb=options.prompt_cache_mb)
+                             prompt_cache_mb=options.prompt_cache_mb, speculation=options.speculation)
         self.scheduler = Scheduler(self.engine, max_queue=options.max_queue, max_batch=options.max_batch,
                                    kv_budget_bytes=kv_budget_bytes(options.kv_budget_mb))
         self.replica_id = replica_id or f"pid-{os.getpid()}"

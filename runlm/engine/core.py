@@ -20,7 +20,7 @@ import numpy as np
 from runlm.engine.grammar import GrammarConstraint, whitespace_tokens
 from runlm.engine.prompt_cache import PromptCache
 from runlm.engine.reasoning import ThinkingBudget, ThinkingWatch
-from runlm.engine.speculative import Backoff, PromptLookup, Speculation
+from runlm.engine.speculative import DraftPacer, PromptLookup, Speculation
 from runlm.engine.stops import StopStringFilter
 from runlm.errors import ContextOverflowError, InvalidInputError
 from runlm.runner import ImageInput, LmRunner, PartialBatchError, Session
@@ -127,7 +127,7 @@ class Generation:
         self.prefilled = False
         self.index = 0  # the choice this generation is, when a request asks for n of them
         self.lookup: PromptLookup | None = None  # its context's n-grams, from its first speculative step
-        self.backoff = Backoff()
+        self.pacer = DraftPacer()
 
     @property
     def finished(self) -> bool:
@@ -439,12 +439,14 @@ class Engine:
         """The tokens `gen` drafts this step after its next one (none where speculation is off for it, its drafts
         have failed lately, or its session could not be cut back)."""
         spec = gen.request.speculation or self.speculation
-        room = min(spec.draft_max, gen.max_new - len(gen.generated))
-        if not spec.enabled or room <= 0 or gen.pending or not gen.backoff.ready():
+        if not spec.enabled or gen.pending:
+            return []
+        length = gen.pacer.next_length(min(spec.draft_max, gen.max_new - len(gen.generated)))
+        if length <= 0:
             return []
         if gen.lookup is None:
             gen.lookup = PromptLookup(gen.request.prompt_ids + gen.generated)
-        draft = gen.lookup.draft(room)
+        draft = gen.lookup.draft(length)
         return draft if draft and self.runner.can_rewind(gen.session, 1 + len(draft)) else []
 
     def _verify(self, gen: Generation, draft: list[int], rows: np.ndarray) -> list[StepResult]:
@@ -466,7 +468,7 @@ class Engine:
             accepted += 1
         gen.usage.draft_tokens += len(draft)
         gen.usage.accepted_tokens += accepted
-        gen.backoff.record(len(draft), accepted)
+        gen.pacer.record(len(draft), accepted)
         if accepted < len(draft):
             self.runner.truncate(gen.session, held + 1 + accepted)
         return results

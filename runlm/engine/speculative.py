@@ -11,7 +11,7 @@ sampler draws once per token, in the same order); only the number of forwards ch
 
 Drafting pays where the context repeats and costs rows that are thrown away where it does not: a lookup that
 finds nothing drafts nothing (no cost but the lookup), and a generation whose drafts keep failing drafts less
-often (`Backoff`).
+often (`DraftPacer`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from runlm.errors import InvalidInputError
 
 SPECULATIVE_MODES = ("off", "ngram")
-DEFAULT_DRAFT_MAX = 8
+DEFAULT_DRAFT_MAX = 3  # a row costs a fifth to a quarter of a one-row step on 2 cores: short drafts pay best
 NGRAM_MAX = 4  # the longest n-gram looked up
 NGRAM_MIN = 2  # the shortest: a lone token repeats too often to predict what follows it
 
@@ -78,30 +78,37 @@ class PromptLookup:
         return []
 
 
-class Backoff:
-    """Skip drafting for a while after drafts fail: each step whose whole draft was refused doubles the steps to
-    skip (up to 16), and a step that keeps a drafted token resets it."""
+class DraftPacer:
+    """How many tokens a generation drafts next: drafts that the model keeps whole double the length (up to the
+    limit), a draft cut short is followed by one as long as what was kept plus one, and a draft refused at its
+    first token makes the generation skip drafting for a while (1, 2, 4, ... 16 steps). Where the context repeats,
+    drafts grow long fast; where it does not, a failed draft costs one or two rows now and then."""
 
     MAX_SKIP = 16
 
-    def __init__(self) -> None:
+    def __init__(self, start: int = 2) -> None:
+        self.length = start
         self._skip = 0
         self._wait = 0
 
-    def ready(self) -> bool:
+    def next_length(self, limit: int) -> int:
+        """The length of this step's draft (0: skip drafting this step)."""
         if self._wait > 0:
             self._wait -= 1
-            return False
-        return True
+            return 0
+        return min(self.length, limit)
 
     def record(self, drafted: int, accepted: int) -> None:
         if drafted == 0:
             return
-        if accepted:
-            self._skip = 0
+        if accepted == drafted:
+            self.length, self._skip = 2 * drafted, 0
+        elif accepted:
+            self.length, self._skip = accepted + 1, 0
         else:
+            self.length = 1
             self._skip = min(self.MAX_SKIP, max(1, 2 * self._skip))
             self._wait = self._skip
 
 
-__all__ = ["DEFAULT_DRAFT_MAX", "SPECULATIVE_MODES", "Backoff", "PromptLookup", "Speculation"]
+__all__ = ["DEFAULT_DRAFT_MAX", "SPECULATIVE_MODES", "DraftPacer", "PromptLookup", "Speculation"]

@@ -22,6 +22,7 @@ from runlm.engine.embeddings import check_pooling
 from runlm.engine.reasoning import check_reasoning_budget, check_reasoning_format
 from runlm.engine.rerank import Reranker, looks_like_reranker
 from runlm.engine.scheduler import kv_budget_bytes
+from runlm.engine.speculative import Speculation
 from runlm.runner import ServedModel
 from runlm.server import (
     anthropic_api,
@@ -68,6 +69,7 @@ def create_app(
     special_tokens_in_content: bool = False,
     scheduler: Any = None,
     kv_budget_mb: float | None = None,
+    speculation: Speculation | None = None,
     reasoning_format: str = "auto",
     reasoning_budget: int = -1,
     reranker: bool | None = None,
@@ -105,7 +107,7 @@ def create_app(
     hosts = HostList((*DEFAULT_ALLOWED_HOSTS, *allowed_hosts))
     if scheduler is None:
         engine = Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length,
-                        prompt_cache_mb=prompt_cache_mb)
+                        prompt_cache_mb=prompt_cache_mb, speculation=speculation)
         scheduler = Scheduler(engine, max_queue=max_queue, max_batch=max_batch,
                               kv_budget_bytes=kv_budget_bytes(kv_budget_mb))
     engine = scheduler.engine

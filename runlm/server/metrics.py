@@ -46,6 +46,8 @@ class Metrics:
         self.cache_hits = 0
         self.decode_seconds = 0.0
         self.prefill_seconds = 0.0
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
         self.last_tps = 0.0
         self.ttft = _Histogram(TTFT_BUCKETS)
         self.tps = _Histogram(TPS_BUCKETS)
@@ -61,6 +63,8 @@ class Metrics:
             self.completion_tokens += usage.completion_tokens
             self.prefill_seconds += usage.prefill_s
             self.decode_seconds += usage.decode_s
+            self.draft_tokens += usage.draft_tokens
+            self.accepted_tokens += usage.accepted_tokens
             if usage.cached_tokens:
                 self.cache_hits += 1
                 self.cached_tokens += usage.cached_tokens
@@ -89,6 +93,8 @@ class Metrics:
                                                         self.cached_tokens),
                 "runlm_prefill_seconds_total": ("Seconds spent in prefill.", self.prefill_seconds),
                 "runlm_decode_seconds_total": ("Seconds spent decoding.", self.decode_seconds),
+                "runlm_draft_tokens_total": ("Tokens drafted by speculative decoding.", self.draft_tokens),
+                "runlm_draft_accepted_tokens_total": ("Drafted tokens the model kept.", self.accepted_tokens),
             }
             for name, (help_, value) in counters.items():
                 lines += [f"# HELP {name} {help_}", f"# TYPE {name} counter", f"{name} {value}"]

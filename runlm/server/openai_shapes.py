@@ -14,6 +14,7 @@ from runlm.engine import Completion, GenerationRequest, StreamRecord, Usage
 from runlm.engine.core import merged_usage
 from runlm.engine.grammar import GrammarConstraint, grammar_for_json_schema
 from runlm.engine.reasoning import THINK_CLOSE, THINK_OPEN, ThinkingBudget, ThinkingPlan, thinking_switch
+from runlm.engine.speculative import Speculation
 from runlm.engine.tools import tool_call_schema
 from runlm.errors import RunlmError
 from runlm.runner import ImageInput
@@ -85,6 +86,9 @@ def usage_json(usage: Usage) -> dict[str, Any]:
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        # speculative decoding's drafted tokens the model kept, and the ones it drew otherwise
+        "completion_tokens_details": {"accepted_prediction_tokens": usage.accepted_tokens,
+                                      "rejected_prediction_tokens": usage.draft_tokens - usage.accepted_tokens},
     }
 
 
@@ -101,6 +105,8 @@ def timings_json(usage: Usage) -> dict[str, Any]:
         "predicted_per_second": usage.decode_tokens_per_s,
         "queued_ms": usage.queued_s * 1000,
         "ttft_ms": usage.ttft_s * 1000,
+        "draft_n": usage.draft_tokens,
+        "draft_n_accepted": usage.accepted_tokens,
     }
 
 
@@ -109,6 +115,14 @@ def finish_reason(reason: str | None) -> str:
 
 
 # -- request -> GenerationRequest --------------------------------------------------------------------
+
+
+def speculation_from(body: SamplingFields) -> Speculation | None:
+    """A request's `speculative.n_max` (llama-server's): 0 turns drafting off, N drafts up to N tokens a step;
+    absent, the server's --speculative / --draft-max."""
+    if body.speculative_n_max is None:
+        return None
+    return Speculation("ngram" if body.speculative_n_max else "off", body.speculative_n_max)
 
 
 def sampling_from(body: SamplingFields, vocab: int, logprobs: bool, top_logprobs: int) -> SamplingParams:
@@ -300,6 +314,7 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
         grammar=grammar,
         use_prompt_cache=body.cache_prompt,
         thinking_budget=thinking_budget(state, thinking, budget, gates_grammar=grammar is not None),
+        speculation=speculation_from(body),
     )
     if images:
         try:
@@ -362,6 +377,7 @@ def plan_completion(state: ServerState, body: CompletionRequest) -> CompletionPl
         grammar=json_grammar(state, schema) if constrained else None,
         use_prompt_cache=body.cache_prompt,
         stop_ids=stop_ids,
+        speculation=speculation_from(body),
     )
     return CompletionPlan(request, echo_text if body.echo else "")
 

@@ -139,6 +139,8 @@ class SamplingFields(Strict):
     repeat_last_n: Annotated[int, Field(ge=-1)] | None = None
     ignore_eos: bool = False
     cache_prompt: bool = True
+    # llama-server's: the most tokens speculation drafts a step for this request (0: none)
+    speculative_n_max: Annotated[int, Field(ge=0, le=64)] | None = Field(default=None, alias="speculative.n_max")
 
 
 class ChatCompletionRequest(SamplingFields):
