@@ -54,8 +54,9 @@ def _tag_in(name: str, tag: str) -> bool:
     return re.search(rf"(?<![A-Za-z0-9]){re.escape(tag)}(?![A-Za-z0-9_])", name, re.IGNORECASE) is not None
 
 
-def choose_files(ref: HubRef, files: list[str]) -> tuple[str, str | None]:
-    """(the model's GGUF, its vision projector or None) among the repo's files."""
+def choose_files(ref: HubRef, files: list[str]) -> tuple[list[str], str | None]:
+    """(the model's GGUF, or every part of a split one in order; its vision projector or None) among the repo's
+    files."""
     ggufs = [f for f in files if f.lower().endswith(".gguf")]
     projectors = sorted((f for f in ggufs if "mmproj" in Path(f).name.lower()),
                         key=lambda f: (not _tag_in(f, "F16"), f))
@@ -74,12 +75,20 @@ def choose_files(ref: HubRef, files: list[str]) -> tuple[str, str | None]:
     else:
         chosen = next(([f for f in models if _tag_in(Path(f).name, tag)] for tag in DEFAULT_QUANTS
                        if any(_tag_in(Path(f).name, tag) for f in models)), models)
+    projector = projectors[0] if projectors else None
     if any(SPLIT.search(f) for f in chosen):
-        raise CatalogError(f"{ref}: {chosen[0]} is split into parts, which runlm does not join yet; ask for a "
-                           "single-file quantization")
+        models_of = {SPLIT.sub("", f) for f in chosen}
+        if len(models_of) > 1:
+            raise CatalogError(f"{ref}: several split GGUFs match ({', '.join(sorted(models_of))}); name one: "
+                               f"hf.co/{ref.repo}:<file>")
+        parts = sorted(chosen)
+        count = int(SPLIT.search(parts[0]).group(0).split("-of-")[1][:5])
+        if len(parts) != count:
+            raise CatalogError(f"{ref}: the repo has {len(parts)} of the {count} parts of {parts[0]}")
+        return parts, projector
     if len(chosen) > 1:
         raise CatalogError(f"{ref}: several GGUFs match ({', '.join(chosen)}); name one: hf.co/{ref.repo}:<file>")
-    return chosen[0], projectors[0] if projectors else None
+    return chosen, projector
 
 
 def _sha256(path: Path) -> str:
@@ -91,7 +100,8 @@ def _sha256(path: Path) -> str:
 
 
 def pull(ref: HubRef, progress: bool = True) -> tuple[Path, Path | None]:
-    """Download the model's GGUF (and projector) into runlm's hub cache: (model, projector or None)."""
+    """Download the model's GGUF, every part of a split one (and its projector) into runlm's hub cache: (the model's
+    file or first part, projector or None)."""
     try:
         from huggingface_hub import HfApi, hf_hub_download
         from huggingface_hub.errors import (
@@ -111,9 +121,8 @@ def pull(ref: HubRef, progress: bool = True) -> tuple[Path, Path | None]:
         model, projector = choose_files(ref, list(siblings))
         (enable_progress_bars if progress else disable_progress_bars)()
         paths = []
-        for name in (model, projector):
+        for name in [*model, projector]:
             if name is None:
-                paths.append(None)
                 continue
             path = Path(hf_hub_download(ref.repo, name, revision=info.sha, cache_dir=hub_dir(), endpoint=endpoint))
             lfs = siblings[name].lfs
@@ -122,7 +131,7 @@ def pull(ref: HubRef, progress: bool = True) -> tuple[Path, Path | None]:
                 raise CatalogError(f"{ref}: {name} does not match the sha256 the Hub lists for it (removed; pull "
                                    "again)")
             paths.append(path)
-        return paths[0], paths[1]
+        return paths[0], paths[len(model)] if projector is not None else None
     except GatedRepoError as exc:
         raise CatalogError(f"{ref}: the repo is gated: accept its terms on the Hub and set HF_TOKEN "
                            f"({_status(exc)})") from None

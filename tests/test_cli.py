@@ -16,6 +16,7 @@ from server_harness import serve_cli
 
 from runlm import load
 from runlm.cli import commands as cli
+from runlm.engine import StreamRecord
 from runlm.engine.embeddings import embed, embedding_ids
 from runlm.native import build
 from runlm.pytorch import kernels
@@ -174,7 +175,7 @@ def test_streamed_reply_on_a_terminal_shows_escapes_as_text(monkeypatch, stdout,
     """Escape sequences split across streamed pieces are caught too (the check is per character)."""
     pieces = ["hi \x1b]52;c;cGF5bG9hZA==\x07 ", "\x1b", "[2J done\r\n\tend"]
     engine = SimpleNamespace(tokenizer=SimpleNamespace(encode_prompt=lambda text: [1]),
-                             generate=lambda request: iter(SimpleNamespace(text=p) for p in pieces))
+                             generate=lambda request: iter(StreamRecord(text=p) for p in pieces))
     args = SimpleNamespace(max_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=None)
     monkeypatch.setattr(sys, "stdout", stdout)
     assert cli._stream_reply(engine, "prompt", args) == "".join(pieces)

@@ -124,11 +124,12 @@ def test_choosing_among_a_repos_files():
     ref = hub.parse_ref("hf.co/u/r")
     files = ["model-Q4_K_M.gguf", "model-Q4_K_S.gguf", "model-Q8_0.gguf", "mmproj-model-f16.gguf",
              "mmproj-model-Q8_0.gguf", "README.md"]
-    assert hub.choose_files(ref, files) == ("model-Q4_K_M.gguf", "mmproj-model-f16.gguf")
-    assert hub.choose_files(hub.parse_ref("hf.co/u/r:q8_0"), files)[0] == "model-Q8_0.gguf"
-    assert hub.choose_files(hub.parse_ref("hf.co/u/r:Q4_K"), ["m-Q4_K.gguf", "m-Q4_K_M.gguf"])[0] == "m-Q4_K.gguf"
-    with pytest.raises(CatalogError, match="split into parts"):
-        hub.choose_files(hub.parse_ref("hf.co/u/r:Q4_K_M"), ["m-Q4_K_M-00001-of-00002.gguf",
-                                                            "m-Q4_K_M-00002-of-00002.gguf"])
+    assert hub.choose_files(ref, files) == (["model-Q4_K_M.gguf"], "mmproj-model-f16.gguf")
+    assert hub.choose_files(hub.parse_ref("hf.co/u/r:q8_0"), files)[0] == ["model-Q8_0.gguf"]
+    assert hub.choose_files(hub.parse_ref("hf.co/u/r:Q4_K"), ["m-Q4_K.gguf", "m-Q4_K_M.gguf"])[0] == ["m-Q4_K.gguf"]
+    parts = ["m-Q4_K_M-00002-of-00002.gguf", "m-Q4_K_M-00001-of-00002.gguf", "m-Q8_0.gguf"]
+    assert hub.choose_files(hub.parse_ref("hf.co/u/r:Q4_K_M"), parts)[0] == sorted(parts[:2])
+    with pytest.raises(CatalogError, match="1 of the 2 parts"):
+        hub.choose_files(hub.parse_ref("hf.co/u/r:Q4_K_M"), parts[:1])
     with pytest.raises(CatalogError, match="no GGUF model file"):
         hub.choose_files(ref, ["README.md", "mmproj-f16.gguf"])

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from runlm.engine.speculative import DEFAULT_DRAFT_MAX, SPECULATIVE_MODES, Speculation
 from runlm.errors import RunlmError, TokenizerError
+from runlm.runner import ServedModel
 from runlm.sampling import SamplingParams
 
 # What a served request that names no max_tokens may generate: one request without a limit would otherwise hold a
@@ -39,9 +40,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--swa-full", action="store_true",
         help="keep every position in sliding-window layers' caches (more memory; prompt-cache reuse at any length)",
     )
-    parser.add_argument("--speculative", default="ngram", choices=SPECULATIVE_MODES,
-                        help="speculative decoding: ngram drafts what followed the context's last tokens where they "
-                             "occurred before (replies are the same, faster where text repeats); off")
+    parser.add_argument("--speculative", default=None, choices=SPECULATIVE_MODES,
+                        help="speculative decoding (replies are the same, faster where drafts hold): ngram (the "
+                             "default) drafts what followed the context's last tokens where they occurred before; "
+                             "draft, the default with --draft-model, drafts with a small model; off")
+    parser.add_argument("--draft-model", default=None, metavar="MODEL",
+                        help="a small GGUF model with the same tokenizer that drafts tokens (native runtime)")
     parser.add_argument("--draft-max", type=int, default=DEFAULT_DRAFT_MAX,
                         help=f"most tokens drafted a step (default {DEFAULT_DRAFT_MAX})")
     parser.add_argument("--kv-type", default="auto", choices=["auto", "f32", "f16", "q8_0"],
@@ -66,9 +70,21 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None)
 
 
-def speculation_of(args: argparse.Namespace) -> Speculation:
-    """--speculative and --draft-max."""
-    return Speculation(args.speculative, args.draft_max)
+def speculation_of(args: argparse.Namespace, target: ServedModel) -> Speculation:
+    """--speculative, --draft-max and --draft-model (loaded here on the native runtime, its tokenizer checked
+    against the model's, token by token)."""
+    mode = args.speculative or ("draft" if args.draft_model else "ngram")
+    if args.draft_model is None or mode != "draft":
+        return Speculation(mode, args.draft_max)
+    from runlm.runtime import load
+
+    draft = load(args.draft_model, runtime="native", threads=args.threads, max_context=args.ctx)
+    ours, theirs = target.tokenizer, draft.tokenizer
+    if ours.vocab_size != theirs.vocab_size or any(
+            ours.token_to_bytes(i) != theirs.token_to_bytes(i) for i in range(ours.vocab_size)):
+        raise RunlmError(f"--draft-model {args.draft_model}: its tokenizer is not the model's (a draft model must "
+                         "share the model's vocabulary)")
+    return Speculation(mode, args.draft_max, draft.runner)
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
@@ -176,7 +192,6 @@ def serve_options(args: argparse.Namespace) -> dict:
         special_tokens_in_content=args.special_tokens_in_content,
         reasoning_format=args.reasoning_format,
         reasoning_budget=args.reasoning_budget,
-        speculation=speculation_of(args),
     )
 
 

@@ -29,6 +29,7 @@ from runlm.cluster.simulate import add_arguments as add_simulation_arguments
 from runlm.cluster.simulate import run_from_args as run_simulation_from_args
 from runlm.engine import Engine, GenerationRequest, ImageInput
 from runlm.engine.core import Usage
+from runlm.engine.speculative import Speculation
 from runlm.errors import CatalogError, RunlmError
 from runlm.pixels import image_to_rgb
 from runlm.runner import ServedModel
@@ -161,7 +162,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def _engine(loaded: ServedModel, args: argparse.Namespace) -> Engine:
     return Engine(loaded.runner, loaded.tokenizer, context_length=loaded.context_length,
-                  speculation=speculation_of(args))
+                  speculation=speculation_of(args, loaded))
 
 
 def _stream_reply(engine, text: str, args: argparse.Namespace, image=None) -> str:
@@ -338,7 +339,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return serve_on_ray(args, server_options)
     loaded = _load(args)
     serve(loaded, host=args.host, port=args.port, prompt_cache_mb=args.prompt_cache_mb, max_queue=args.max_queue,
-          max_batch=args.parallel, kv_budget_mb=args.kv_budget_mb, **server_options)
+          max_batch=args.parallel, kv_budget_mb=args.kv_budget_mb, speculation=speculation_of(args, loaded),
+          **server_options)
     return 0
 
 
@@ -348,11 +350,13 @@ def serve_on_ray(args: argparse.Namespace, server_options: dict) -> int:
 
     if args.device not in (None, "cpu"):
         raise RunlmError("--replicas runs on CPUs here; --device is not supported with it yet")
+    if args.draft_model is not None or args.speculative == "draft":
+        raise RunlmError("--replicas drafts by prompt lookup only; --draft-model is not supported with it yet")
     replica = ReplicaOptions(model=args.model, dtype=args.dtype, ctx=args.ctx, swa_full=args.swa_full,
                              kv_type=args.kv_type, mmproj=args.mmproj, prompt_cache_mb=args.prompt_cache_mb,
                              runtime=runtime_asked(args),
                              max_batch=args.parallel, max_queue=args.max_queue, kv_budget_mb=args.kv_budget_mb,
-                             speculation=speculation_of(args))
+                             speculation=Speculation(args.speculative or "ngram", args.draft_max))
     cluster = ClusterOptions(replicas=args.replicas if args.replicas is not None else args.min_replicas or 1,
                              threads_per_replica=args.threads_per_replica, ray_address=args.ray_address,
                              insecure_ray=args.insecure_ray,

@@ -20,9 +20,9 @@ import numpy as np
 from runlm.engine.grammar import GrammarConstraint, whitespace_tokens
 from runlm.engine.prompt_cache import PromptCache
 from runlm.engine.reasoning import ThinkingBudget, ThinkingWatch
-from runlm.engine.speculative import DraftPacer, PromptLookup, Speculation
+from runlm.engine.speculative import DraftPacer, ModelDrafter, PromptLookup, Speculation
 from runlm.engine.stops import StopStringFilter
-from runlm.errors import ContextOverflowError, InvalidInputError
+from runlm.errors import ContextOverflowError, InvalidInputError, RunlmError
 from runlm.runner import ImageInput, LmRunner, PartialBatchError, Session
 from runlm.sampling import SEED_SPAN, Sampler, SamplingParams, TokenLogprob
 from runlm.text import StreamingDetokenizer
@@ -127,6 +127,7 @@ class Generation:
         self.prefilled = False
         self.index = 0  # the choice this generation is, when a request asks for n of them
         self.lookup: PromptLookup | None = None  # its context's n-grams, from its first speculative step
+        self.drafter: ModelDrafter | None = None  # its session on a draft model, from its first draft
         self.pacer = DraftPacer()
 
     @property
@@ -240,9 +241,13 @@ class Engine:
     def __init__(self, runner: LmRunner, tokenizer: Any, *, context_length: int | None = None,
                  prompt_cache_mb: float = 256, speculation: Speculation | None = None):
         self.runner = runner
-        self.speculation = speculation if speculation is not None else Speculation()
         self.tokenizer = tokenizer
         self.vocab_size = runner.vocab_size()
+        self.speculation = speculation if speculation is not None else Speculation()
+        draft = self.speculation.draft
+        if draft is not None and draft.vocab_size() != self.vocab_size:
+            raise InvalidInputError(f"the draft model's vocabulary has {draft.vocab_size()} tokens, the model's "
+                                    f"{self.vocab_size}: a draft model must share the model's tokenizer")
         self.context_length = context_length or runner.max_context()
         budget = int(prompt_cache_mb * 1024 * 1024)
         self.prompt_cache: PromptCache | None = PromptCache(budget) if budget > 0 else None
@@ -444,9 +449,18 @@ class Engine:
         length = gen.pacer.next_length(min(spec.draft_max, gen.max_new - len(gen.generated)))
         if length <= 0:
             return []
-        if gen.lookup is None:
-            gen.lookup = PromptLookup(gen.request.prompt_ids + gen.generated)
-        draft = gen.lookup.draft(length)
+        if spec.mode == "draft":
+            if gen.drafter is None:
+                gen.drafter = ModelDrafter(spec.draft)
+            try:
+                draft = gen.drafter.draft(gen.request.prompt_ids + gen.generated, length)
+            except RunlmError:  # the draft model cannot follow (its context is shorter): this generation stops drafting
+                gen.pacer.stop()
+                return []
+        else:
+            if gen.lookup is None:
+                gen.lookup = PromptLookup(gen.request.prompt_ids + gen.generated)
+            draft = gen.lookup.draft(length)
         return draft if draft and self.runner.can_rewind(gen.session, 1 + len(draft)) else []
 
     def _verify(self, gen: Generation, draft: list[int], rows: np.ndarray) -> list[StepResult]:
@@ -476,6 +490,7 @@ class Engine:
     def finish(self, gen: Generation) -> None:
         """Keep the finished session (prompt + reply) for later requests that share its prefix, then drop it."""
         session, gen.session = gen.session, None
+        gen.drafter = None  # its draft model's session goes with it
         keep = gen.prefilled and gen.finish_reason != "error" and gen.request.use_prompt_cache
         if session is None or not keep or self.prompt_cache is None:
             return

@@ -16,11 +16,17 @@ often (`DraftPacer`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from runlm.errors import InvalidInputError
 
-SPECULATIVE_MODES = ("off", "ngram")
+if TYPE_CHECKING:
+    from runlm.runner import LmRunner, Session
+
+SPECULATIVE_MODES = ("off", "ngram", "draft")
 DEFAULT_DRAFT_MAX = 3  # a row costs a fifth to a quarter of a one-row step on 2 cores: short drafts pay best
 NGRAM_MAX = 4  # the longest n-gram looked up
 NGRAM_MIN = 2  # the shortest: a lone token repeats too often to predict what follows it
@@ -28,14 +34,18 @@ NGRAM_MIN = 2  # the shortest: a lone token repeats too often to predict what fo
 
 @dataclass(frozen=True)
 class Speculation:
-    """How generations draft: `mode` "ngram" (prompt lookup) or "off", at most `draft_max` tokens a step."""
+    """How generations draft: `mode` "ngram" (prompt lookup), "draft" (the greedy tokens of `draft`, a small model
+    with the same vocabulary) or "off", at most `draft_max` tokens a step."""
 
     mode: str = "ngram"
     draft_max: int = DEFAULT_DRAFT_MAX
+    draft: LmRunner | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.mode not in SPECULATIVE_MODES:
             raise InvalidInputError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, got {self.mode!r}")
+        if self.mode == "draft" and self.draft is None:
+            raise InvalidInputError("speculative 'draft' needs a draft model (--draft-model)")
         if isinstance(self.draft_max, bool) or not isinstance(self.draft_max, int) or not 0 <= self.draft_max <= 64:
             raise InvalidInputError(f"draft_max must be an integer in 0..64, got {self.draft_max!r}")
 
@@ -78,6 +88,38 @@ class PromptLookup:
         return []
 
 
+class ModelDrafter:
+    """A generation's drafts from a small model: greedy tokens from its own session on the draft runner, which holds
+    the generation's context (caught up at each draft) followed by the last draft's tokens (cut off at the next)."""
+
+    def __init__(self, runner: LmRunner):
+        self.runner = runner
+        self.session: Session | None = None
+        self.synced = 0  # the session's first `synced` tokens are the context's (it only grows)
+
+    def draft(self, context: list[int], limit: int) -> list[int]:
+        """Up to `limit` tokens the draft model would write after `context` (fewer where its session could not
+        take them back)."""
+        runner = self.runner
+        if self.session is None:
+            self.session = runner.new_session()
+        held = self.session.tokens
+        common = min(self.synced, len(held))
+        while common < min(len(held), len(context)) and held[common] == context[common]:
+            common += 1
+        common = min(common, len(context) - 1)  # the last context token runs: its logits give the first draft
+        if common < len(held):
+            runner.truncate(self.session, common)  # the last draft's tokens, which were checked rewindable
+        logits = runner.extend(self.session, context[common:])
+        self.synced = len(context)
+        drafted: list[int] = []
+        while True:
+            drafted.append(int(np.argmax(logits)))
+            if len(drafted) >= limit or not runner.can_rewind(self.session, 1):
+                return drafted
+            logits = runner.decode(self.session, drafted[-1])
+
+
 class DraftPacer:
     """How many tokens a generation drafts next: drafts that the model keeps whole double the length (up to the
     limit), a draft cut short is followed by one as long as what was kept plus one, and a draft refused at its
@@ -98,6 +140,10 @@ class DraftPacer:
             return 0
         return min(self.length, limit)
 
+    def stop(self) -> None:
+        """No more drafts for this generation."""
+        self._wait = 1 << 62
+
     def record(self, drafted: int, accepted: int) -> None:
         if drafted == 0:
             return
@@ -111,4 +157,4 @@ class DraftPacer:
             self._wait = self._skip
 
 
-__all__ = ["DEFAULT_DRAFT_MAX", "SPECULATIVE_MODES", "DraftPacer", "PromptLookup", "Speculation"]
+__all__ = ["DEFAULT_DRAFT_MAX", "SPECULATIVE_MODES", "DraftPacer", "ModelDrafter", "PromptLookup", "Speculation"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -80,8 +81,67 @@ class RawTensor:
         return out
 
 
+SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+MAX_SPLITS = 999  # llama.cpp's gguf-split names parts with five digits; no published model has near this many
+
+
+class _Part:
+    """One file of a model: its memory map, its pread reader and the tensors it holds."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        if not path.is_file():
+            raise ModelLoadError(f"{path}: no such model file")
+        try:
+            with path.open("rb") as handle:
+                magic = handle.read(4)
+                if magic != GGUF_MAGIC:
+                    raise ModelLoadError(f"{path}: not a GGUF file (magic bytes {magic!r}, expected b'GGUF')")
+                # mmap rather than np.memmap: it can madvise (the header's pages go once the header is parsed)
+                self.mmap = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            self.map = np.frombuffer(self.mmap, dtype=np.uint8)
+        except OSError as exc:
+            raise ModelLoadError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+        try:
+            self.metadata, self.tensors = _parse(self.map)
+        except (struct.error, ValueError) as exc:  # _Corrupt is a ValueError; struct.error: cut short
+            raise ModelLoadError(f"{path}: corrupt or truncated GGUF file ({exc})") from exc
+        size = self.map.shape[0]
+        for info in self.tensors.values():
+            if info.offset + info.nbytes > size:
+                raise ModelLoadError(
+                    f"{path}: truncated GGUF file (tensor {info.name!r} ends at byte "
+                    f"{info.offset + info.nbytes}, the file has {size})"
+                )
+        header_bytes = min((info.offset for info in self.tensors.values()), default=size)
+        if hasattr(mmap, "MADV_DONTNEED"):  # the header is now Python objects: its pages (the vocabulary) can go
+            self.mmap.madvise(mmap.MADV_DONTNEED, 0, header_bytes)
+        self.reader = _FileReader(path) if hasattr(os, "preadv") else None
+
+    def split(self) -> tuple[int, int] | None:
+        """(this part's index, the number of parts) where the file is one part of a split model (llama.cpp's
+        gguf-split keys), else None."""
+        count, number = self.metadata.get("split.count"), self.metadata.get("split.no")
+        if count is None:
+            return None
+        if type(count) is not int or type(number) is not int or not 0 <= number < count <= MAX_SPLITS:
+            raise ModelLoadError(f"{self.path}: split.no {number!r} / split.count {count!r} are not a part's numbers")
+        return (number, count) if count > 1 else None
+
+
+def split_parts(path: Path) -> list[Path]:
+    """Every part of the split model whose part `path` is (named as llama.cpp's gguf-split names them:
+    <prefix>-00001-of-00003.gguf), in order; [path] for a file that is not a part by its name."""
+    match = SPLIT_NAME.match(path.name)
+    if match is None:
+        return [path]
+    count = int(match["count"])
+    return [path.with_name(f"{match['prefix']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+
+
 class GGUFFile:
-    """Metadata and tensors of one GGUF file; tensor data stays memory-mapped.
+    """Metadata and tensors of one GGUF model, in one file or split into parts (llama.cpp's gguf-split: opened by
+    any part's path, joined here); tensor data stays memory-mapped.
 
     The header is parsed here rather than with `gguf.GGUFReader`, which builds a
     numpy view per array element and takes ~20 s on a 262k-token vocabulary; the
@@ -90,33 +150,45 @@ class GGUFFile:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        if not self.path.is_file():
-            raise ModelLoadError(f"{self.path}: no such model file")
-        try:
-            with self.path.open("rb") as handle:
-                magic = handle.read(4)
-                if magic != GGUF_MAGIC:
-                    raise ModelLoadError(f"{self.path}: not a GGUF file (magic bytes {magic!r}, expected b'GGUF')")
-                # mmap rather than np.memmap: it can madvise (the header's pages go once the header is parsed)
-                self._mmap = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-            self._map = np.frombuffer(self._mmap, dtype=np.uint8)
-        except OSError as exc:
-            raise ModelLoadError(f"{self.path}: cannot read ({exc.strerror or exc})") from exc
-        try:
-            self.metadata, self._tensors = _parse(self._map)
-        except (struct.error, ValueError) as exc:  # _Corrupt is a ValueError; struct.error: cut short
-            raise ModelLoadError(f"{self.path}: corrupt or truncated GGUF file ({exc})") from exc
-        size = self._map.shape[0]
-        for info in self._tensors.values():
-            if info.offset + info.nbytes > size:
-                raise ModelLoadError(
-                    f"{self.path}: truncated GGUF file (tensor {info.name!r} ends at byte "
-                    f"{info.offset + info.nbytes}, the file has {size})"
-                )
-        header_bytes = min((info.offset for info in self._tensors.values()), default=size)
-        if hasattr(mmap, "MADV_DONTNEED"):  # the header is now Python objects: its pages (the vocabulary) can go
-            self._mmap.madvise(mmap.MADV_DONTNEED, 0, header_bytes)
-        self._reader = _FileReader(self.path) if hasattr(os, "preadv") else None
+        first = _Part(self.path)
+        split = first.split()
+        if split is None:
+            self._parts = [first]
+        else:
+            self._parts = self._join(first, *split)
+            self.path = self._parts[0].path
+        self.metadata = self._parts[0].metadata
+        self._tensors = {name: (index, info) for index, part in enumerate(self._parts)
+                         for name, info in part.tensors.items()}
+
+    def _join(self, opened: _Part, number: int, count: int) -> list[_Part]:
+        """Every part of a split model, opened and checked: named by llama.cpp's convention, numbered in order,
+        the tensors' count as the first part declares it, no tensor in two parts."""
+        paths = split_parts(self.path)
+        if len(paths) != count:
+            raise ModelLoadError(f"{self.path}: part {number + 1} of {count} of a split model, but its name is not "
+                                 f"<prefix>-0000N-of-{count:05d}.gguf as llama.cpp's gguf-split writes it")
+        if paths[number] != self.path:
+            raise ModelLoadError(f"{self.path}: not part {paths.index(self.path) + 1} of {count} of its split model: "
+                                 f"it holds part {number + 1}")
+        parts = [opened if i == number else _Part(p) for i, p in enumerate(paths)]
+        for index, part in enumerate(parts):
+            if part.split() != (index, count):
+                raise ModelLoadError(f"{part.path}: not part {index + 1} of {count} of {paths[0].name}'s model "
+                                     f"(its split keys: {part.split()})")
+        names = [name for part in parts for name in part.tensors]
+        if len(set(names)) != len(names):
+            raise ModelLoadError(f"{paths[0]}: a tensor is in two parts of the split model")
+        declared = parts[0].metadata.get("split.tensors.count")
+        if declared is not None and declared != len(names):
+            raise ModelLoadError(f"{paths[0]}: the split model declares {declared} tensors, its parts hold "
+                                 f"{len(names)}")
+        return parts
+
+    @property
+    def paths(self) -> list[Path]:
+        """The model's files: one, or each part of a split model."""
+        return [part.path for part in self._parts]
 
     @property
     def architecture(self) -> str:
@@ -137,22 +209,22 @@ class GGUFFile:
 
     def shape(self, name: str) -> tuple[int, ...]:
         """A tensor's logical shape, from the header alone."""
-        info = self._tensors.get(name)
-        if info is None:
+        if name not in self._tensors:
             raise ModelLoadError(f"{self.path}: missing tensor {name!r}")
-        return info.shape
+        return self._tensors[name][1].shape
 
     def raw(self, name: str) -> RawTensor:
-        info = self._tensors.get(name)
-        if info is None:
+        if name not in self._tensors:
             raise ModelLoadError(f"{self.path}: missing tensor {name!r}")
-        data = self._map[info.offset : info.offset + info.nbytes]
+        index, info = self._tensors[name]
+        part = self._parts[index]
+        data = part.map[info.offset : info.offset + info.nbytes]
         rows = math.prod(info.shape[:-1])
         if info.type_name in _PLAIN_DTYPES:
             data = data.view(_PLAIN_DTYPES[info.type_name]).reshape(info.shape)
         else:
             data = data.reshape(rows, info.nbytes // rows if rows else 0)
-        return RawTensor(info.name, info.type_name, info.shape, data, self._reader, info.offset)
+        return RawTensor(info.name, info.type_name, info.shape, data, part.reader, info.offset)
 
     def tensor(self, name: str):
         """The tensor dequantized to a float32 torch tensor of its logical shape."""

@@ -7,7 +7,7 @@ Nothing here runs a model or touches the app: every function takes the ServerSta
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from runlm.engine import Completion, GenerationRequest, StreamRecord, Usage
@@ -117,12 +117,14 @@ def finish_reason(reason: str | None) -> str:
 # -- request -> GenerationRequest --------------------------------------------------------------------
 
 
-def speculation_from(body: SamplingFields) -> Speculation | None:
-    """A request's `speculative.n_max` (llama-server's): 0 turns drafting off, N drafts up to N tokens a step;
-    absent, the server's --speculative / --draft-max."""
-    if body.speculative_n_max is None:
+def speculation_from(body: SamplingFields, server: Speculation) -> Speculation | None:
+    """A request's `speculative.n_max` (llama-server's): 0 turns drafting off, N drafts up to N tokens a step (with
+    the server's draft model, or by prompt lookup); absent, the server's --speculative / --draft-max."""
+    n = body.speculative_n_max
+    if n is None:
         return None
-    return Speculation("ngram" if body.speculative_n_max else "off", body.speculative_n_max)
+    mode = "off" if n == 0 else server.mode if server.mode != "off" else "ngram"
+    return replace(server, mode=mode, draft_max=n)
 
 
 def sampling_from(body: SamplingFields, vocab: int, logprobs: bool, top_logprobs: int) -> SamplingParams:
@@ -314,7 +316,7 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
         grammar=grammar,
         use_prompt_cache=body.cache_prompt,
         thinking_budget=thinking_budget(state, thinking, budget, gates_grammar=grammar is not None),
-        speculation=speculation_from(body),
+        speculation=speculation_from(body, state.engine.speculation),
     )
     if images:
         try:
@@ -377,7 +379,7 @@ def plan_completion(state: ServerState, body: CompletionRequest) -> CompletionPl
         grammar=json_grammar(state, schema) if constrained else None,
         use_prompt_cache=body.cache_prompt,
         stop_ids=stop_ids,
-        speculation=speculation_from(body),
+        speculation=speculation_from(body, state.engine.speculation),
     )
     return CompletionPlan(request, echo_text if body.echo else "")
 

@@ -163,3 +163,49 @@ def test_the_server_reports_drafts_and_takes_a_per_request_switch(smollm2_loaded
         assert bad.status_code == 400
     finally:
         server.stop()
+
+
+def test_a_draft_model_drafts_and_the_reply_is_the_same(smollm2_loaded, smollm2_gguf):
+    from runlm import load
+
+    draft = load(smollm2_gguf).runner  # the model itself as its own draft: every greedy draft holds
+    engine = Engine(smollm2_loaded.runner, smollm2_loaded.tokenizer, prompt_cache_mb=0,
+                    speculation=Speculation("draft", 3, draft))
+    off, _ = engines(smollm2_loaded)
+    prompt = smollm2_loaded.tokenizer.encode_prompt(smollm2_loaded.chat_template.render(
+        [{"role": "user", "content": "Name three colours and a fruit."}], add_generation_prompt=True))
+    for sampling in (SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=5)):
+        plain = off.complete(GenerationRequest(list(prompt), max_tokens=64, sampling=sampling))
+        drafted = engine.complete(GenerationRequest(list(prompt), max_tokens=64, sampling=sampling))
+        assert drafted.token_ids == plain.token_ids
+        assert drafted.usage.draft_tokens > 0
+    assert drafted.usage.accepted_tokens > 0
+    greedy = engine.complete(GenerationRequest(list(prompt), max_tokens=64, sampling=SamplingParams(temperature=0)))
+    assert greedy.usage.accepted_tokens >= 0.9 * greedy.usage.draft_tokens
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused(smollm2_loaded, gemma3_gguf):
+    from runlm import load
+
+    with pytest.raises(InvalidInputError, match="vocabulary"):
+        Engine(smollm2_loaded.runner, smollm2_loaded.tokenizer,
+               speculation=Speculation("draft", 3, load(gemma3_gguf).runner))
+    with pytest.raises(InvalidInputError, match="needs a draft model"):
+        Speculation("draft", 3)
+
+
+def test_generate_drafts_with_a_draft_model_and_refuses_another_tokenizer(smollm2_gguf, gemma3_gguf):
+    import subprocess
+    import sys
+
+    run = lambda *args: subprocess.run([sys.executable, "-m", "runlm", "generate", "-m", str(smollm2_gguf),  # noqa
+                                        "--max-tokens", "24", "--stats", *args, "Count from one to ten."],
+                                       capture_output=True, text=True, timeout=300)
+    drafted = run("--draft-model", str(smollm2_gguf))
+    assert drafted.returncode == 0, drafted.stderr[-2000:]
+    assert "drafts kept" in drafted.stderr
+    plain = run("--speculative", "off")
+    assert plain.stdout == drafted.stdout and "no drafts" in plain.stderr
+    refused = run("--draft-model", str(gemma3_gguf))
+    assert refused.returncode == 1 and "tokenizer is not the model's" in refused.stderr
+    assert "Traceback" not in refused.stderr

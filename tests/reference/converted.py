@@ -68,11 +68,11 @@ def converter_dir() -> Path:
     return target
 
 
-def convert(hf_dir: Path, out: Path, outtype: str = "f32") -> Path:
-    """hf_dir converted by llama.cpp's converter to `out` (f32, f16, bf16 or q8_0)."""
+def convert(hf_dir: Path, out: Path, outtype: str = "f32", *options: str) -> Path:
+    """hf_dir converted by llama.cpp's converter to `out` (f32, f16, bf16 or q8_0); `options`: more of its flags."""
     result = subprocess.run(
         [sys.executable, "-c", _RUN_CONVERTER, str(converter_dir()), str(hf_dir), "--outfile", str(out),
-         "--outtype", outtype],
+         "--outtype", outtype, *options],
         capture_output=True, text=True,
     )  # fmt: skip
     if result.returncode != 0:
