@@ -8,8 +8,9 @@ can be enforced by the grammar sampler instead of hoped for.
 from __future__ import annotations
 
 import json
+import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from runlm.engine.stops import partial_suffix
@@ -197,12 +198,78 @@ def tools_system_prompt(tools: list[dict[str, Any]]) -> str:
 MARKER_SPAN = max(len(marker) for marker in CALL_MARKERS)
 
 
+# the head of a Hermes / Qwen call, up to where its arguments' JSON object starts
+_HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]{1,256})"\s*,\s*"arguments"\s*:\s*')
+_HEAD_WAIT = 300  # characters of a block after which a head that has not matched never will
+
+
+@dataclass
+class CallDelta:
+    """A piece of a tool call as it streams: the first of each call carries its id and name, every one a piece of
+    its arguments' JSON text (OpenAI's `delta.tool_calls` items)."""
+
+    index: int
+    arguments: str
+    id: str | None = None
+    name: str | None = None
+
+    def to_openai(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": self.index, "function": {"arguments": self.arguments}}
+        if self.id is not None:
+            out |= {"id": self.id, "type": "function"}
+            out["function"]["name"] = self.name
+        return out
+
+
+class _JsonEnd:
+    """Where a JSON object being written ends: bracket depth outside strings, followed character by character."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+
+    def feed(self, text: str) -> int:
+        """How many characters of `text` belong to the object (all of them, or up to its closing brace)."""
+        for i, ch in enumerate(text):
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1
+        return len(text)
+
+
+@dataclass
+class _StreamedCall:
+    index: int
+    id: str
+    name: str
+    start: int  # where its arguments' text starts in the output
+    end: int  # how far they were sent
+    scan: _JsonEnd = field(default_factory=_JsonEnd)
+    done: bool = False
+
+
 class ToolCallStreamFilter:
     """Streams content while holding back anything that may turn into a tool call.
 
     Text before a call marker (`<tool_call>`, `[TOOL_CALLS]`, `<function=`) streams, minus a tail that could be
     the start of one; output that opens with `{` or `[` is held whole, since it may be a bare JSON or pythonic call.
-    `finish` parses what was held: calls come back as ToolCall objects, anything else is released as content.
+    Calls in Hermes / Qwen JSON (`<tool_call>{"name": ..., "arguments": {...}}`) to a known tool stream as they are
+    written (`take_deltas`): the name once read, then the arguments' JSON text piece by piece; the call `finish`
+    returns carries that text as its arguments, so the pieces add up to them. `finish` parses what was held: calls
+    come back as ToolCall objects, anything else is released as content.
     """
 
     def __init__(self, active: bool, known_names: set[str] | None = None, parameters: dict[str, Any] | None = None):
@@ -213,6 +280,10 @@ class ToolCallStreamFilter:
         self.emitted = 0
         self.open_at = -1  # where the first call marker starts in text, once seen
         self.searched = 0  # text before this was searched for one (each token searches only its new text)
+        self.streamed: list[_StreamedCall] = []  # the calls whose pieces went out, in order
+        self._deltas: list[CallDelta] = []
+        self._next_block = 0  # where to look for the next <tool_call> block to stream
+        self._streaming = True  # off for good once a block is not one that streams (its calls go out whole)
 
     def push(self, delta: str) -> str:
         self.text += delta
@@ -227,16 +298,61 @@ class ToolCallStreamFilter:
         i = self.open_at
         if i != -1:
             end = i
+            if self._streaming and self.text.startswith(TOOL_CALL_OPEN, i):
+                self._stream_calls(max(i, self._next_block))
         else:
             end = len(self.text) - partial_suffix(self.text, CALL_MARKERS)
         end = max(end, self.emitted)
         out, self.emitted = self.text[self.emitted:end], end
         return out
 
+    def take_deltas(self) -> list[CallDelta]:
+        """The call pieces written since the last call."""
+        deltas, self._deltas = self._deltas, []
+        return deltas
+
+    def _stream_calls(self, search_from: int) -> None:
+        """Send what can be sent of the <tool_call> blocks from `search_from` on, one call at a time."""
+        text = self.text
+        while True:
+            call = self.streamed[-1] if self.streamed and not self.streamed[-1].done else None
+            if call is None:
+                start = text.find(TOOL_CALL_OPEN, search_from)
+                if start == -1:
+                    return
+                body = start + len(TOOL_CALL_OPEN)
+                head = _HERMES_HEAD.match(text, body)
+                if head is None or head.end() == len(text):
+                    closed = text.find(TOOL_CALL_CLOSE, body) != -1
+                    if closed or head is not None and text[head.end():].strip() or len(text) - body > _HEAD_WAIT:
+                        self._streaming = False  # not a call that streams: this one and the rest go out whole
+                    return
+                name = head.group(1)
+                if (self.known is not None and name not in self.known) or text[head.end()] != "{":
+                    self._streaming = False
+                    return
+                call = _StreamedCall(len(self.streamed), "call_" + uuid.uuid4().hex[:24], name, head.end(),
+                                     head.end())
+                self.streamed.append(call)
+                self._deltas.append(CallDelta(call.index, "", call.id, name))
+            fresh = text[call.end:]
+            taken = call.scan.feed(fresh)
+            if taken:
+                self._deltas.append(CallDelta(call.index, fresh[:taken]))
+                call.end += taken
+            if call.scan.depth > 0 or not taken and call.end == call.start:
+                return
+            call.done = True
+            search_from = self._next_block = call.end
+
     def finish(self) -> tuple[str, list[ToolCall]]:
-        """(content not yet emitted, tool calls found in the whole output)."""
+        """(content not yet emitted, tool calls found in the whole output). A call whose arguments streamed keeps
+        its id and the arguments' text as written."""
         if self.active:
             content, calls = parse_tool_calls(self.text, self.known, self.parameters)
+            for call, sent in zip(calls, self.streamed):
+                if sent.done and call.name == sent.name:
+                    call.id, call.arguments = sent.id, self.text[sent.start : sent.end]
             if calls:
                 i = first_marker(self.text)
                 rest = self.text[self.emitted:i] if i != -1 else ""

@@ -472,10 +472,15 @@ class ChatChunks:
     def on_record(self, record: StreamRecord) -> list[dict[str, Any]]:
         if record.finish_reason is not None:
             self.finish_reasons[record.index] = record.finish_reason
-        reasoning, text = self.replies[record.index].push(record.text)
+        reply = self.replies[record.index]
+        reasoning, text = reply.push(record.text)
         delta = _delta(reasoning, text)
         lps = {"content": [chat_logprob_entry(self.tokenizer, record.logprob)]} if record.logprob is not None else None
-        return [self._chunk(delta, logprobs=lps, index=record.index)] if delta or lps else []
+        events = [self._chunk(delta, logprobs=lps, index=record.index)] if delta or lps else []
+        pieces = reply.take_call_deltas()
+        if pieces:  # tool calls whose arguments stream as they are written
+            events.append(self._chunk({"tool_calls": [p.to_openai() for p in pieces]}, index=record.index))
+        return events
 
     def closing(self, last: StreamRecord, usage: Usage) -> list[dict[str, Any]]:
         events = []
@@ -484,9 +489,10 @@ class ChatChunks:
             if reasoning or rest:
                 events.append(self._chunk(_delta(reasoning, rest), index=index))
             finish = finish_reason(self.finish_reasons[index] or last.finish_reason)
+            unsent = [c.to_openai(index=i) for i, c in enumerate(calls) if i >= reply.calls_streamed]
+            if unsent:  # calls in a format that does not stream go out whole
+                events.append(self._chunk({"tool_calls": unsent}, index=index))
             if calls:
-                events.append(self._chunk({"tool_calls": [c.to_openai(index=i) for i, c in enumerate(calls)]},
-                                          index=index))
                 finish = "tool_calls"
             events.append(self._chunk({}, finish=finish, index=index))
         if self.include_usage:

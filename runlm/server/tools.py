@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runlm.engine.reasoning import ThinkingPlan
-from runlm.engine.tools import ToolCall, ToolCallStreamFilter, tools_system_prompt
+from runlm.engine.tools import CallDelta, ToolCall, ToolCallStreamFilter, tools_system_prompt
 from runlm.server.errors import APIError
 from runlm.server.schemas import ChatCompletionRequest, ChatMessage, ToolChoiceFunction
 
@@ -116,6 +116,15 @@ class ReplyStream:
         """(reasoning, content) to send now."""
         reasoning, content = self.thinking.push(delta)
         return reasoning, self.calls.push(content)
+
+    def take_call_deltas(self) -> list[CallDelta]:
+        """Pieces of tool calls streamed as they were written (Hermes / Qwen JSON calls), since the last call."""
+        return self.calls.take_deltas()
+
+    @property
+    def calls_streamed(self) -> int:
+        """How many of the answer's calls went out in pieces (`finish` returns them too, first)."""
+        return len(self.calls.streamed)
 
     def finish(self) -> tuple[str, str, list[ToolCall]]:
         """(reasoning, content) not yet sent, and the tool calls in the whole answer."""

@@ -103,3 +103,41 @@ def test_tool_call_parsing_is_linear_on_long_whitespace_runs():
     started = time.perf_counter()
     assert parse_tool_calls(text, {"f"}) == (text, [])
     assert time.perf_counter() - started < 2.0
+
+
+def streamed_calls(text: str, step: int, known: set[str] | None) -> tuple[str, dict[int, dict], list]:
+    """`text` pushed `step` characters at a time: (content, the calls put together from their pieces, finish's)."""
+    stream = ToolCallStreamFilter(True, known)
+    content, calls = "", {}
+    for i in range(0, len(text), step):
+        content += stream.push(text[i : i + step])
+        for piece in stream.take_deltas():
+            entry = calls.setdefault(piece.index, {"id": piece.id, "name": piece.name, "arguments": "", "pieces": 0})
+            entry["arguments"] += piece.arguments
+            entry["pieces"] += 1
+    rest, final = stream.finish()
+    return content + rest, calls, final
+
+
+@pytest.mark.parametrize("step", [1, 2, 5, 64])
+def test_hermes_calls_stream_their_arguments_in_pieces_that_add_up(step):
+    text = ('Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa\\"ris {x}", "days": [1, '
+            '{"a": "]"}]}}\n</tool_call>\n<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')
+    content, calls, final = streamed_calls(text, step, {"get_weather", "get_time"})
+    assert content.strip() == "Checking."
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
+        ("get_weather", {"city": 'Pa"ris {x}', "days": [1, {"a": "]"}]}), ("get_time", {})]
+    assert [(c.id, c.arguments) for c in final] == [(c["id"], c["arguments"]) for c in calls.values()]
+    if step == 1:
+        assert calls[0]["pieces"] > 20
+
+
+def test_calls_that_do_not_stream_go_out_whole_at_the_end():
+    unknown = '<tool_call>{"name": "rm_rf", "arguments": {"path": "/"}}</tool_call>'
+    assert streamed_calls(unknown, 3, {"get_time"})[1] == {}
+    named_last = '<tool_call>{"arguments": {"tz": "CET"}, "name": "get_time"}</tool_call>'
+    _, calls, final = streamed_calls(named_last, 3, {"get_time"})
+    assert calls == {} and [c.name for c in final] == ["get_time"]
+    cut = '<tool_call>{"name": "get_time", "arguments": {"tz": "CE'  # cut by max_tokens: the pieces sent stay
+    _, calls, final = streamed_calls(cut, 4, {"get_time"})
+    assert calls[0]["arguments"] == '{"tz": "CE' and final == []

@@ -40,8 +40,18 @@ def test_each_format_is_a_tool_call_on_every_api(server, fmt):
     pieces = list(client.chat.completions.create(model="scripted-model", messages=messages, tools=[TOOL],
                                                  stream=True))
     assert "".join(p.choices[0].delta.content or "" for p in pieces if p.choices) == ""
-    streamed = [c for p in pieces if p.choices for c in p.choices[0].delta.tool_calls or []]
-    assert [(c.function.name, json.loads(c.function.arguments)) for c in streamed] == [EXPECTED]
+    deltas = [c for p in pieces if p.choices for c in p.choices[0].delta.tool_calls or []]
+    streamed: dict[int, dict] = {}
+    for d in deltas:  # as OpenAI's clients put a call together: its id and name first, then argument pieces
+        entry = streamed.setdefault(d.index, {"id": d.id, "name": d.function.name, "arguments": ""})
+        entry["arguments"] += d.function.arguments or ""
+    assert [(c["name"], json.loads(c["arguments"])) for c in streamed.values()] == [EXPECTED]
+    assert all(c["id"] for c in streamed.values())
+    if fmt == "hermes":  # written as JSON: the arguments stream in pieces, which add up to the whole reply's
+        assert len(deltas) > 2
+        assert streamed[0]["arguments"] == choice.message.tool_calls[0].function.arguments
+    else:
+        assert len(deltas) == 1
 
     claude = anthropic.Anthropic(base_url=server.base_url, api_key="unused")
     message = claude.messages.create(model="scripted-model", max_tokens=200, messages=messages,
