@@ -267,8 +267,9 @@ def message_response(plan: ChatPlan, body: MessagesRequest, result: Completion, 
 
 class MessageEvents:
     """The typed event stream of one message: the thinking streams as thinking_delta events in a thinking block,
-    then the answer as text_delta events in a text block; tool calls (parsed once the reply is whole) follow as
-    tool_use blocks with one input_json_delta each."""
+    then the answer as text_delta events in a text block; tool calls follow as tool_use blocks, their input as
+    input_json_delta pieces while a Hermes / Qwen JSON call is written, or in one piece once the reply is whole
+    (the other formats)."""
 
     def __init__(self, plan: ChatPlan, body: MessagesRequest, gen: Generation, mid: str):
         self.plan, self.body, self.gen, self.mid = plan, body, gen, mid
@@ -311,7 +312,18 @@ class MessageEvents:
             (self._in_block("text", text) if text else [])
 
     def on_record(self, record: StreamRecord) -> list[dict[str, Any]]:
-        return self._pieces(*self.reply.push(record.text))
+        events = self._pieces(*self.reply.push(record.text))
+        for piece in self.reply.take_call_deltas():
+            if piece.id is not None:  # a call begins: its tool_use block opens
+                events += self._close()
+                block = {"type": "tool_use", "id": "toolu_" + piece.id.removeprefix("call_"), "name": piece.name,
+                         "input": {}}
+                events.append({"type": "content_block_start", "index": self.blocks, "content_block": block})
+                self.open, self.blocks = "tool_use", self.blocks + 1
+            if piece.arguments:
+                events.append({"type": "content_block_delta", "index": self.blocks - 1,
+                               "delta": {"type": "input_json_delta", "partial_json": piece.arguments}})
+        return events
 
     def closing(self, last: StreamRecord, usage: Usage) -> list[dict[str, Any]]:
         reasoning, rest, calls = self.reply.finish()
@@ -319,7 +331,7 @@ class MessageEvents:
         if not calls and self.open != "text":
             events += self._in_block("text", "")  # an empty answer is still one (empty) text block
         events += self._close()
-        for call in calls:
+        for call in calls[self.reply.calls_streamed :]:
             block = tool_use_block(call)
             index, self.blocks = self.blocks, self.blocks + 1
             events += [{"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}},

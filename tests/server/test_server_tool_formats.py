@@ -58,3 +58,13 @@ def test_each_format_is_a_tool_call_on_every_api(server, fmt):
                                      tools=[{"name": "get_weather", "input_schema": TOOL["function"]["parameters"]}])
     assert message.stop_reason == "tool_use"
     assert [(b.name, b.input) for b in message.content if b.type == "tool_use"] == [EXPECTED]
+
+    with claude.messages.stream(model="scripted-model", max_tokens=200, messages=messages,
+                                tools=[{"name": "get_weather",
+                                        "input_schema": TOOL["function"]["parameters"]}]) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use"
+    assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == [EXPECTED]
+    pieces = [e for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
+    assert (len(pieces) > 1) == (fmt == "hermes")  # a JSON call's input streams as it is written
