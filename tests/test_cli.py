@@ -37,6 +37,18 @@ def test_info(smollm2_gguf):
     assert f"kernels: {kernels.isa()}" in out.stdout if kernels.available() else "kernels: off" in out.stdout
 
 
+def test_info_says_whether_a_model_fits_before_loading_it(smollm2_gguf, monkeypatch, capsys):
+    out = runlm("info", "smollm2-135m", "--ctx", "1024")
+    memory = next(line for line in out.stdout.splitlines() if line.strip().startswith("memory:"))
+    # SmolLM2: 30 layers x 3 KV heads x 64 x (key + value) x 2 bytes x 1024 positions
+    assert "KV cache 23.6 MB at 1024 positions" in memory and memory.endswith("fits"), memory
+    assert f"weights {smollm2_gguf.stat().st_size / 1e6:.1f} MB" in memory
+    monkeypatch.setattr(cli, "meminfo_bytes", lambda field: 50_000_000)  # 50 MB available
+    monkeypatch.setattr(cli, "_load", lambda *a, **k: pytest.fail("loaded a model that does not fit"))
+    assert cli.main(["info", str(smollm2_gguf)]) == 0
+    assert "does not fit" in capsys.readouterr().out
+
+
 def test_info_system_names_the_kernels_dispatch():
     out = runlm("info", "--system")
     assert out.returncode == 0, out.stderr

@@ -256,7 +256,13 @@ def cmd_info(args: argparse.Namespace) -> int:
         for key, value in system_rows(args.threads):
             print(f"{key:>16}: {value}")
         return 0
-    loaded = _load(args, args.model_arg or args.model)
+    name = args.model_arg or args.model
+    memory = memory_row(catalog.resolve_model(name), args.ctx)
+    if memory is not None:
+        print(f"{'memory':>16}: {memory[0]}")
+        if not memory[1]:
+            return 0  # told before loading: a model that does not fit is not loaded to describe it
+    loaded = _load(args, name)
     cfg = loaded.config
     rows = [
         ("path", str(loaded.path)),
@@ -276,6 +282,35 @@ def cmd_info(args: argparse.Namespace) -> int:
     for key, value in rows:
         print(f"{key:>16}: {value}")
     return 0
+
+
+def memory_row(path, ctx: int | None) -> tuple[str, bool] | None:
+    """What a GGUF model needs in memory, read from its header before anything loads: its weights (the file, mapped
+    and read in place) and its KV cache at the context (f16, sliding-window layers holding their window), against
+    the memory available now; and whether it fits. None for a Hugging Face directory."""
+    from runlm.families.config import SLIDING
+    from runlm.formats.gguf import GGUFFile
+    from runlm.native.model import model_config
+
+    if not path.is_file():
+        return None
+    gguf = GGUFFile(path)
+    _, cfg = model_config(gguf)
+    positions = min(ctx or cfg.max_position, cfg.max_position)
+    types = cfg.layer_types or ["full"] * cfg.num_layers
+    per_position = 2 * cfg.num_kv_heads * cfg.head_dim * 2  # a key and a value row, f16
+    kv = sum(per_position * (min(positions, cfg.sliding_window) if kind == SLIDING else positions) for kind in types)
+    weights = sum(part.stat().st_size for part in gguf.paths)
+    available = meminfo_bytes("MemAvailable")
+    need = weights + kv
+    verdict = "" if available is None else (f" of {_size(available)} available: fits" if need <= available else
+                                            f" of {_size(available)} available: does not fit")
+    return (f"{_size(need)} (weights {_size(weights)}, mapped from the file, + KV cache {_size(kv)} at {positions} "
+            f"positions){verdict}", available is None or need <= available)
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.1f} MB" if nbytes < 1e9 else f"{nbytes / 1e9:.2f} GB"
 
 
 def _family_rows(loaded: ServedModel) -> list[tuple[str, str]]:
@@ -313,7 +348,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         default = " (default)" if model.name == catalog.DEFAULT_MODEL else ""
         print(f"{model.name:<16} {mark:<7} {model.description}{default}")
     for name, _, size in hub.pulled():
-        print(f"{name}  {size / 1e6:.1f} MB")
+        print(f"{name}  {_size(size)}")
     return 0
 
 
