@@ -48,6 +48,8 @@ BLOCK_LAYOUTS: dict[str, tuple[int, int]] = {
     "Q4_K": (QK_K, 144),
     "Q5_K": (QK_K, 176),
     "Q6_K": (QK_K, 210),
+    "IQ4_NL": (32, 18),
+    "IQ4_XS": (QK_K, 136),
 }
 
 # Types with the interleaved ("x4") layout (type id + X4 in kernels.cpp): same bytes, regrouped once at load so that

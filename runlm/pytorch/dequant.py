@@ -229,6 +229,27 @@ def _dq_q6_k(b: torch.Tensor, out: torch.Tensor) -> None:
     out.view(nb, 16, 16).copy_(q.view(nb, 16, 16)).mul_(dl)
 
 
+# IQ4_NL / IQ4_XS: each 4-bit code picks one of 16 non-uniform levels (ggml's kvalues_iq4nl)
+_IQ4_LEVELS = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                           dtype=torch.float32)
+_SUB_BLOCKS = torch.arange(8)
+
+
+def _dq_iq4_nl(b: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(_IQ4_LEVELS[_nibbles(b[:, 2:18]).long()]).mul_(_f16(b, 0))
+
+
+def _dq_iq4_xs(b: torch.Tensor, out: torch.Tensor) -> None:
+    """256 values: f16 d, 8 six-bit sub-block scales (low 4 bits in 4 bytes, high 2 in a u16), 128 code bytes."""
+    nb = b.shape[0]
+    high = b[:, 2:4].contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    low = (b[:, 4:8][:, _SUB_BLOCKS // 2].to(torch.int32) >> (4 * (_SUB_BLOCKS % 2))) & 0xF
+    scales = low | (((high >> (2 * _SUB_BLOCKS)) & 3) << 4)
+    dl = (_f16(b, 0) * (scales - 32).to(torch.float32)).unsqueeze(-1)
+    codes = _nibbles(b[:, 8:136].reshape(nb, 8, 16))
+    out.view(nb, 8, 32).copy_(_IQ4_LEVELS[codes.long()]).mul_(dl)
+
+
 _BLOCK_DECODERS: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {
     "Q4_0": _dq_q4_0,
     "Q4_1": _dq_q4_1,
@@ -240,6 +261,8 @@ _BLOCK_DECODERS: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {
     "Q4_K": _dq_q4_k,
     "Q5_K": _dq_q5_k,
     "Q6_K": _dq_q6_k,
+    "IQ4_NL": _dq_iq4_nl,
+    "IQ4_XS": _dq_iq4_xs,
 }
 
 _FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}

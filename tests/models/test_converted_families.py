@@ -81,6 +81,27 @@ def test_quantized_agrees_with_llama_cpp(converted, quant):
     assert agreement >= 0.95, f"{family} {quant}: greedy agreement {agreement:.3f}"
 
 
+@needs_llama_cpp
+@pytest.mark.parametrize("quant", ["IQ4_NL", "IQ4_XS"])
+def test_iq4_files_run_on_the_pytorch_backend_and_agree_with_llama_cpp(quant, tmp_path):
+    """IQ4_NL / IQ4_XS have no kernels yet: the native runtime refuses them by name and runlm.load falls back to the
+    PyTorch backend, which dequantizes them (as the gguf package does, tests/pytorch/test_dequant.py)."""
+    gguf = build("qwen2", tmp_path)
+    path = tmp_path / f"{quant}.gguf"
+    quantize(gguf, path, llama_ftypes()[quant], threads=2)
+    assert {GGUFFile(path).raw(name).type_name for name in GGUFFile(path).tensor_names()} >= {quant}
+    notes: list[str] = []
+    loaded = load(str(path), note=notes.append)
+    assert loaded.runtime == "torch" and quant in " ".join(notes)
+    reference, continuation = _llama_cpp_greedy(path, PROMPT, CONTINUATION)
+    runner = loaded.runner
+    ours = as_numpy(runner.extend(runner.new_session(), PROMPT + continuation, all_positions=True))
+    correlation = np.corrcoef(ours[: len(PROMPT)].ravel(), reference.ravel())[0, 1]
+    assert correlation >= 0.995, f"{quant}: correlation {correlation:.4f}"
+    agreement = (ours[len(PROMPT) - 1 : -1].argmax(-1) == np.array(continuation)).mean()
+    assert agreement >= 0.95, f"{quant}: greedy agreement {agreement:.3f}"
+
+
 def test_info_prints_the_options_read_from_the_file(converted, capsys):
     from runlm.cli.commands import main
 
