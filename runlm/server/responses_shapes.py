@@ -494,8 +494,8 @@ def output_items(plan: ResponsesPlan, text: str) -> list[dict[str, Any]]:
 class ResponseEvents:
     """The Responses stream for sse.event_stream(typed=True): created, in_progress, then the output items
     as they form (the thinking's reasoning_text deltas in a reasoning item, then a message's text deltas; tool
-    calls, held back by the tool-call filter until the end, come as function_call items with their arguments),
-    then completed (or incomplete)."""
+    calls as function_call items: a Hermes / Qwen JSON call's arguments as function_call_arguments deltas while it
+    is written, a call in another format whole once the reply ends), then completed (or incomplete)."""
 
     def __init__(self, plan: ResponsesPlan, store: ResponseStore | TenantResponses):
         self.plan = plan
@@ -508,6 +508,7 @@ class ResponseEvents:
         self.reasoning_id: str | None = None  # the open reasoning item
         self.reasoning = ""
         self.finish_reason: str | None = None
+        self.call: tuple[str, ToolCall] | None = None  # the function_call item streaming now, and its call so far
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -561,25 +562,59 @@ class ResponseEvents:
                                   output_index=len(self.output), content_index=0, delta=text, logprobs=[]))
         return events
 
+    def _end_message(self) -> list[dict[str, Any]]:
+        """The open message item done (before a function_call item follows it, or at the end)."""
+        if self.message_id is None:
+            return []
+        index, item = len(self.output), message_item(self.message_id, self.text)
+        events = [self._event("response.output_text.done", item_id=self.message_id, output_index=index,
+                              content_index=0, text=self.text, logprobs=[]),
+                  self._event("response.content_part.done", item_id=self.message_id, output_index=index,
+                              content_index=0, part=text_part(self.text)),
+                  self._event("response.output_item.done", output_index=index, item=item)]
+        self.output.append(item)
+        self.message_id, self.text = None, ""
+        return events
+
+    def _end_call(self) -> list[dict[str, Any]]:
+        """The streaming function_call item done, its arguments whole."""
+        if self.call is None:
+            return []
+        (item_id, call), index = self.call, len(self.output)
+        item = function_call_item(item_id, call)
+        self.output.append(item)
+        self.call = None
+        return [self._event("response.function_call_arguments.done", item_id=item_id, output_index=index,
+                            name=call.name, arguments=call.arguments),
+                self._event("response.output_item.done", output_index=index, item=item)]
+
+    def _call_pieces(self) -> list[dict[str, Any]]:
+        """The pieces of the calls being written: each opens its function_call item, then streams its arguments."""
+        events: list[dict[str, Any]] = []
+        for piece in self.reply.take_call_deltas():
+            if piece.id is not None:
+                events += self._end_thinking() + self._end_message() + self._end_call()
+                self.call = (new_id("fc"), ToolCall(piece.name or "", "", piece.id))
+                events.append(self._event("response.output_item.added", output_index=len(self.output),
+                                          item=function_call_item(self.call[0], self.call[1], "in_progress")))
+            if piece.arguments and self.call is not None:
+                self.call[1].arguments += piece.arguments
+                events.append(self._event("response.function_call_arguments.delta", item_id=self.call[0],
+                                          output_index=len(self.output), delta=piece.arguments))
+        return events
+
     def on_record(self, record: StreamRecord) -> list[dict[str, Any]]:
         if record.finish_reason is not None:
             self.finish_reason = record.finish_reason
-        return self._pieces(*self.reply.push(record.text))
+        return self._pieces(*self.reply.push(record.text)) + self._call_pieces()
 
     def closing(self, last: StreamRecord, usage: Usage) -> list[dict[str, Any]]:
         reasoning, rest, calls = self.reply.finish()
-        events = self._pieces(reasoning, rest) + self._end_thinking()
-        if self.message_id is None and not calls:
+        events = self._pieces(reasoning, rest) + self._end_thinking() + self._end_call()
+        if self.message_id is None and not calls and not any(i["type"] == "message" for i in self.output):
             events += self._open_message()  # an empty answer is still one (empty) message
-        if self.message_id is not None:
-            index, item = len(self.output), message_item(self.message_id, self.text)
-            events += [self._event("response.output_text.done", item_id=self.message_id, output_index=index,
-                                   content_index=0, text=self.text, logprobs=[]),
-                       self._event("response.content_part.done", item_id=self.message_id, output_index=index,
-                                   content_index=0, part=text_part(self.text)),
-                       self._event("response.output_item.done", output_index=index, item=item)]
-            self.output.append(item)
-        for call in calls:
+        events += self._end_message()
+        for call in calls[self.reply.calls_streamed :]:
             index, item_id = len(self.output), new_id("fc")
             item = function_call_item(item_id, call)
             events += [self._event("response.output_item.added", output_index=index,

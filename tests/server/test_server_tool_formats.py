@@ -68,3 +68,10 @@ def test_each_format_is_a_tool_call_on_every_api(server, fmt):
     assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == [EXPECTED]
     pieces = [e for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
     assert (len(pieces) > 1) == (fmt == "hermes")  # a JSON call's input streams as it is written
+
+    events = list(client.responses.create(model="scripted-model", input=fmt, tools=[{
+        "type": "function", "name": "get_weather", "parameters": TOOL["function"]["parameters"]}], stream=True))
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    (item,) = [o for o in events[-1].response.output if o.type == "function_call"]
+    assert (item.name, json.loads(item.arguments)) == EXPECTED and "".join(deltas) == item.arguments
+    assert (len(deltas) > 1) == (fmt == "hermes")
