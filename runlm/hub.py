@@ -157,13 +157,20 @@ def _forget(path: Path) -> None:
 
 
 def pulled() -> list[tuple[str, Path, int]]:
-    """(hf.co/user/repo:file, path, bytes) of every GGUF in the hub cache."""
-    out = []
+    """(hf.co/user/repo:file, path, bytes) of every GGUF in the hub cache; a split model once, by its first part,
+    with the bytes of all its parts."""
+    out: list[tuple[str, Path, int]] = []
     for repo_dir in sorted(hub_dir().glob("models--*--*")):
         repo = repo_dir.name.removeprefix("models--").replace("--", "/", 1)
         for path in sorted(repo_dir.glob("snapshots/*/**/*.gguf")):
             name = path.relative_to(next(p for p in path.parents if p.parent.name == "snapshots")).as_posix()
-            out.append((f"hf.co/{repo}:{name}", path, path.resolve().stat().st_size))
+            size = path.resolve().stat().st_size
+            part = SPLIT.search(name)
+            if part is not None and not part.group(0).startswith("-00001-"):
+                first = name[: part.start()] + "-00001-" + part.group(0)[7:]
+                out = [(n, pth, s + size) if n == f"hf.co/{repo}:{first}" else (n, pth, s) for n, pth, s in out]
+                continue
+            out.append((f"hf.co/{repo}:{name}", path, size))
     return out
 
 

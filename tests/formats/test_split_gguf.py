@@ -88,8 +88,10 @@ def test_a_split_quantization_is_pulled_whole_from_the_hub(split_model, monkeypa
         monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
         monkeypatch.delenv("HF_TOKEN", raising=False)
         model, projector = hub.pull(hub.parse_ref(f"hf.co/{repo}:Q8_0"), progress=False)
+        [(name, listed, size)] = hub.pulled()  # `runlm list`: the split model once, all its parts' bytes
     finally:
         server.close()
+    assert listed == model and name.endswith(model.name) and size == sum(p.stat().st_size for p in parts)
     assert projector is None and model.name.endswith(f"-00001-of-{len(parts):05d}.gguf")
     assert [p.read_bytes() == q.read_bytes() for p, q in zip(GGUFFile(model).paths, parts)] == [True] * len(parts)
     assert np.array_equal(logits(model), logits(whole))
