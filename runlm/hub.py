@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runlm.errors import CatalogError
+from runlm.formats.gguf import SPLIT_NAME
 
 PREFIXES = ("hf.co/", "huggingface.co/", "https://huggingface.co/", "hf://")
 # the default quantization where none is asked for: the first the repo has, llama.cpp's usual choices first
 DEFAULT_QUANTS = ("Q4_K_M", "Q4_K_S", "Q4_0", "Q5_K_M", "Q8_0", "Q6_K", "Q4_1", "Q3_K_M", "Q2_K", "BF16", "F16")
-SPLIT = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -76,13 +76,13 @@ def choose_files(ref: HubRef, files: list[str]) -> tuple[list[str], str | None]:
         chosen = next(([f for f in models if _tag_in(Path(f).name, tag)] for tag in DEFAULT_QUANTS
                        if any(_tag_in(Path(f).name, tag) for f in models)), models)
     projector = projectors[0] if projectors else None
-    if any(SPLIT.search(f) for f in chosen):
-        models_of = {SPLIT.sub("", f) for f in chosen}
+    splits = [SPLIT_NAME.match(f) for f in chosen]
+    if any(splits):
+        models_of = {m["prefix"] if m else f for m, f in zip(splits, chosen)}
         if len(models_of) > 1:
             raise CatalogError(f"{ref}: several split GGUFs match ({', '.join(sorted(models_of))}); name one: "
                                f"hf.co/{ref.repo}:<file>")
-        parts = sorted(chosen)
-        count = int(SPLIT.search(parts[0]).group(0).split("-of-")[1][:5])
+        parts, count = sorted(chosen), int(splits[0]["count"])
         if len(parts) != count:
             raise CatalogError(f"{ref}: the repo has {len(parts)} of the {count} parts of {parts[0]}")
         return parts, projector
@@ -165,10 +165,10 @@ def pulled() -> list[tuple[str, Path, int]]:
         for path in sorted(repo_dir.glob("snapshots/*/**/*.gguf")):
             name = path.relative_to(next(p for p in path.parents if p.parent.name == "snapshots")).as_posix()
             size = path.resolve().stat().st_size
-            part = SPLIT.search(name)
-            if part is not None and not part.group(0).startswith("-00001-"):
-                first = name[: part.start()] + "-00001-" + part.group(0)[7:]
-                out = [(n, pth, s + size) if n == f"hf.co/{repo}:{first}" else (n, pth, s) for n, pth, s in out]
+            part = SPLIT_NAME.match(name)
+            if part is not None and part["no"] != "00001":
+                first = f"hf.co/{repo}:{part['prefix']}-00001-of-{part['count']}{part['ext']}"
+                out = [(n, pth, s + size) if n == first else (n, pth, s) for n, pth, s in out]
                 continue
             out.append((f"hf.co/{repo}:{name}", path, size))
     return out

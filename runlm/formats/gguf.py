@@ -81,7 +81,7 @@ class RawTensor:
         return out
 
 
-SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})(?P<ext>\.(?i:gguf))$")
 MAX_SPLITS = 999  # llama.cpp's gguf-split names parts with five digits; no published model has near this many
 
 
@@ -136,7 +136,7 @@ def split_parts(path: Path) -> list[Path]:
     if match is None:
         return [path]
     count = int(match["count"])
-    return [path.with_name(f"{match['prefix']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    return [path.with_name(f"{match['prefix']}-{i:05d}-of-{count:05d}{match['ext']}") for i in range(1, count + 1)]
 
 
 class GGUFFile:
