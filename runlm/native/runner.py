@@ -25,6 +25,8 @@ class NativeRunner(LmRunner):
         self.model = model
         self.rings = [block.ring for block in model.blocks]
         self.windows = [block.window for block in model.blocks]
+        # the shortest sliding-window ring (None: every cache is full): how far a session can be cut back
+        self.ring_window = min((w for ring, w in zip(self.rings, self.windows) if ring), default=None)
 
     def family(self) -> str:
         return self.model.family
@@ -77,8 +79,7 @@ class NativeRunner(LmRunner):
     def can_rewind(self, session: Session, positions: int) -> bool:
         """Full caches can always be cut back (later positions are written over); a sliding-window ring only while
         the session with `positions` more still fits its window (past it, new positions overwrite kept ones)."""
-        return not any(self.rings) or len(session.tokens) + positions <= min(
-            window for ring, window in zip(self.rings, self.windows) if ring)
+        return self.ring_window is None or len(session.tokens) + positions <= self.ring_window
 
     def truncate(self, session: Session, length: int) -> None:
         if not 0 <= length <= len(session.tokens):
