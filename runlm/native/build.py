@@ -3,7 +3,8 @@
 this module does not import torch.
 
 Environment: RUNLM_GGUF_KERNELS=0 disables the kernels; =scalar picks the portable scalar path, =avx2 the AVX2 path
-without AVX-512 (what an AVX2-only CPU runs), instead of the best this CPU runs (ISA_VARIANTS).
+without AVX-512 (what an AVX2-only CPU runs), =avxvnni that with AVX-VNNI, instead of the best this CPU runs
+(ISA_VARIANTS).
 RUNLM_DECODE_WALK=line|burst picks how the 16-row kernels prefetch a decode GEMV's weights instead of the CPU's
 default (`DECODE_WALKS`).
 """
@@ -75,6 +76,9 @@ ISA_VARIANTS: dict[str, tuple[list[str], frozenset[str]]] = {
                        "amx_int8"})),
     "avx512": (["-march=x86-64-v4", "-mavx512vnni", "-mtune=native"],
                frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"})),
+    # AVX2 with the VEX-encoded VNNI dot products (Intel since Alder Lake, AMD since Zen 5): 4-row groups, as avx2
+    "avxvnni": (["-march=x86-64-v3", "-mavxvnni", "-mtune=native"],
+                frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "avx_vnni"})),
     "avx2": (["-march=x86-64-v3", "-mtune=native"],
              frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe"})),
     "scalar": (["-DRUNLM_SCALAR", "-mtune=native"], frozenset()),

@@ -273,8 +273,8 @@ def simd() -> bool:
 
 
 def isa() -> str | None:
-    """The instruction set the kernels were built for: "avx512-vnni+amx" (prefill on AMX tiles), "avx512-vnni", "avx2"
-    or "scalar" (None: no kernels)."""
+    """The instruction set the kernels were built for: "avx512-vnni+amx" (prefill on AMX tiles), "avx512-vnni",
+    "avx-vnni", "avx2" or "scalar" (None: no kernels)."""
     return _state["isa"] if available() else None  # type: ignore[return-value]
 
 

@@ -39,6 +39,7 @@ from runlm.native import build
 from runlm.pytorch import kernels
 from runlm.pytorch.dequant import dequantize
 from runlm.pytorch.nn import FullKVCache
+from runlm.system import cpu_flags
 
 EXACT_TOL = 2e-6
 TOL_32 = 1.5e-2
@@ -177,7 +178,7 @@ def test_q8_0_cache_stores_gguf_blocks_and_attends_over_their_values():
 def test_build_info():
     info = kernels.build_info()
     assert info["ok"] is True and info["reason"] is None
-    simd_isas = ("avx512-vnni+amx", "avx512-vnni", "avx2")
+    simd_isas = ("avx512-vnni+amx", "avx512-vnni", "avx-vnni", "avx2")
     assert kernels.isa() == info["isa"] and info["isa"] in (simd_isas if info["simd"] else ("scalar",))
     print(f"\nkernels: isa={info['isa']} first load {info['build_s']:.1f}s name={info['name']}")
 
@@ -383,8 +384,7 @@ def test_amx_tiles_give_the_dot_kernels_results(type_name: str, shape: tuple[int
     module = kernels.gguf_linear_module(type_name, weight_data(type_name, *shape, seed=11), shape)
     if module.group != 16:
         pytest.skip("this build has no 16-row groups (no AVX-512 VNNI)")
-    cpu_flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    if "amx_int8" in cpu_flags and os.environ.get("RUNLM_AMX") != "0":
+    if "amx_int8" in cpu_flags().split() and os.environ.get("RUNLM_AMX") != "0":
         assert kernels.isa() == "avx512-vnni+amx"
     x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(5)) * 3
     assert torch.equal(module(x), torch.cat([module(row[None]) for row in x]))
@@ -551,24 +551,27 @@ def variant_case(type_name: str) -> tuple[tuple[int, int], torch.Tensor]:
     return shape, torch.randn(max(ROWS_M), shape[1], generator=torch.Generator().manual_seed(len(type_name) + 5))
 
 
-@pytest.mark.parametrize("variant", ["scalar", "avx2"])
-def test_other_builds_match(variant: str, tmp_path):
-    """The portable path (-DRUNLM_SCALAR, what a compiler without AVX2 builds) and the AVX2 path without AVX-512
-    (what an AVX2-only CPU runs) give the same results: exact against the quantized-activation reference, x4 rows
-    alike for any row count, the x4 layout's portable kernel equal to the row layout's, and the K-quants bit for
-    bit equal to this build's; a float16 KV cache rounds and attends as torch does."""
-    if variant == "avx2" and not kernels.simd():
-        pytest.skip("this CPU has no AVX2")
+@pytest.mark.parametrize(("variant", "isa"), [("scalar", "scalar"), ("avx2", "avx2"), ("avxvnni", "avx-vnni")])
+def test_other_builds_match(variant: str, isa: str, tmp_path):
+    """The portable path (-DRUNLM_SCALAR, what a compiler without AVX2 builds), the AVX2 path without AVX-512 (what
+    an AVX2-only CPU runs) and that path with AVX-VNNI's dot products give the same results: exact against the
+    quantized-activation reference, x4 rows alike for any row count, the x4 layout's portable kernel equal to the
+    row layout's, and the K-quants bit for bit equal to this build's; a float16 KV cache rounds and attends as torch
+    does."""
+    if variant != "scalar" and variant not in build.variants():
+        pytest.skip(f"no {variant} build on this architecture")
+    if not build.ISA_VARIANTS.get(variant, ([], frozenset()))[1] <= set(cpu_flags().split()):
+        pytest.skip(f"this CPU cannot run the {variant} build")
     expected = {}
     for type_name in (name for name in TYPES if name.endswith("_K")):
         shape, x = variant_case(type_name)
         expected[type_name] = kernel_module(type_name, weight_data(type_name, *shape, seed=7), shape)(x)
-    for type_name in WIDE32_TYPES if variant == "avx2" else ():  # 16-row groups on AVX-512 builds, 4 on AVX2: alike
+    for type_name in WIDE32_TYPES if variant != "scalar" else ():  # 16-row groups on AVX-512 builds, 4 on AVX2: alike
         module = kernel_module(type_name, weight_data(type_name, *GROUPS_CASE, seed=7), GROUPS_CASE)
         assert module.x4
         expected[type_name + " x4"] = module(variant_case(type_name)[1])
     torch.save(expected, tmp_path / "expected.pt")
-    result = _run(_VARIANT_SCRIPT, variant, args=[variant, str(tmp_path / "expected.pt")])
+    result = _run(_VARIANT_SCRIPT, variant, args=[isa, str(tmp_path / "expected.pt")])
     assert result.returncode == 0 and "variant ok" in result.stdout, result.stderr[-3000:]
 
 

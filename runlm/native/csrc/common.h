@@ -66,12 +66,19 @@
 #define RUNLM_AVX2 0
 #endif
 
-// AVX-512 VNNI (with VL, on 256-bit vectors): one vpdpbusd does a byte dot product's multiply, pair sums and int32
-// accumulation; the integer results are exactly those of the AVX2 maddubs / madd sequence it replaces.
+// VNNI on 256-bit vectors: one vpdpbusd does a byte dot product's multiply, pair sums and int32 accumulation; the
+// integer results are exactly those of the AVX2 maddubs / madd sequence it replaces. Two encodings: AVX-512 VNNI with
+// VL (EVEX), and AVX-VNNI (VEX: Intel since Alder Lake, AMD since Zen 5, on CPUs without AVX-512 too), the avxvnni
+// build's, which keeps AVX2's 4-row groups.
 #if RUNLM_AVX2 && defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define RUNLM_VNNI 1
+#define RUNLM_AVXVNNI 0
+#elif RUNLM_AVX2 && defined(__AVXVNNI__)
+#define RUNLM_VNNI 1
+#define RUNLM_AVXVNNI 1
 #else
 #define RUNLM_VNNI 0
+#define RUNLM_AVXVNNI 0
 #endif
 
 // 512-bit vectors (F, BW, VNNI): the interleaved layout takes 16 rows instead of 4 (every type), so that one vpdpbusd

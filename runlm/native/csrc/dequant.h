@@ -398,7 +398,7 @@ std::string gguf_isa() {
 #if RUNLM_AMX
   if (amx_usable()) return "avx512-vnni+amx";
 #endif
-  return RUNLM_VNNI ? "avx512-vnni" : RUNLM_AVX2 ? "avx2" : "scalar";
+  return RUNLM_AVXVNNI ? "avx-vnni" : RUNLM_VNNI ? "avx512-vnni" : RUNLM_AVX2 ? "avx2" : "scalar";
 }
 
 constexpr int64_t kAttnChunk = 64;      // decode attention: positions per work item, at least

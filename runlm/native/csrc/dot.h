@@ -59,8 +59,36 @@ void scalar_dot(const uint8_t* const* w, const typename T::Act* const* a, int64_
 
 inline __m256i ones16() { return _mm256_set1_epi16(1); }
 
+// unsigned x signed byte dot products, 4 per int32 lane, added to acc (VNNI: one vpdpbusd; the same integers)
+inline __m256i dot_bytes(__m256i acc, __m256i u, __m256i s) {
+#if RUNLM_AVXVNNI
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#elif RUNLM_VNNI
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones16()));
+#endif
+}
+
 // unsigned x signed bytes -> 8 int32 sums of 4 products
-inline __m256i dot_u8s8(__m256i u, __m256i s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones16()); }
+inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if RUNLM_VNNI
+  return dot_bytes(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones16());
+#endif
+}
+
+// int32 acc += int16 pairs x int16 pairs, summed per pair
+inline __m256i dot_words(__m256i acc, __m256i x, __m256i y) {
+#if RUNLM_AVXVNNI
+  return _mm256_dpwssd_avx_epi32(acc, x, y);
+#elif RUNLM_VNNI
+  return _mm256_dpwssd_epi32(acc, x, y);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(x, y));
+#endif
+}
 
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 

@@ -281,13 +281,13 @@ struct X4Layout {
 #if RUNLM_VNNI
         const __m256i zero = _mm256_setzero_si256();
         if constexpr (kQ8) {  // |w| (unsigned) times a carrying w's sign
-          p01 = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, _mm256_sign_epi8(lo01, lo01), _mm256_sign_epi8(alo, lo01)),
-                                    _mm256_sign_epi8(hi01, hi01), _mm256_sign_epi8(ahi, hi01));
-          p23 = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, _mm256_sign_epi8(lo23, lo23), _mm256_sign_epi8(alo, lo23)),
-                                    _mm256_sign_epi8(hi23, hi23), _mm256_sign_epi8(ahi, hi23));
+          p01 = dot_bytes(dot_bytes(zero, _mm256_sign_epi8(lo01, lo01), _mm256_sign_epi8(alo, lo01)),
+                          _mm256_sign_epi8(hi01, hi01), _mm256_sign_epi8(ahi, hi01));
+          p23 = dot_bytes(dot_bytes(zero, _mm256_sign_epi8(lo23, lo23), _mm256_sign_epi8(alo, lo23)),
+                          _mm256_sign_epi8(hi23, hi23), _mm256_sign_epi8(ahi, hi23));
         } else {
-          p01 = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, lo01, alo), hi01, ahi);
-          p23 = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, lo23, alo), hi23, ahi);
+          p01 = dot_bytes(dot_bytes(zero, lo01, alo), hi01, ahi);
+          p23 = dot_bytes(dot_bytes(zero, lo23, alo), hi23, ahi);
         }
 #else
         if constexpr (kQ8) {
@@ -405,24 +405,6 @@ alignas(16) const uint8_t kQ4KScaleShuffle[4][16] = {
     {4, 0x80, 4, 0x80, 12, 0x80, 12, 0x80, 5, 0x80, 5, 0x80, 13, 0x80, 13, 0x80},
     {6, 0x80, 6, 0x80, 14, 0x80, 14, 0x80, 7, 0x80, 7, 0x80, 15, 0x80, 15, 0x80},
 };
-
-// unsigned x signed byte dot products, 4 per int32 lane, added to acc
-inline __m256i dot_bytes(__m256i acc, __m256i u, __m256i s) {
-#if RUNLM_VNNI
-  return _mm256_dpbusd_epi32(acc, u, s);
-#else
-  return _mm256_add_epi32(acc, dot_u8s8(u, s));
-#endif
-}
-
-// int32 acc += int16 pairs x int16 pairs, summed per pair
-inline __m256i dot_words(__m256i acc, __m256i x, __m256i y) {
-#if RUNLM_VNNI
-  return _mm256_dpwssd_epi32(acc, x, y);
-#else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(x, y));
-#endif
-}
 
 // What the Q4_K and Q5_K x4 kernels share of a super-block of 4 rows (blk; its 6-bit scales at byte `scales_at`):
 // the f16 scales, the 6-bit scales for the 4 rows and the mins, and the end of each activation row's part.
