@@ -157,6 +157,18 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--reranker", action=argparse.BooleanOptionalAction, default=None,
                        help="score /v1/rerank with the model as a Qwen3-Reranker (P(yes)); --no-reranker: by "
                             "embedding similarity (default: a reranker where the model's name or GGUF says so)")
+    models = serve.add_argument_group("many models, each loaded on the first request that names it")
+    models.add_argument("--models-dir", default=None, metavar="DIR",
+                        help="serve every GGUF file in DIR (named by its file name without .gguf) and every pulled "
+                             "model (named as `runlm list` shows it); -m names one to load at the start")
+    models.add_argument("--max-loaded", type=int, default=None, metavar="N",
+                        help="with --models-dir: models loaded at once; to load another, the least recently used "
+                             "one that no request holds is unloaded (default 1: each model's KV budget is half the "
+                             "memory available at its load)")
+    models.add_argument("--keep-alive", default=None, metavar="DURATION",
+                        help="with --models-dir: how long a model stays loaded after its last request (\"5m\", "
+                             "\"1h\", seconds; negative: for ever; 0: unload after each request; default 5m); a "
+                             "request's keep_alive (Ollama's field) wins")
     cluster = serve.add_argument_group("replicas on Ray Serve (pip install 'runlm[cluster]')")
     cluster.add_argument("--replicas", type=int, default=None,
                          help="serve N model replicas behind one endpoint on Ray Serve (default: one process, no Ray)")
@@ -286,6 +298,7 @@ def chat_web(args: argparse.Namespace, serve: Callable[[argparse.Namespace], int
         "allowed_hosts": [], "api_docs": False, "special_tokens_in_content": False, "kv_budget_mb": None,
         "reasoning_format": "auto", "reasoning_budget": -1,
         "replicas": None, "min_replicas": None, "max_replicas": None,  # one process: the page is one user's
+        "models_dir": None, "max_loaded": None, "keep_alive": None,
         "max_tokens": None,  # the page's requests run to their end unless they say otherwise
         "web": False,  # what is served is a server
     })

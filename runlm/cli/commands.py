@@ -370,12 +370,46 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from runlm.server import serve  # optional: the [server] extra
 
     server_options = serve_options(args)
+    if args.models_dir is not None:
+        return serve_models_dir(args, server_options)
+    for flag, value in (("--max-loaded", args.max_loaded), ("--keep-alive", args.keep_alive)):
+        if value is not None:
+            raise RunlmError(f"{flag} applies with --models-dir (a server of one model keeps it loaded)")
     if args.replicas is not None or args.min_replicas is not None or args.max_replicas is not None:
         return serve_on_ray(args, server_options)
     loaded = _load(args)
     serve(loaded, host=args.host, port=args.port, prompt_cache_mb=args.prompt_cache_mb, max_queue=args.max_queue,
           max_batch=args.parallel, kv_budget_mb=args.kv_budget_mb, speculation=speculation_of(args, loaded),
           **server_options)
+    return 0
+
+
+def serve_models_dir(args: argparse.Namespace, server_options: dict) -> int:
+    """`runlm serve --models-dir DIR`: every model of DIR and of the cache, each loaded (with the same flags) on the
+    first request that names it; -m, where given, names the one loaded at the start."""
+    from runlm.server import serve
+    from runlm.server.library import ModelLibrary
+    from runlm.server.pool import parse_keep_alive
+
+    one_model = {"--replicas": args.replicas or args.min_replicas or args.max_replicas, "--mmproj": args.mmproj,
+                 "--draft-model": args.draft_model, "--chat-template-file": args.chat_template_file}
+    for flag, value in one_model.items():
+        if value is not None:
+            raise RunlmError(f"{flag} cannot be combined with --models-dir")
+    if args.max_loaded is not None and args.max_loaded < 1:
+        raise RunlmError(f"--max-loaded must be at least 1, got {args.max_loaded}")
+    if args.keep_alive is not None:
+        parse_keep_alive(args.keep_alive, "--keep-alive")
+    library = ModelLibrary(args.models_dir)  # a wrong directory fails before any load
+    preloaded = None
+    if args.model is not None:
+        source = library.find(args.model)
+        preloaded = _load(args, source.ref if source is not None else args.model)
+    options = {"max_loaded": args.max_loaded} if args.max_loaded is not None else {}
+    serve(preloaded, host=args.host, port=args.port, prompt_cache_mb=args.prompt_cache_mb, max_queue=args.max_queue,
+          max_batch=args.parallel, kv_budget_mb=args.kv_budget_mb,
+          speculation=Speculation(args.speculative or "ngram", args.draft_max), models_dir=library.directory,
+          loader=lambda ref: _load(args, ref), keep_alive=args.keep_alive, **options, **server_options)
     return 0
 
 

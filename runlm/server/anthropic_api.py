@@ -20,15 +20,15 @@ from runlm.server.anthropic_shapes import (
 from runlm.server.errors import anthropic_error_body
 from runlm.server.openai_api import collect, streaming, submit
 from runlm.server.sse import event_stream
-from runlm.server.state import ServerState, get_state
+from runlm.server.state import model_state
 from runlm.server.workers import json_body
 
 router = APIRouter()
 
 
 @router.post("/v1/messages")
-async def messages(request: Request, body: MessagesRequest = Depends(json_body(MessagesRequest)),
-                   state: ServerState = Depends(get_state)):
+async def messages(request: Request, body: MessagesRequest = Depends(json_body(MessagesRequest))):
+    state = await model_state(request, body.model)
     plan, handle, _ = await submit(state, plan_messages, body, "msg", request)
     mid = message_id()
     if body.stream:
@@ -38,9 +38,8 @@ async def messages(request: Request, body: MessagesRequest = Depends(json_body(M
 
 
 @router.post("/v1/messages/count_tokens")
-async def count_tokens(body: CountTokensRequest = Depends(json_body(CountTokensRequest)),
-                       state: ServerState = Depends(get_state)):
-    state.check_model(body.model)
+async def count_tokens(request: Request, body: CountTokensRequest = Depends(json_body(CountTokensRequest))):
+    state = await model_state(request, body.model)
     with state.scheduler.planning():
         plan = await state.workers.run(plan_messages, state, body)
     return {"input_tokens": len(plan.request.prompt_ids)}

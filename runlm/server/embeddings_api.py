@@ -12,12 +12,12 @@ import base64
 from functools import partial
 
 import numpy as np
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 
 from runlm.engine.embeddings import check_embedding_input, embed, embedding_ids
 from runlm.server.errors import APIError
 from runlm.server.schemas import EmbeddingRequest
-from runlm.server.state import ServerState, get_state
+from runlm.server.state import ServerState, model_state
 from runlm.server.workers import json_body
 
 router = APIRouter()
@@ -62,9 +62,8 @@ def base64_floats(vector: np.ndarray) -> str:
 
 
 @router.post("/v1/embeddings")
-async def embeddings(body: EmbeddingRequest = Depends(json_body(EmbeddingRequest)),
-                     state: ServerState = Depends(get_state)):
-    state.check_model(body.model)
+async def embeddings(request: Request, body: EmbeddingRequest = Depends(json_body(EmbeddingRequest))):
+    state = await model_state(request, body.model)
     check_dimensions(state, body.dimensions)
     batch = await state.workers.run(input_ids, state, body.input)
     vectors = await embed_all(state, batch, body.dimensions)

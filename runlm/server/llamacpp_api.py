@@ -20,9 +20,10 @@ from runlm.server.infill import fim_request
 from runlm.server.metrics import replica_lines
 from runlm.server.openai_api import collect, streaming, submit
 from runlm.server.openai_shapes import CompletionPlan, sampling_from, stop_list, timings_json, token_text
+from runlm.server.pool import ModelPool, get_pool
 from runlm.server.schemas import DetokenizeRequest, InfillRequest, TokenizeRequest
 from runlm.server.sse import event_stream
-from runlm.server.state import ServerState, get_state
+from runlm.server.state import ServerState, get_state, model_state
 from runlm.server.tools import template_source
 from runlm.server.workers import PartedJSONResponse, json_body
 from runlm.text.fim import ExtraChunk
@@ -44,20 +45,28 @@ async def props(state: ServerState = Depends(get_state)):
 
 
 @router.get("/health")
-async def health(state: ServerState = Depends(get_state)):
-    return {"status": "ok", "queue_depth": state.scheduler.queue_depth, "busy": state.scheduler.busy}
+async def health(pool: ModelPool = Depends(get_pool)):
+    """Never waits for a model: what the loaded models' schedulers hold, summed."""
+    schedulers = [resident.state.scheduler for resident in pool.loaded]
+    return {"status": "ok", "queue_depth": sum(s.queue_depth for s in schedulers),
+            "busy": any(s.busy for s in schedulers), "models_loaded": [r.name for r in pool.loaded]}
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
-async def prometheus_metrics(state: ServerState = Depends(get_state)):
-    cache, scheduler = state.engine.prompt_cache, state.scheduler
+async def prometheus_metrics(request: Request, pool: ModelPool = Depends(get_pool)):
+    """The loaded models' gauges, summed (a server of one model: that model's)."""
+    states = [resident.state for resident in pool.loaded]
+    caches = [state.engine.prompt_cache for state in states if state.engine.prompt_cache]
     gauges = {
-        "runlm_queue_depth": ("Requests waiting for the worker.", scheduler.queue_depth),
-        "runlm_requests_running": ("Requests being generated.", scheduler.in_flight),
-        "runlm_prompt_cache_bytes": ("Bytes held by the prompt cache.", cache.nbytes if cache else 0),
-        "runlm_prompt_cache_entries": ("Snapshots in the prompt cache.", len(cache) if cache else 0),
+        "runlm_queue_depth": ("Requests waiting for the worker.", sum(s.scheduler.queue_depth for s in states)),
+        "runlm_requests_running": ("Requests being generated.", sum(s.scheduler.in_flight for s in states)),
+        "runlm_prompt_cache_bytes": ("Bytes held by the prompt cache.", sum(c.nbytes for c in caches)),
+        "runlm_prompt_cache_entries": ("Snapshots in the prompt cache.", sum(len(c) for c in caches)),
+        "runlm_models_loaded": ("Models loaded.", len(states)),
     }
-    text = state.metrics.render(gauges, extra=lambda: replica_lines(scheduler.replica_stats()))
+    metrics = request.app.state.metrics
+    text = metrics.render(gauges, extra=lambda: replica_lines([report for s in states
+                                                               for report in s.scheduler.replica_stats()]))
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
@@ -162,8 +171,8 @@ class InfillChunks:
 
 
 @router.post("/infill")
-async def infill(request: Request, body: InfillRequest = Depends(json_body(InfillRequest)),
-                 state: ServerState = Depends(get_state)):
+async def infill(request: Request, body: InfillRequest = Depends(json_body(InfillRequest))):
+    state = await model_state(request, body.model)
     if body.model is None:
         body = body.model_copy(update={"model": state.model_name})
     plan, handle, _ = await submit(state, plan_infill, body, "infill", request)

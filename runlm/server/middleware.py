@@ -28,6 +28,7 @@ OPEN_PATHS = frozenset({"/health"})
 TENANT_KEY = "runlm.tenant"  # the ASGI scope entry naming the authenticated tenant (see tenant_of)
 KNOWN_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/embeddings", "/v1/messages",
                 "/api/chat", "/api/generate", "/api/embed", "/api/tags", "/api/show", "/api/ps", "/api/version",
+                "/api/delete", "/api/copy",
                 "/health", "/metrics", "/tokenize", "/detokenize", "/props", "/openapi.json", "/docs")
 
 

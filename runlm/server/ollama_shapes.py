@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
 from runlm.engine import Completion, Generation, StreamRecord, ToolCall, Usage
 from runlm.engine.reasoning import THINK_OPEN, ThinkingPlan
+from runlm.formats.gguf import find_mmproj
 from runlm.server.adapters import openai_request
 from runlm.server.errors import APIError
+from runlm.server.library import FileFacts
 from runlm.server.openai_shapes import ChatPlan, CompletionPlan, plan_chat, plan_completion
 from runlm.server.schemas import ChatCompletionRequest, CompletionRequest, Seed, StopString, Strict, Unit
 from runlm.server.state import ServerState
@@ -72,7 +76,7 @@ class Generating(Strict):
     format: Format | None = None
     options: Options | None = None
     stream: bool = True
-    keep_alive: str | int | float | None = None  # accepted; the model stays loaded
+    keep_alive: str | int | float | None = None  # how long the model stays loaded after this request (server.pool)
     think: bool | Literal["low", "medium", "high"] | None = None  # the template's thinking switch (and level)
 
 
@@ -100,16 +104,26 @@ class EmbedBody(Strict):
     keep_alive: str | int | float | None = None
 
 
-class ShowBody(Strict):
+class CopyBody(Strict):
+    source: str
+    destination: str
+
+
+class NamedModel(Strict):
+    """A body that names one model (/api/show, /api/delete)."""
+
     model: str | None = None
     name: str | None = None  # older clients' spelling
-    verbose: bool = False
 
     @property
     def model_name(self) -> str:
         if not (self.model or self.name):
             raise APIError(400, "model: required field is missing", param="model")
         return self.model or self.name or ""
+
+
+class ShowBody(NamedModel):
+    verbose: bool = False
 
 
 # -- request -> OpenAI request -> plan -------------------------------------------------------------------
@@ -206,10 +220,11 @@ def final_fields(usage: Usage, reason: str) -> dict[str, Any]:
             "eval_count": usage.completion_tokens, "eval_duration": int(usage.decode_s * ns)}
 
 
-def loaded_reply(body: Generating, chat: bool) -> dict[str, Any]:
-    """Ollama's answer to an empty prompt or message list: the model is loaded, nothing is generated."""
+def loaded_reply(body: Generating, chat: bool, reason: str = "load") -> dict[str, Any]:
+    """Ollama's answer to an empty prompt or message list: the model is loaded (or, `reason` "unload", unloaded),
+    nothing is generated."""
     field = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
-    return {"model": body.model, "created_at": now_iso(), **field, "done": True, "done_reason": "load"}
+    return {"model": body.model, "created_at": now_iso(), **field, "done": True, "done_reason": reason}
 
 
 def ollama_tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
@@ -293,12 +308,18 @@ class GenerateLines:
 # -- the model, as Ollama describes it ---------------------------------------------------------------
 
 
-def _files_size(state: ServerState) -> tuple[int, float]:
-    """(bytes, last modification) of the model's file, or of a directory's files."""
-    path = state.loaded.path
-    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
-    stats = [p.stat() for p in files]
+def _files_size(path: Path) -> tuple[int, float]:
+    """(bytes, last modification) of a model's file, or of a directory's files."""
+    try:
+        files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+        stats = [p.stat() for p in files]
+    except OSError:  # removed meanwhile
+        return 0, 0.0
     return sum(s.st_size for s in stats), max((s.st_mtime for s in stats), default=0.0)
+
+
+def iso_time(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 def model_details(state: ServerState) -> dict[str, Any]:
@@ -308,20 +329,34 @@ def model_details(state: ServerState) -> dict[str, Any]:
             "quantization_level": loaded.quantization}
 
 
-def model_entry(state: ServerState) -> dict[str, Any]:
+def file_details(path: Path, facts: FileFacts | None) -> dict[str, Any]:
+    """model_details of a model that is not loaded, from its GGUF header (empty where it has none)."""
+    family = facts.family if facts else ""
+    return {"parent_model": "", "format": "gguf" if path.is_file() else "safetensors", "family": family,
+            "families": [family] if family else None, "parameter_size": facts.size_label if facts else "",
+            "quantization_level": facts.quantization if facts else ""}
+
+
+def model_entry(name: str, path: Path, details: dict[str, Any]) -> dict[str, Any]:
     """One model as /api/tags and /api/ps list it. The digest identifies the file (path, size, time), it is
     not a hash of its bytes (that would read the whole file on every listing)."""
-    size, mtime = _files_size(state)
-    digest = hashlib.sha256(f"{state.loaded.path}:{size}:{mtime}".encode()).hexdigest()
-    modified = datetime.fromtimestamp(mtime, timezone.utc).isoformat().replace("+00:00", "Z")
-    return {"name": state.model_name, "model": state.model_name, "modified_at": modified, "size": size,
-            "digest": digest, "details": model_details(state)}
+    size, mtime = _files_size(path)
+    digest = hashlib.sha256(f"{path}:{size}:{mtime}".encode()).hexdigest()
+    return {"name": name, "model": name, "modified_at": iso_time(mtime), "size": size, "digest": digest,
+            "details": details}
 
 
-def running_entry(state: ServerState) -> dict[str, Any]:
-    entry = model_entry(state)
-    never = (datetime.now(timezone.utc) + timedelta(days=3650)).isoformat().replace("+00:00", "Z")
-    return {**entry, "expires_at": never, "size_vram": 0, "context_length": state.engine.context_length}
+def running_entry(state: ServerState, expires_at: float) -> dict[str, Any]:
+    """A loaded model as /api/ps lists it: `expires_at` (wall-clock seconds, inf: never) is when it unloads if
+    no request comes; `size` is its file's bytes (the weights, mapped from it)."""
+    entry = model_entry(state.model_name, state.loaded.path, model_details(state))
+    never = datetime.now(timezone.utc) + timedelta(days=3650)
+    expires = never.isoformat().replace("+00:00", "Z") if math.isinf(expires_at) else iso_time(expires_at)
+    return {**entry, "expires_at": expires, "size_vram": 0, "context_length": state.engine.context_length}
+
+
+def _capabilities(template: str, vision: bool) -> list[str]:
+    return ["completion", "tools"] + (["vision"] if vision else []) + (["thinking"] if THINK_OPEN in template else [])
 
 
 def show_reply(state: ServerState) -> dict[str, Any]:
@@ -333,8 +368,17 @@ def show_reply(state: ServerState) -> dict[str, Any]:
     info |= {f"{arch}.context_length": state.engine.context_length,
              f"{arch}.embedding_length": loaded.config.hidden_size, f"{arch}.block_count": loaded.config.num_layers}
     template = template_source(loaded.chat_template) if loaded.chat_template is not None else ""
-    capabilities = ["completion", "tools"] + (["vision"] if loaded.runner.supports_multimodal() else []) + \
-        (["thinking"] if THINK_OPEN in template else [])
     return {"modelfile": f"FROM {loaded.path}\n", "parameters": "", "template": template,
-            "details": model_details(state), "model_info": info, "capabilities": capabilities,
-            "modified_at": model_entry(state)["modified_at"]}
+            "details": model_details(state), "model_info": info,
+            "capabilities": _capabilities(template, loaded.runner.supports_multimodal()),
+            "modified_at": iso_time(_files_size(loaded.path)[1])}
+
+
+def show_file_reply(path: Path, facts: FileFacts | None) -> dict[str, Any]:
+    """/api/show of a model that is not loaded, from its GGUF header (it is not loaded to describe it)."""
+    info = dict(facts.metadata) if facts else {}
+    template = facts.chat_template if facts else ""
+    return {"modelfile": f"FROM {path}\n", "parameters": "", "template": template,
+            "details": file_details(path, facts), "model_info": info,
+            "capabilities": _capabilities(template, bool(find_mmproj(path)) if path.is_file() else False),
+            "modified_at": iso_time(_files_size(path)[1])}

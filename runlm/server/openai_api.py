@@ -17,6 +17,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from runlm.engine import RequestGroup, RequestHandle
+from runlm.server.library import ModelSource
 from runlm.server.middleware import tenant_of
 from runlm.server.openai_shapes import (
     ChatChunks,
@@ -27,9 +28,10 @@ from runlm.server.openai_shapes import (
     plan_chat,
     plan_completion,
 )
+from runlm.server.pool import ModelPool, get_pool
 from runlm.server.schemas import ChatCompletionRequest, CompletionRequest
 from runlm.server.sse import event_stream
-from runlm.server.state import ServerState, get_state
+from runlm.server.state import ServerState, model_state
 from runlm.server.workers import json_body
 
 router = APIRouter()
@@ -109,8 +111,8 @@ def streaming(events) -> StreamingResponse:
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(request: Request, body: ChatCompletionRequest = Depends(json_body(ChatCompletionRequest)),
-                           state: ServerState = Depends(get_state)):
+async def chat_completions(request: Request, body: ChatCompletionRequest = Depends(json_body(ChatCompletionRequest))):
+    state = await model_state(request, body.model)
     plan, group, rid = await submit_choices(state, plan_chat, body, "chatcmpl", body.n or 1, request)
     created = int(time.time())
     if body.stream:
@@ -119,8 +121,8 @@ async def chat_completions(request: Request, body: ChatCompletionRequest = Depen
 
 
 @router.post("/v1/completions")
-async def completions(request: Request, body: CompletionRequest = Depends(json_body(CompletionRequest)),
-                      state: ServerState = Depends(get_state)):
+async def completions(request: Request, body: CompletionRequest = Depends(json_body(CompletionRequest))):
+    state = await model_state(request, body.model)
     plan, group, rid = await submit_choices(state, plan_completion, body, "cmpl", choices_asked(body)[1], request)
     created = int(time.time())
     if body.stream:
@@ -129,17 +131,27 @@ async def completions(request: Request, body: CompletionRequest = Depends(json_b
                                      created)
 
 
-def model_card(state: ServerState) -> dict[str, Any]:
-    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "runlm",
-            "meta": state.model_meta()}
+def model_card(pool: ModelPool, source: ModelSource) -> dict[str, Any]:
+    """A model as /v1/models lists it; `state` says whether it is loaded ("loaded", "loading", "unloaded")."""
+    resident = pool.resident(source.name)
+    if resident is not None:
+        state = resident.state
+        return {"id": source.name, "object": "model", "created": state.created, "owned_by": "runlm",
+                "state": "loaded", "meta": state.model_meta()}
+    try:
+        created = int(source.path.stat().st_mtime)
+    except OSError:
+        created = 0
+    return {"id": source.name, "object": "model", "created": created, "owned_by": "runlm",
+            "state": "loading" if pool.loading(source.name) else "unloaded",
+            "meta": {"file": source.path.name, "format": "gguf" if source.path.is_file() else "safetensors"}}
 
 
 @router.get("/v1/models")
-async def list_models(state: ServerState = Depends(get_state)):
-    return {"object": "list", "data": [model_card(state)]}
+async def list_models(pool: ModelPool = Depends(get_pool)):
+    return {"object": "list", "data": [model_card(pool, source) for source in pool.sources()]}
 
 
 @router.get("/v1/models/{model_id:path}")
-async def get_model(model_id: str, state: ServerState = Depends(get_state)):
-    state.check_model(model_id)
-    return model_card(state)
+async def get_model(model_id: str, pool: ModelPool = Depends(get_pool)):
+    return model_card(pool, pool.find(model_id))

@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 from functools import partial
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 
 from runlm.engine.embeddings import check_embedding_input, embedding_ids
 from runlm.engine.rerank import Reranker, cosine_scores
 from runlm.server.embeddings_api import embed_all
 from runlm.server.schemas import RerankRequest
-from runlm.server.state import ServerState, get_state
+from runlm.server.state import ServerState, model_state
 from runlm.server.workers import json_body
 
 router = APIRouter()
@@ -79,8 +79,7 @@ def rerank_reply(body: RerankRequest, model: str, scores: list[float], tokens: i
 @router.post("/v1/rerank")
 @router.post("/v1/reranking")
 @router.post("/rerank")
-async def rerank(body: RerankRequest = Depends(json_body(RerankRequest)), state: ServerState = Depends(get_state)):
-    if body.model is not None:
-        state.check_model(body.model)
+async def rerank(request: Request, body: RerankRequest = Depends(json_body(RerankRequest))):
+    state = await model_state(request, body.model)
     scores, tokens, scoring = await relevance(state, body)
     return await state.workers.reply(rerank_reply, body, body.model or state.model_name, scores, tokens, scoring)

@@ -24,7 +24,7 @@ from runlm.server.responses_shapes import (
     plan_response,
 )
 from runlm.server.sse import event_stream
-from runlm.server.state import ServerState, get_state
+from runlm.server.state import model_state
 from runlm.server.workers import json_body
 
 router = APIRouter()
@@ -39,7 +39,8 @@ async def get_store(request: Request) -> TenantResponses:
 
 @router.post("/v1/responses")
 async def create_response(request: Request, body: ResponsesRequest = Depends(json_body(ResponsesRequest)),
-                          state: ServerState = Depends(get_state), store: TenantResponses = Depends(get_store)):
+                          store: TenantResponses = Depends(get_store)):
+    state = await model_state(request, body.model)
     plan, handle, _ = await submit(state, partial(plan_response, store=store), body, "resp", request)
     if body.stream:
         events = ResponseEvents(plan, store)

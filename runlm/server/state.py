@@ -1,4 +1,6 @@
-"""What every route shares: the model, its engine and scheduler, the served names, the metrics."""
+"""What the routes of one model share: the model, its engine and scheduler, the served names; and what every model
+of a server shares (metrics, planning threads, the server's options). A server of several models holds one
+ServerState per loaded model (server.pool)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ from typing import Any
 
 from fastapi import Request
 
-from runlm import catalog
 from runlm.engine import Engine, QueueFullError, Scheduler
 from runlm.engine.embeddings import Pooling, declared_pooling
 from runlm.engine.rerank import Reranker
@@ -49,9 +50,10 @@ class ServerState:
     # the state, so that no request pays for compiling its patterns (0.35 s for Gemma's 6k special tokens).
     literal_specials: LiteralSpecials | None = field(init=False)
 
-    # per tenant, with several: requests being planned, and the turns at the planning threads (event loop only)
+    # per tenant, with several: the turns at the planning threads (shared by the models of a server, as the
+    # threads are), and requests being planned for this model (event loop only)
+    planning_turns: dict[str, asyncio.Semaphore] = field(default_factory=dict)
     _planning: dict[str, int] = field(default_factory=dict, init=False)
-    _turns: dict[str, asyncio.Semaphore] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.literal_specials = None if self.special_tokens_in_content else LiteralSpecials(self.tokenizer)
@@ -80,7 +82,7 @@ class ServerState:
         if self.tenants < 2:
             yield
             return
-        turn = self._turns.setdefault(tenant, asyncio.Semaphore(max(1, self.workers.threads - 1)))
+        turn = self.planning_turns.setdefault(tenant, asyncio.Semaphore(max(1, self.workers.threads - 1)))
         async with turn:
             yield
 
@@ -114,16 +116,14 @@ class ServerState:
                 "file": loaded.path.name, "multimodal": bool(loaded.runner.supports_multimodal())}
 
 
-def served_names(loaded: ServedModel, model_name: str | None) -> tuple[str, set[str]]:
-    """The name the server answers to, and every alias a client may use (file name, stem, catalog name, and
-    each of these with Ollama's default `:latest` tag, which Ollama clients add)."""
-    catalog_name = catalog.name_for_file(loaded.path.name)
-    name = model_name or catalog_name or loaded.path.stem
-    names = {name, loaded.path.name, loaded.path.stem} | ({catalog_name} if catalog_name else set())
-    return name, names | {f"{n}:latest" for n in names}
-
-
 async def get_state(request: Request) -> ServerState:
-    """FastAPI dependency: the state create_app put on the app (async: FastAPI runs a plain function
-    dependency in its thread pool, a hop for every request, /health's included)."""
-    return request.app.state.runlm
+    """FastAPI dependency of the routes whose requests name no model: the server's default model (the one it
+    serves, or was started with), loaded first where it is not (async: FastAPI runs a plain function dependency
+    in its thread pool, a hop for every request)."""
+    return await request.app.state.models.use(request, None)
+
+
+async def model_state(request: Request, name: str | None, keep_alive: str | int | float | None = None) -> ServerState:
+    """The state of the model a request names (None: the default one), loaded first where it is not, and held
+    until the response has been sent (server.pool.ModelLeases); `keep_alive` is Ollama's field."""
+    return await request.app.state.models.use(request, name, keep_alive)

@@ -331,13 +331,13 @@ def json_body(model: type[Body]) -> Callable[[Request], Any]:
     async def read(request: Request) -> Body:
         raw = await request.body()
         content_type = request.headers.get("content-type")
-        state = request.app.state.runlm
+        models = request.app.state.models  # server.pool.ModelPool
         # a conversation of more items than the context has tokens cannot fit: 200,000 validated messages
         # would cost seconds of CPU and 100 ms pauses of the garbage collector for a certain 400
-        max_items = state.engine.context_length
+        max_items = models.max_context
         if len(raw) <= INLINE_BODY_BYTES:
             return parse_body(model, raw, content_type, max_items)
-        workers: Workers = state.workers
+        workers: Workers = models.workers
         parsed = await workers.run(_parse_body_or_error, model, raw, content_type, max_items)
         if isinstance(parsed, RequestValidationError):
             raise parsed
