@@ -169,6 +169,23 @@ void stream_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t M) {
 }
 #endif
 
+#if !RUNLM_AVX512
+// The 4-row groups' decode walk (M <= 4 activation rows), output rows [n0, n1): with two streams (DecodeWalk), the
+// range's halves side by side, a group of each in turn, so the hardware prefetchers follow two far-apart walks; with
+// one, group by group. Each group's bytes are prefetched 1 KiB on before its kernel either way (prefetch_rows).
+template <class T>
+void x4_stream_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t M) {
+  constexpr int64_t unit = T::ROWS;
+  const int streams = T::QK == 32 ? g_walk.wide32_streams : g_walk.kquant_streams;
+  const int64_t groups = (n1 - n0) / unit, half = streams == 2 ? groups / 2 : 0;
+  for (int64_t i = 0; i < half; ++i) {
+    block_rows<T>(c, n0 + unit * i, n0 + unit * (i + 1), 0, M);
+    block_rows<T>(c, n0 + unit * (half + i), n0 + unit * (half + i + 1), 0, M);
+  }
+  if (2 * half < groups) block_rows<T>(c, n0 + unit * 2 * half, n1, 0, M);
+}
+#endif
+
 // Rows of kernel type T that stay together: an interleaved group, or 1.
 template <class T>
 constexpr int64_t group_of() {
@@ -227,6 +244,14 @@ void gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, flo
     if (M <= 4) {
       parallel_for(0, N / unit, std::max<int64_t>(1, grain),
                        [&](int64_t u0, int64_t u1) { stream_rows<T>(c, u0 * unit, u1 * unit, M); });
+      return;
+    }
+  }
+#else
+  if constexpr (IsX4<T>::value) {
+    if (M <= 4 && !tile_rows) {
+      parallel_for(0, N / unit, std::max<int64_t>(1, grain),
+                   [&](int64_t u0, int64_t u1) { x4_stream_rows<T>(c, u0 * unit, u1 * unit, M); });
       return;
     }
   }
