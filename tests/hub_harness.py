@@ -1,6 +1,7 @@
 """A loopback server that answers the Hugging Face Hub's HTTP API for a few repos, so the real `huggingface_hub`
 client can be tested against it (`HF_ENDPOINT`): model info with the files' sizes and sha256, and `resolve` URLs
-with HEAD, GET and byte ranges. It can cut a download partway, serve a corrupted file, or gate a repo."""
+with HEAD, GET and byte ranges. It can cut a download partway, hold it partway, serve a corrupted file, or gate a
+repo."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import hashlib
 import json
 import re
 import threading
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -17,8 +19,9 @@ TOKEN = "hf_loopback_test_token"
 
 class FakeHub:
     """`repos`: repo id -> {file name in the repo: local path}; `gated`: repos that need TOKEN. `cut_after`: file
-    name -> the first GET of it stops after that many bytes; `corrupt`: files served with one byte flipped.
-    `ranges` records the start of every ranged GET, per file."""
+    name -> the first GET of it stops after that many bytes; `corrupt`: files served with one byte flipped;
+    `hold_after`: file name -> every GET of it pauses after that many bytes until `release` is set (`holding` is
+    set once one does). `ranges` records the start of every ranged GET, per file; `gets` counts the GETs."""
 
     def __init__(self, repos: dict[str, dict[str, Path]], gated: set[str] | None = None):
         self.repos = repos
@@ -26,6 +29,10 @@ class FakeHub:
         self.cut_after: dict[str, int] = {}
         self.corrupt: set[str] = set()
         self.ranges: dict[str, list[int]] = {}
+        self.hold_after: dict[str, int] = {}
+        self.holding = threading.Event()
+        self.release = threading.Event()
+        self.gets: Counter[str] = Counter()
         self.digests = {path: _sha256(path) for files in repos.values() for path in files.values()}
         hub = self
 
@@ -91,6 +98,8 @@ class FakeHub:
         start = int(asked.group(1)) if asked else 0
         if asked and not head:
             self.ranges.setdefault(name, []).append(start)
+        if not head:
+            self.gets[name] += 1
         handler.send_response(206 if asked else 200)
         for key, value in (("X-Repo-Commit", COMMIT), ("ETag", f'"{self.digests[path]}"'),
                            ("X-Linked-Etag", f'"{self.digests[path]}"'), ("X-Linked-Size", str(size)),
@@ -105,11 +114,16 @@ class FakeHub:
         stop = size
         if name in self.cut_after:
             stop = min(size, start + self.cut_after.pop(name))
+        hold_at = start + self.hold_after[name] if name in self.hold_after else None
         with path.open("rb") as source:
             source.seek(start)
             at = start
             while at < stop:
-                chunk = source.read(min(1 << 20, stop - at))
+                if at == hold_at:
+                    self.holding.set()
+                    self.release.wait(60)  # bounded: a test that never releases fails, the harness does not hang
+                until = min(stop, hold_at) if hold_at is not None and at < hold_at else stop
+                chunk = source.read(min(1 << 20, until - at))
                 if name in self.corrupt and at == start:
                     chunk = bytes([chunk[0] ^ 0xFF]) + chunk[1:]
                 try:

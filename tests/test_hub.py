@@ -1,11 +1,13 @@
 """Models by name from the Hugging Face Hub (runlm.hub), with the real `huggingface_hub` client against a loopback
-server speaking the Hub's HTTP API (HF_ENDPOINT): pick, download, resume, verify, list, remove, and one-line errors
-for a wrong hash, a missing repo, a gated repo and a missing quantization."""
+server speaking the Hub's HTTP API (HF_ENDPOINT): pick, download, resume, verify, list, remove, progress reports, and
+one-line typed errors for a wrong hash, a missing repo, a gated repo, a missing quantization and a hub that cannot be
+reached."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import subprocess
 import sys
 
@@ -13,7 +15,7 @@ import pytest
 from hub_harness import TOKEN, FakeHub
 
 from runlm import hub
-from runlm.errors import CatalogError
+from runlm.errors import CatalogError, DownloadError, ModelAccessError, ModelNotFoundError
 
 REPO, GATED = "loopback/SmolLM2-135M-Instruct-GGUF", "loopback/gated-GGUF"
 
@@ -114,6 +116,31 @@ def test_each_failure_is_one_line_and_a_nonzero_exit(env, ref, message):
     assert message in result.stderr.strip().splitlines()[-1], result.stderr[-1000:]
 
 
+def test_a_hub_that_cannot_be_reached_is_a_download_error(env, monkeypatch):
+    """A port bound but not listening refuses at once: the HTTP client's own error becomes runlm's, one line."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed.getsockname()[1]}")
+        with pytest.raises(DownloadError, match=f"hf.co/{REPO}: download failed: .*refused"):
+            hub.pull(hub.parse_ref(f"hf.co/{REPO}"), progress=False)
+
+
+def test_progress_is_told_per_file_and_the_types_of_failures(env, smollm2_gguf):
+    reports: list[hub.FileProgress] = []
+    hub.pull(hub.parse_ref(f"hf.co/{REPO}:Q4_1"), on_progress=reports.append)
+    size, digest = smollm2_gguf.stat().st_size, sha256(smollm2_gguf)
+    assert {(r.name, r.sha256, r.total) for r in reports} == {("SmolLM2-135M-Instruct.Q4_1.gguf", digest, size)}
+    completed = [r.completed for r in reports]
+    assert completed[0] == 0 and completed[-1] == size and completed == sorted(completed)
+    assert reports[-1].verifying and not any(r.verifying for r in reports[:-1])
+    with pytest.raises(ModelNotFoundError):
+        hub.files_to_pull(hub.parse_ref("hf.co/loopback/no-such-repo"))
+    with pytest.raises(ModelNotFoundError):
+        hub.files_to_pull(hub.parse_ref(f"hf.co/{REPO}:Q8_0"))
+    with pytest.raises(ModelAccessError):
+        hub.files_to_pull(hub.parse_ref(f"hf.co/{GATED}"))
+
+
 def test_a_gated_repo_downloads_with_hf_token(env, monkeypatch, smollm2_gguf):
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     model, _ = hub.pull(hub.parse_ref(f"hf.co/{GATED}"), progress=False)
@@ -122,6 +149,7 @@ def test_a_gated_repo_downloads_with_hf_token(env, monkeypatch, smollm2_gguf):
 
 def test_choosing_among_a_repos_files():
     ref = hub.parse_ref("hf.co/u/r")
+    assert hub.parse_ref("hf.co/u/r:latest") == ref  # Ollama's default tag: the default quantization
     files = ["model-Q4_K_M.gguf", "model-Q4_K_S.gguf", "model-Q8_0.gguf", "mmproj-model-f16.gguf",
              "mmproj-model-Q8_0.gguf", "README.md"]
     assert hub.choose_files(ref, files) == (["model-Q4_K_M.gguf"], "mmproj-model-f16.gguf")

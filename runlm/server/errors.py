@@ -20,8 +20,12 @@ from runlm.engine import QueueFullError
 from runlm.engine.grammar import GrammarUnavailableError
 from runlm.engine.scheduler import ReplicaLostError, SchedulerClosedError
 from runlm.errors import (
+    CatalogError,
     ContextOverflowError,
+    DownloadError,
     InvalidInputError,
+    ModelAccessError,
+    ModelNotFoundError,
     RunlmError,
     TokenizerError,
     UnsupportedOperationError,
@@ -32,7 +36,7 @@ log = logging.getLogger("runlm.server")
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
           422: "invalid_request_error", 429: "rate_limit_error", 503: "server_error", 500: "server_error",
-          501: "server_error"}
+          501: "server_error", 502: "server_error"}
 
 
 class APIError(Exception):
@@ -109,6 +113,14 @@ def api_error_from(exc: BaseException) -> APIError:
         return APIError(400, str(exc), param=param, code="invalid_value")
     if isinstance(exc, TokenizerError | UnsupportedOperationError):
         return APIError(400, str(exc), code="invalid_value")
+    if isinstance(exc, ModelNotFoundError):
+        return APIError(404, str(exc), param="model", code="model_not_found")
+    if isinstance(exc, ModelAccessError):
+        return APIError(403, str(exc), param="model", code="model_access_denied")
+    if isinstance(exc, DownloadError):  # the model's host, or the way to it, failed: not the request
+        return APIError(502, str(exc), code="download_failed")
+    if isinstance(exc, CatalogError):  # a name that means several files, a repo missing parts of a split model
+        return APIError(400, str(exc), param="model", code="invalid_value")
     if isinstance(exc, RunlmError):
         return APIError(500, f"internal error: {exc}", code="internal_error")
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error")

@@ -13,7 +13,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +101,24 @@ class ModelLibrary:
         return unique(found)
 
     def find(self, name: str) -> ModelSource | None:
-        return next((source for source in self.sources() if source.answers_to(name)), None)
+        sources = self.sources()
+        found = next((source for source in sources if source.answers_to(name)), None)
+        return found or (self._pulled_as(name, sources) if self.pulled else None)
+
+    @staticmethod
+    def _pulled_as(name: str, sources: list[ModelSource]) -> ModelSource | None:
+        """A model of the Hub by the name it was pulled as (`hf.co/user/repo:Q4_K_M`, `hf.co/user/repo`), which names
+        no file: the file that pull chose, answering to that name too, so a client serves what it just pulled."""
+        try:
+            ref = hub.parse_ref(name)
+        except RunlmError:
+            return None
+        pulled = hub.pulled_file(ref) if ref is not None else None
+        if pulled is None:
+            return None
+        listed_name, _ = pulled
+        source = next((s for s in sources if s.answers_to(listed_name)), None)
+        return replace(source, aliases=source.aliases | {name}) if source is not None else None
 
     def delete(self, source: ModelSource) -> None:
         """Remove a model's file (every part of a split one) from the models directory (a link: the link only)."""

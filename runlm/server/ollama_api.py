@@ -1,6 +1,6 @@
 """Ollama's API: /api/chat, /api/generate (newline-delimited JSON streams by default, one object with
 `"stream": false`), /api/embed, /api/tags, /api/show, /api/ps, /api/version; /api/delete and /api/copy for the files
-of the models directory.
+of the models directory; /api/pull into runlm's cache (server.pulls).
 
 A thin adapter: requests are planned as their OpenAI equivalents (server.ollama_shapes) and run through
 the same scheduler, the same stream generator (server.sse, as JSON lines) and the same embedding steps
@@ -27,6 +27,7 @@ from runlm.server.ollama_shapes import (
     GenerateLines,
     Generating,
     NamedModel,
+    PullBody,
     ShowBody,
     chat_reply,
     file_details,
@@ -42,6 +43,7 @@ from runlm.server.ollama_shapes import (
 )
 from runlm.server.openai_api import collect, submit
 from runlm.server.pool import ModelPool, get_pool, parse_keep_alive
+from runlm.server.pulls import PullRun, ndjson, prepare_pull
 from runlm.server.sse import EventShaper, RecordSource, event_stream
 from runlm.server.state import ServerState, model_state
 from runlm.server.workers import json_body
@@ -158,6 +160,17 @@ def own_library(pool: ModelPool, in_models_dir: bool) -> ModelLibrary:
         raise APIError(400, "model: only models in the server's models directory (--models-dir) can be deleted "
                             "or copied here; pulled models: `runlm rm`", param="model")
     return pool.library
+
+
+@router.post("/api/pull")
+async def pull(body: PullBody = Depends(json_body(PullBody))):
+    """Pull a model into runlm's cache, as `runlm pull` does: a server with a models directory serves it by name at
+    once (its pulled models are listed afresh on each look-up); a server of one model (-m alone) only stores it."""
+    run = PullRun(await prepare_pull(body.model_name))
+    if body.stream:
+        return StreamingResponse(ndjson(run.lines()), media_type="application/x-ndjson")
+    await run.finish()
+    return {"status": "success"}
 
 
 @router.get("/api/version")

@@ -126,6 +126,11 @@ class ShowBody(NamedModel):
     verbose: bool = False
 
 
+class PullBody(NamedModel):
+    insecure: bool = False  # Ollama's plain-HTTP registries; runlm pulls from the Hub (or HF_ENDPOINT) as it is
+    stream: bool = True
+
+
 # -- request -> OpenAI request -> plan -------------------------------------------------------------------
 
 

@@ -236,6 +236,8 @@ class ModelPool:
         source = self.default_source() if name is None else self.find(name)
         resident = self._resident.get(source.name)
         if resident is not None:
+            # a name the library resolved beyond those listed (hf.co/user/repo:Q4_K_M, as pulled) is the model's too
+            resident.state.aliases |= source.aliases
             resident.leases += 1
             if resident.timer is not None:
                 resident.timer.cancel()

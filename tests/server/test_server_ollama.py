@@ -184,12 +184,17 @@ def test_empty_requests_load_the_model(client):
     ("/api/generate", {"model": MODEL, "prompt": "x", "format": "yaml"}, 400, "format"),
     ("/api/embed", {"model": MODEL, "input": ""}, 400, "empty"),
     ("/api/show", {}, 400, "model"),
-    ("/api/pull", {"model": MODEL}, 404, "no route"),
+    ("/api/pull", {"model": "llama3.2"}, 400, "runlm cannot pull 'llama3.2'"),
 ])
 def test_bad_input_gets_ollama_errors(live, path, body, status, text):
     r = httpx.post(live.base_url + path, json=body, timeout=60)
     assert r.status_code == status, r.text
     assert list(r.json()) == ["error"] and text in r.json()["error"]
+
+
+def test_pull_on_a_server_of_one_model_stores_into_the_cache(client, smollm2_gguf):
+    """The model is in the cache already (the tests' copy): the pull checks it is there and says so."""
+    assert client.pull(MODEL, stream=False).status == "success"
 
 
 def test_client_raises_response_error(client):
