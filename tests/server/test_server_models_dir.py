@@ -10,6 +10,7 @@ state they need, never sleep for it.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 import time
 from collections import Counter
@@ -177,6 +178,35 @@ def test_concurrent_requests_for_both_models_all_succeed(models_dir, max_loaded)
         with concurrent.futures.ThreadPoolExecutor(8) as threads:
             assert list(threads.map(ask, range(8))) == ["alpha", "beta"] * 4
         assert len(loaded_names(server)) == max_loaded
+    finally:
+        server.stop()
+
+
+def resident_mb() -> float:
+    """This process's resident memory (the live server runs in it)."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_smollm2_and_gemma3_by_name_and_keep_alive_zero_gives_the_memory_back(smollm2_gguf, gemma3_gguf,
+                                                                                 pulled_cache, tmp_path):
+    """Two families from one models directory, to both clients at once; Gemma unloaded by keep_alive 0 leaves
+    /api/ps and gives its memory back (its regrouped weights are most of its ~250 MB)."""
+    (tmp_path / "smol.gguf").symlink_to(smollm2_gguf)
+    (tmp_path / "gemma.gguf").symlink_to(gemma3_gguf)
+    server = start(tmp_path, max_loaded=2)
+    try:
+        client, oai = ollama.Client(host=server.base_url, timeout=120), openai_client(server.base_url)
+        asks = [lambda: oai.chat.completions.create(model="smol", messages=QUESTION, max_tokens=2, temperature=0),
+                lambda: client.chat(model="gemma", messages=QUESTION, stream=False, options=FEW)] * 2
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            replies = [future.result() for future in [pool.submit(ask) for ask in asks]]
+        assert [reply.model for reply in replies] == ["smol", "gemma"] * 2
+        assert loaded_names(server) == ["gemma", "smol"] and server.loader.calls == {"smol": 1, "gemma": 1}
+        with_gemma = resident_mb()
+        assert client.generate(model="gemma", prompt="Hi", options=FEW, keep_alive=0).done
+        wait_until(lambda: loaded_names(server) == ["smol"], "gemma is unloaded")
+        wait_until(lambda: resident_mb() < with_gemma - 100, "gemma's memory is given back")
+        assert client.chat(model="smol", messages=QUESTION, stream=False, options=FEW).done
     finally:
         server.stop()
 
