@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from reference.llama_cpp_reference import reference_llama
 
 from runlm import load
 from runlm.bench import run_bench
@@ -139,9 +140,7 @@ def test_bench_takes_a_shape_instead_of_a_model_and_bounds_decode_by_bandwidth(s
 
 
 def _llama_cpp_logits(path, ids: list[int]) -> np.ndarray:
-    from llama_cpp import Llama  # optional: the reference
-
-    llm = Llama(model_path=str(path), n_ctx=128, n_threads=2, logits_all=True, verbose=False)
+    llm = reference_llama(path, n_ctx=128)
     llm.eval(ids)
     return np.array(llm.scores[: len(ids)])
 

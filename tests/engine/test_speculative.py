@@ -94,8 +94,10 @@ def test_a_grammar_constrained_reply_is_the_same_with_drafts(smollm2_loaded):
     tok = smollm2_loaded.tokenizer
     schema = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"}}},
               "required": ["items"]}
+    # the JSON to give is in the prompt, so drafts come from it whatever this build's logits make of the request
     prompt = tok.encode_prompt(smollm2_loaded.chat_template.render([{"role": "user", "content": (
-        "Give JSON with items: the word apple ten times.")}], add_generation_prompt=True))
+        'Copy this JSON exactly: {"items": ["apple", "apple", "apple", "apple", "apple", "apple"]}')}],
+        add_generation_prompt=True))
     replies = []
     for engine in engines(smollm2_loaded):
         grammar = GrammarConstraint.json_schema(schema, tok, tok.vocab_size, sorted(tok.stop_ids))
