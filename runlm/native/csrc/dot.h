@@ -20,6 +20,32 @@ inline float kquant_min_step(float y, float dmin, float da, int32_t msum) {
   return std::fma(-(dmin * da), static_cast<float>(msum), y);
 }
 
+// How the kernels prefetch and walk a decode GEMV's weights (set once per process, gguf_set_decode_walk): the 16-row
+// kernels (AVX-512 builds), and the 4-row groups of the AVX2 builds (x4_prefetch, gemm.h's x4_stream_rows).
+// What reads DRAM fastest differs by CPU, measured on the 1B Q4_K_M shape's Q4_K / Q6_K weights with two threads:
+//  - "line" (line_ahead 2048, burst_ahead 0, streams 2 / 2): each 64-byte weight line read comes with a prefetch of the
+//    line 2 KiB on, and each thread walks two far-apart groups side by side. On an Intel Xeon (Sapphire Rapids
+//    class) the decode GEMV sequence went 22.3 -> 26.4 GB/s against a burst two super-blocks ahead (1.20x), and
+//    two streams gave another 1.06-1.20x; distances 768 B-3 KiB: 1.06-1.22x, 2 KiB best.
+//  - "burst" (line_ahead 2048, burst_ahead 2048, streams 1 / 2): before each super-block step of a decode GEMV (up
+//    to 4 activation rows), the whole first super-block at least 2 KiB on (the next one for the K-quants) is
+//    prefetched at once; one group per thread for the K-quants, two for the 32-wide types; the line prefetch stays
+//    on. On an AMD EPYC Zen 5 VM the line walk read Q4_K at ~29 GB/s and Q6_K at ~14, the burst alone at ~46-52 and
+//    ~50-67; bursts 2 and 3 super-blocks ahead read less (46 / 49, 40 / 40), no software prefetch 24 / 17. Decode
+//    steps there (alternating rounds in one process): 1B Q4_K_M 1.46-1.55x the line walk, Q5_K_M 1.61x, 3B Q4_K_M
+//    1.59x; a second K-quant stream 0.90x. For 1B Q8_0 two streams beat one (1.07x the line walk against 0.95x, 20
+//    rounds); SmolLM2 and Gemma 3 270M: noise. The line prefetch is what the tiles of more rows need from DRAM: a
+//    step of 8 sequences (1B Q4_K_M) ran 0.62-0.66x without it, 1.01x with it; with it, one-row decode ran 1.03x
+//    the burst alone.
+// The results are the same bits whatever the walk (prefetches only; every group's sums in one order).
+struct DecodeWalk {
+  int line_ahead = 2048;  // bytes on from each weight line read to the line prefetched with it (0: none)
+  int burst_ahead = 0;    // bytes on from each step to the super-block prefetched whole before it (0: none)
+  int kquant_streams = 2;  // groups each thread walks side by side (1 or 2): K-quants (256-value super-blocks)
+  int wide32_streams = 2;  // ... the 32-value block types
+};
+DecodeWalk g_walk;
+
 template <class T, int RW, int R>
 void scalar_dot(const uint8_t* const* w, const typename T::Act* const* a, int64_t nb, float* out) {
   constexpr int QK = T::QK, G = T::G, NG = QK / G;
@@ -91,6 +117,17 @@ inline __m256i dot_words(__m256i acc, __m256i x, __m256i y) {
 }
 
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// The 4-row groups' prefetch on the line walk: the `bytes` of the group's super-block (or block) at blk, line_ahead
+// bytes on, as the kernel reaches it. On the Xeon's avx2 build (decode steps, alternating rounds in one process) it
+// was 1.09-1.11x the group prefetch below at 1B Q4_K_M (1.5-3.4 KiB on alike), 1.13x at 1B Q8_0 and 1.17x at 3B
+// Q4_K_M. The burst walk (AMD) keeps the group's bytes prefetched 1 KiB on before its kernel (gemm.h's
+// prefetch_rows), what took a decode GEMV from ~14 to ~25 GB/s on the 2-core EPYC Zen 3.
+inline void x4_prefetch(const uint8_t* blk, int bytes) {
+  if (g_walk.burst_ahead || !g_walk.line_ahead) return;
+  const char* ahead = reinterpret_cast<const char*>(blk + g_walk.line_ahead);
+  for (int o = 0; o < bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+}
 
 // 16 bytes of nibbles -> 32 bytes 0..15: low nibbles (elements 0..15) then high nibbles (16..31)
 inline __m256i nibbles32(const uint8_t* p) {

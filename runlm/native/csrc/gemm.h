@@ -86,8 +86,9 @@ void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1)
 #endif
   if constexpr (IsX4<T>::value) {  // n0, n1: whole groups; one group meets up to 4 activation rows at a time
     for (int64_t n = n0; n < n1; n += T::ROWS) {
-      // (16-row groups, up to 74 KB, are prefetched by their kernels a few super-blocks ahead instead)
-      if (m0 == 0 && T::ROWS == 4) prefetch_rows(c, n, T::ROWS, end);
+      // (16-row groups, up to 74 KB, are prefetched by their kernels a few super-blocks ahead instead; 4-row groups
+      // too, on the line walk: x4_prefetch)
+      if (m0 == 0 && T::ROWS == 4 && g_walk.burst_ahead) prefetch_rows(c, n, T::ROWS, end);
       activation_tiles<T, T::ROWS>(c, n, m0, m1);
     }
   } else if (m1 - m0 <= 2) {
@@ -172,7 +173,7 @@ void stream_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t M) {
 #if !RUNLM_AVX512
 // The 4-row groups' decode walk (M <= 4 activation rows), output rows [n0, n1): with two streams (DecodeWalk), the
 // range's halves side by side, a group of each in turn, so the hardware prefetchers follow two far-apart walks; with
-// one, group by group. Each group's bytes are prefetched 1 KiB on before its kernel either way (prefetch_rows).
+// one, group by group. The software prefetch is the walk's too (x4_prefetch).
 template <class T>
 void x4_stream_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t M) {
   constexpr int64_t unit = T::ROWS;

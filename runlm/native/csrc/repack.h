@@ -249,6 +249,7 @@ struct X4Layout {
     }
     const uint8_t* blk = w[0];
     for (int64_t b = 0; b < nb; ++b, blk += 4 * SIZE) {
+      x4_prefetch(blk, 4 * SIZE);
       __m256i lo01, hi01, lo23, hi23;
       if constexpr (kQ8) {
         lo01 = load256(blk + F::QS), lo23 = load256(blk + F::QS + 32);
@@ -406,6 +407,22 @@ alignas(16) const uint8_t kQ4KScaleShuffle[4][16] = {
     {6, 0x80, 6, 0x80, 14, 0x80, 14, 0x80, 7, 0x80, 7, 0x80, 15, 0x80, 15, 0x80},
 };
 
+#if !RUNLM_VNNI
+// Byte shuffles for Q4_K x4 sub-block s from [row 0 scales, row 1 scales] (rows 2 / 3 in the other lane): int16
+// [s0(s) x 4, s1(s) x 4], zero-extended: the AVX2 kernel scales int16 sums of 8 products (vpmaddubsw pairs added
+// up) lane by lane, one vpmaddwd for 4 rows' sub-block, where VNNI packs int32 sums instead.
+alignas(16) const uint8_t kQ4KRowScaleShuffle[8][16] = {
+    {0, 0x80, 0, 0x80, 0, 0x80, 0, 0x80, 8, 0x80, 8, 0x80, 8, 0x80, 8, 0x80},
+    {1, 0x80, 1, 0x80, 1, 0x80, 1, 0x80, 9, 0x80, 9, 0x80, 9, 0x80, 9, 0x80},
+    {2, 0x80, 2, 0x80, 2, 0x80, 2, 0x80, 10, 0x80, 10, 0x80, 10, 0x80, 10, 0x80},
+    {3, 0x80, 3, 0x80, 3, 0x80, 3, 0x80, 11, 0x80, 11, 0x80, 11, 0x80, 11, 0x80},
+    {4, 0x80, 4, 0x80, 4, 0x80, 4, 0x80, 12, 0x80, 12, 0x80, 12, 0x80, 12, 0x80},
+    {5, 0x80, 5, 0x80, 5, 0x80, 5, 0x80, 13, 0x80, 13, 0x80, 13, 0x80, 13, 0x80},
+    {6, 0x80, 6, 0x80, 6, 0x80, 6, 0x80, 14, 0x80, 14, 0x80, 14, 0x80, 14, 0x80},
+    {7, 0x80, 7, 0x80, 7, 0x80, 7, 0x80, 15, 0x80, 15, 0x80, 15, 0x80, 15, 0x80},
+};
+#endif
+
 // What the Q4_K and Q5_K x4 kernels share of a super-block of 4 rows (blk; its 6-bit scales at byte `scales_at`):
 // the f16 scales, the 6-bit scales for the 4 rows and the mins, and the end of each activation row's part.
 struct K4X4Block {
@@ -454,12 +471,18 @@ struct X4Layout<Q4_K> {
     for (int r = 0; r < R; ++r) y[r] = _mm_setzero_ps();
     const uint8_t* blk = w[0];
     for (int64_t b = 0; b < nb; ++b, blk += 4 * SIZE) {
+      x4_prefetch(blk, 4 * SIZE);
       const K4X4Block kb(blk, SC);
       __m256i acc[R];
       for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) {  // sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
+#if RUNLM_VNNI
         const __m256i scj = _mm256_shuffle_epi8(kb.sc, bcast16(kQ4KScaleShuffle[j]));
+#else
+        const __m256i s_lo = _mm256_shuffle_epi8(kb.sc, bcast16(kQ4KRowScaleShuffle[2 * j]));
+        const __m256i s_hi = _mm256_shuffle_epi8(kb.sc, bcast16(kQ4KRowScaleShuffle[2 * j + 1]));
+#endif
         __m256i lo[4], hi[4];  // elements 8k..8k + 7 of the two sub-blocks
         for (int k = 0; k < 4; ++k) {
           const __m256i v = load256(blk + QS + 32 * (4 * j + k));
@@ -468,14 +491,28 @@ struct X4Layout<Q4_K> {
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
           const int8_t* aq = a[r][b].qs + 64 * j;
+#if RUNLM_VNNI
           __m256i u_lo = _mm256_setzero_si256(), u_hi = _mm256_setzero_si256();
           for (int k = 0; k < 4; ++k) {
             u_lo = dot_bytes(u_lo, lo[k], bcast8(aq + 8 * k));
             u_hi = dot_bytes(u_hi, hi[k], bcast8(aq + 32 + 8 * k));
           }
           acc[r] = dot_words(acc[r], _mm256_packs_epi32(u_lo, u_hi), scj);
+#else
+          // int16 lanes [r0 x 4, r1 x 4 | r2 x 4, r3 x 4], each a sum of 8 products (at most 8 * 15 * 127 = 15240)
+          __m256i p_lo = _mm256_maddubs_epi16(lo[0], bcast8(aq)), p_hi = _mm256_maddubs_epi16(hi[0], bcast8(aq + 32));
+          for (int k = 1; k < 4; ++k) {
+            p_lo = _mm256_add_epi16(p_lo, _mm256_maddubs_epi16(lo[k], bcast8(aq + 8 * k)));
+            p_hi = _mm256_add_epi16(p_hi, _mm256_maddubs_epi16(hi[k], bcast8(aq + 32 + 8 * k)));
+          }
+          acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(_mm256_madd_epi16(p_lo, s_lo), _mm256_madd_epi16(p_hi, s_hi)));
+#endif
         }
       }
+#if !RUNLM_VNNI
+      // lanes [r0 r0 r1 r1 | r2 r2 r3 r3] -> [r0 r1 r0 r1 | r2 r3 r2 r3], as finish takes them
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_shuffle_epi32(acc[r], _MM_SHUFFLE(3, 1, 2, 0));
+#endif
       for (int r = 0; r < R; ++r) y[r] = kb.finish(y[r], acc[r], a[r][b]);
     }
     store_rows4<R>(y, out);
@@ -522,6 +559,7 @@ struct X4Layout<Q5_K> {
     for (int r = 0; r < R; ++r) y[r] = _mm_setzero_ps();
     const uint8_t* blk = w[0];
     for (int64_t b = 0; b < nb; ++b, blk += 4 * SIZE) {
+      x4_prefetch(blk, 4 * SIZE);
       const K4X4Block kb(blk, SC);
       __m256i hb[4];  // fifth bits of elements 8k..8k + 7 (bit 2j: sub-block 2j, bit 2j + 1: sub-block 2j + 1)
       for (int k = 0; k < 4; ++k) hb[k] = load256(blk + QH + 32 * k);
@@ -592,6 +630,7 @@ struct X4Layout<Q6_K> {
     for (int r = 0; r < R; ++r) y[r] = _mm_setzero_ps();
     const uint8_t* blk = w[0];
     for (int64_t b = 0; b < nb; ++b, blk += 4 * SIZE) {
+      x4_prefetch(blk, 4 * SIZE);
       __m256i acc[2][R];  // [pair][activation row]: lanes [row x 4 | row + 1 x 4]
 #pragma GCC unroll 2
       for (int p = 0; p < 2; ++p) {  // rows 2p, 2p + 1
