@@ -9,11 +9,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import uvicorn
 
+from runlm import catalog, hub
 from runlm.bench.common import free_port, served_process
 from runlm.runner import LmRunner, Session
 from runlm.server import create_app
@@ -139,3 +142,15 @@ def scripted_server(real, reply: Callable[[str, int], str], *, name: str = "scri
     server = LiveServer(create_app(loaded, model_name=name, **kw))
     server.runner = runner
     return server
+
+
+@contextmanager
+def pulled_models_cache(root: Path, gguf: Path) -> Iterator[pytest.MonkeyPatch]:
+    """runlm's model cache moved to `root`, holding `gguf` as pulled (a link), for as long as the context lasts. Only
+    where pulled models live moves: runlm's home (its built kernels) stays. Yields the patch, for more settings."""
+    (root / "models").mkdir()
+    (root / "models" / gguf.name).symlink_to(gguf)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(catalog, "cache_dir", lambda: root / "models")
+        patch.setattr(hub, "hub_dir", lambda: root / "hub")
+        yield patch

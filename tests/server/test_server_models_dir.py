@@ -21,9 +21,9 @@ import httpx
 import ollama
 import openai
 import pytest
-from server_harness import LiveServer, openai_client, serve_cli
+from server_harness import LiveServer, openai_client, pulled_models_cache, serve_cli
 
-from runlm import catalog, hub, load
+from runlm import catalog, load
 from runlm.cli.commands import main
 from runlm.server import create_app
 from runlm.server.pool import FOREVER, parse_keep_alive
@@ -33,15 +33,12 @@ FEW = {"temperature": 0, "num_predict": 2}
 
 
 @pytest.fixture(scope="module")
-def pulled_cache(smollm2_gguf, tmp_path_factory) -> Iterator[Path]:
+def pulled_cache(smollm2_gguf, gemma3_gguf, tmp_path_factory) -> Iterator[Path]:
     """A model cache holding SmolLM2 as pulled (a link to the session's copy), so the pulled models listed are
-    known. Only where pulled models are looked for moves: runlm's home (its built kernels) stays."""
+    known. Only where pulled models are looked for moves: runlm's home (its built kernels) stays. Gemma 3 is pulled
+    first, into the real cache: pulled by a test's fixture while this cache is in place, it would be listed here."""
     cache = tmp_path_factory.mktemp("runlm-cache")
-    (cache / "models").mkdir()
-    (cache / "models" / smollm2_gguf.name).symlink_to(smollm2_gguf)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(catalog, "cache_dir", lambda: cache / "models")
-        patch.setattr(hub, "hub_dir", lambda: cache / "hub")
+    with pulled_models_cache(cache, smollm2_gguf):
         yield cache
 
 

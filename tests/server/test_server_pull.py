@@ -19,7 +19,7 @@ import httpx
 import ollama
 import pytest
 from hub_harness import FakeHub
-from server_harness import LiveServer
+from server_harness import LiveServer, pulled_models_cache
 
 from runlm import catalog, hub
 from runlm.server import create_app
@@ -43,11 +43,7 @@ def cache(smollm2_gguf, fake_hub, tmp_path_factory) -> Iterator[Path]:
     """runlm's cache for the module (only where pulled models live moves: runlm's home, its built kernels, stays),
     and the loopback hub as HF_ENDPOINT without a token."""
     root = tmp_path_factory.mktemp("runlm-cache")
-    (root / "models").mkdir()
-    (root / "models" / smollm2_gguf.name).symlink_to(smollm2_gguf)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(catalog, "cache_dir", lambda: root / "models")
-        patch.setattr(hub, "hub_dir", lambda: root / "hub")
+    with pulled_models_cache(root, smollm2_gguf) as patch:
         patch.setenv("HF_ENDPOINT", fake_hub.url)
         patch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
         patch.delenv("HF_TOKEN", raising=False)
