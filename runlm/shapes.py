@@ -13,12 +13,18 @@ The numbers below are the published config.json values of each model (Hugging Fa
 | llama-3b | llama | 3072 | 28 | 24/8 | 128 | 8192 | 128,256 | yes | 5e5, llama3 (a) | 3,212,749,824 |
 | qwen3-1.7b | qwen3 | 2048 | 28 | 16/8 | 128 | 6144 | 151,936 | yes | 1e6 (q/k norms) | 1,720,574,976 |
 | gemma3-1b | gemma3 | 1152 | 26 | 4/1 | 256 | 6912 | 262,144 | yes | 1e6 global, 1e4 local | 999,885,952 |
+| qwen3-30b-a3b-12l | qwen3moe | 2048 | 12 (b) | 32/4 | 128 | 128x768 (c) | 151,936 | no | 1e6 (q/k norms) | 8.10B |
 
 (a) llama3 rope scaling: factor 32, low_freq_factor 1, high_freq_factor 4, original context 8192, written as
 the `rope_freqs` tensor as llama.cpp's converter does. rms_norm_eps 1e-5 (Llama), 1e-6 (Qwen3, Gemma 3).
 (Llama 3.2 1B / 3B and Gemma 3 1B counts equal the published ones; Qwen3 1.7B's card says 1.7B, 1.4B
 without the embedding.) Gemma 3 1B's rope_scaling is null (the linear x8 is only on 4B and up), its sliding
 pattern is 5 local layers then 1 global, and query_pre_attn_scalar is 256 (= head_dim).
+
+(b) Qwen3-30B-A3B has 48 layers; its shape keeps 12 (the disk holds its F16 intermediate; a token's work per layer
+is the real model's, so its speed ratios hold). (c) 128 experts of 768 per layer, 8 used per token: 3.3B active
+parameters per token at 48 layers (the embedding included), 1.3B at 12. Its router (`ffn_gate_inp`) is written at
+F32, as llama.cpp's converter and quantizer keep it.
 
 Tokenizer: the real SmolLM2 GGUF's `tokenizer.ggml.*` metadata (a 49,152-token byte-level BPE, chat
 template included), padded to the shape's real vocabulary with `[PAD{i}]` tokens of type UNUSED, the way
@@ -80,6 +86,9 @@ class Shape:
     tied: bool = True
     llama3_rope: tuple[float, float, float, int] | None = None  # factor, low_freq, high_freq, original context
     sliding_window: int | None = None  # gemma3: local layers' window; llama.cpp fixes the pattern at 5 local : 1
+    experts: int = 0  # a mixture of experts in every block (qwen3moe): how many, how many a token uses, their width
+    experts_used: int = 0
+    expert_ffn: int = 0
     scale: float = 0.02  # standard deviation of the random matrices
 
     def tensors(self) -> Iterator[tuple[str, tuple[int, ...]]]:
@@ -102,6 +111,12 @@ class Shape:
                 yield blk + "post_attention_norm.weight", (self.hidden,)
                 yield blk + "post_ffw_norm.weight", (self.hidden,)
             yield blk + "ffn_norm.weight", (self.hidden,)
+            if self.experts:
+                yield blk + "ffn_gate_inp.weight", (self.experts, self.hidden)
+                yield blk + "ffn_gate_exps.weight", (self.experts, self.expert_ffn, self.hidden)
+                yield blk + "ffn_up_exps.weight", (self.experts, self.expert_ffn, self.hidden)
+                yield blk + "ffn_down_exps.weight", (self.experts, self.hidden, self.expert_ffn)
+                continue
             yield blk + "ffn_gate.weight", (self.ffn, self.hidden)
             yield blk + "ffn_up.weight", (self.ffn, self.hidden)
             yield blk + "ffn_down.weight", (self.hidden, self.ffn)
@@ -134,6 +149,9 @@ SHAPES: dict[str, Shape] = {
         Shape("gemma3-1b", "gemma3", "google/gemma-3-1b-it", hidden=1152, layers=26, heads=4, kv_heads=1,
               head_dim=256, ffn=6912, vocab=262144, context=32768, rms_eps=1e-6, rope_theta=1000000.0,
               sliding_window=512),
+        Shape("qwen3-30b-a3b-12l", "qwen3moe", "Qwen/Qwen3-30B-A3B", hidden=2048, layers=12, heads=32, kv_heads=4,
+              head_dim=128, ffn=6144, vocab=151936, context=40960, rms_eps=1e-6, rope_theta=1000000.0, tied=False,
+              experts=128, experts_used=8, expert_ffn=768),
     )
 }
 
@@ -242,15 +260,21 @@ def write_shape(shape: Shape, path: Path, float_type: str = "F16", seed: int = 0
     _write_tokenizer(writer, tokenizer, shape.vocab)
     plan = list(shape.tensors())
     for name, dims in plan:
-        dtype = matrix_dtype if len(dims) == 2 else np.float32
+        dtype = np.float32 if _kept_f32(name, dims) else matrix_dtype
         writer.add_tensor_info(name, dims, np.dtype(dtype), math.prod(dims) * np.dtype(dtype).itemsize)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
     for name, dims in plan:
-        writer.write_tensor_data(_tensor_values(shape, name, dims, matrix_dtype, rng))
+        dtype = np.float32 if _kept_f32(name, dims) else matrix_dtype
+        writer.write_tensor_data(_tensor_values(shape, name, dims, dtype, rng))
     writer.close()
+
+
+def _kept_f32(name: str, dims: tuple[int, ...]) -> bool:
+    """Vectors (norms, rope factors) and routers stay float32 in real files."""
+    return len(dims) == 1 or name.endswith("ffn_gate_inp.weight")
 
 
 def _tensor_values(shape: Shape, name: str, dims: tuple[int, ...], matrix_dtype, rng) -> np.ndarray:
@@ -297,6 +321,10 @@ def _write_metadata(writer: gguf.GGUFWriter, shape: Shape, float_type: str) -> N
     writer.add_vocab_size(shape.vocab)
     if shape.arch == "llama":
         writer.add_rope_dimension_count(shape.head_dim)
+    if shape.experts:
+        writer.add_expert_count(shape.experts)
+        writer.add_expert_used_count(shape.experts_used)
+        writer.add_expert_feed_forward_length(shape.expert_ffn)
     if shape.sliding_window:
         writer.add_sliding_window(shape.sliding_window)
         writer.add_rope_freq_base_swa(10000.0)

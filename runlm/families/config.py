@@ -44,6 +44,12 @@ class ModelConfig:
     rope_layers: list[bool] = field(default_factory=list)
     # Leading values of each head that RoPE rotates (Phi-4-mini: 96 of 128); None: all of them.
     rope_dims: int | None = None
+    # A mixture of experts in every block's MLP (0 experts: a dense MLP): how many, how many each token uses, each
+    # expert's hidden width, and whether the chosen experts' weights are renormalized to sum 1.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_ffn: int = 0
+    expert_normalize: bool = False
 
     def is_sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
@@ -64,6 +70,12 @@ LIMITS: dict[str, tuple[int, int]] = {
     "head_dim": (2, 1024),
     "max_position": (1, 1 << 24),
     "sliding_window": (1, 1 << 16),
+}
+# Bounds of the mixture-of-experts numbers, checked where a model has experts.
+EXPERT_LIMITS: dict[str, tuple[int, int]] = {
+    "num_experts": (1, 1 << 12),
+    "experts_per_token": (1, 1 << 12),
+    "expert_ffn": (1, 1 << 18),
 }
 # ModelConfig field -> (GGUF key under the architecture, config.json key), to name the key an error is about.
 KEY_NAMES: dict[str, tuple[str, str]] = {
@@ -90,6 +102,9 @@ KEY_NAMES: dict[str, tuple[str, str]] = {
     "logit_scale": ("logit_scale", "logits_scaling"),
     "rope_layers": ("block_count", "no_rope_layers"),
     "rope_dims": ("rope.dimension_count", "partial_rotary_factor"),
+    "num_experts": ("expert_count", "num_experts"),
+    "experts_per_token": ("expert_used_count", "num_experts_per_tok"),
+    "expert_ffn": ("expert_feed_forward_length", "moe_intermediate_size"),
 }
 # rope_type -> the entries rope_inv_freq reads (runlm/pytorch/nn.py implements these and no others).
 ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
@@ -146,6 +161,12 @@ def check_config(config: ModelConfig, where: str, source: str = "gguf", arch: st
         value = getattr(config, name)
         if not (name == "sliding_window" and value is None):
             integer(value, f"{where}: {key(name)}", low, high)
+    if config.num_experts:
+        for name, (low, high) in EXPERT_LIMITS.items():
+            integer(getattr(config, name), f"{where}: {key(name)}", low, high)
+        if config.experts_per_token > config.num_experts:
+            raise fail("experts_per_token", f"is {config.experts_per_token}, more than the {config.num_experts} "
+                                            f"experts")
     if config.num_heads % config.num_kv_heads:
         raise fail("num_kv_heads", f"is {config.num_kv_heads}, expected a divisor of the {config.num_heads} heads")
     if config.head_dim % 2:
@@ -227,6 +248,10 @@ def expected_shapes(config: ModelConfig, qk_norm_whole: bool = False) -> Callabl
         "mlp.gate_proj.weight": (config.intermediate_size, hidden),
         "mlp.up_proj.weight": (config.intermediate_size, hidden),
         "mlp.down_proj.weight": (hidden, config.intermediate_size),
+        "mlp.gate.weight": (config.num_experts, hidden),
+        "mlp.experts.gate_proj.weight": (config.num_experts, config.expert_ffn, hidden),
+        "mlp.experts.up_proj.weight": (config.num_experts, config.expert_ffn, hidden),
+        "mlp.experts.down_proj.weight": (config.num_experts, hidden, config.expert_ffn),
         "input_layernorm.weight": (hidden,),
         "post_attention_layernorm.weight": (hidden,),
         "pre_feedforward_layernorm.weight": (hidden,),

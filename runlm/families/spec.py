@@ -14,6 +14,9 @@ NORM_PLACEMENTS = ("pre", "sandwich", "post")
 # Tensors some checkpoints carry that no family here applies (biases beyond Q/K/V's): refused where present.
 UNAPPLIED_TENSORS = ("self_attn.o_proj.bias", "mlp.gate_proj.bias", "mlp.up_proj.bias", "mlp.down_proj.bias")
 ACTIVATIONS = ("silu", "gelu_tanh")
+# How a mixture of experts' router weighs the experts it picks (the kernels' ExpertGating, in this order): a softmax
+# over every expert, the top k kept (Qwen3-MoE); or the top k logits, a softmax over just those (gpt-oss).
+EXPERT_GATINGS = ("softmax_topk", "topk_softmax")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,8 @@ class FamilySpec:
     - `hf_prefixes`: (strip, add) name prefixes to try for checkpoints that nest the text model.
     - `chat_format`: the built-in chat template for files that carry none.
     - `vision`: the family can take a vision tower (an mmproj GGUF beside the model, or a HF vision config).
+    - `experts`: the MLP is a mixture of experts routed as EXPERT_GATINGS names; None: a dense MLP. How many experts,
+      how many a token uses and their width come from the file (ModelConfig.num_experts ...).
     Sliding-window layers, their RoPE base, layers without RoPE, soft-caps, the attention scale, a Q/K/V bias and
     Granite's multipliers are read from the file into ModelConfig or from its tensors.
     """
@@ -61,12 +66,15 @@ class FamilySpec:
     hf_prefixes: tuple[tuple[str, str], ...] = (("", ""),)
     chat_format: str | None = None
     vision: bool = False
+    experts: str | None = None
 
     def __post_init__(self):
         if self.norms not in NORM_PLACEMENTS:
             raise ValueError(f"{self.name}: norms must be one of {NORM_PLACEMENTS}, not {self.norms!r}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"{self.name}: activation must be one of {ACTIVATIONS}, not {self.activation!r}")
+        if self.experts is not None and self.experts not in EXPERT_GATINGS:
+            raise ValueError(f"{self.name}: experts must be one of {EXPERT_GATINGS}, not {self.experts!r}")
 
     @property
     def norm_names(self) -> tuple[str | None, ...]:
@@ -102,6 +110,12 @@ class FamilySpec:
             return [f"{prefix}mlp.gate_up_proj.weight"]
         return [f"{prefix}mlp.gate_proj.weight", f"{prefix}mlp.up_proj.weight"]
 
+    def expert_names(self, prefix: str) -> tuple[str, list[str], str]:
+        """A block's router, and its experts' gate and up weights and down weight (each [experts, rows, cols])."""
+        experts = f"{prefix}mlp.experts."
+        return f"{prefix}mlp.gate.weight", [experts + "gate_proj.weight", experts + "up_proj.weight"], (
+            experts + "down_proj.weight")
+
     def describe(self, config: ModelConfig) -> list[tuple[str, str]]:
         """What this model does, as read from its spec and file (`runlm info` prints it)."""
         layers = config.num_layers
@@ -121,8 +135,13 @@ class FamilySpec:
         attention = f"sliding window {config.sliding_window} in {sliding} of {layers} layers" if sliding else "full"
         if config.attn_softcap is not None:
             attention += f", soft cap {config.attn_softcap:g}"
+        mlp = f"{self.activation} MLP"
+        if self.experts and config.num_experts:
+            mlp = (f"{self.activation} mixture of {config.num_experts} experts of {config.expert_ffn}, "
+                   f"{config.experts_per_token} per token ({self.experts}"
+                   f"{', renormalized' if config.expert_normalize else ''})")
         rows = [
-            ("architecture", f"{self.name}: {self.norms}-norm blocks{qk}, {self.activation} MLP"),
+            ("architecture", f"{self.name}: {self.norms}-norm blocks{qk}, {mlp}"),
             ("rope", rope),
             ("attention", attention),
             ("head", "tied to the embedding" if self.tied_head or config.tie_embeddings else "its own"),
@@ -183,4 +202,4 @@ class FamilySpec:
         return None if order == list(range(D)) else order
 
 
-__all__ = ["ACTIVATIONS", "FamilySpec", "NORM_PLACEMENTS"]
+__all__ = ["ACTIVATIONS", "EXPERT_GATINGS", "FamilySpec", "NORM_PLACEMENTS"]

@@ -81,6 +81,17 @@ class RawTensor:
         return out
 
 
+    def expert(self, index: int) -> RawTensor:
+        """Expert `index`'s matrix of a tensor of every expert's [experts, rows, cols]: its bytes, in place."""
+        count = self.shape[0]
+        if len(self.shape) != 3 or not 0 <= index < count:
+            raise ModelLoadError(f"tensor {self.name!r} of shape {list(self.shape)} has no expert {index}")
+        each = self.data.nbytes // count
+        data = self.data.reshape(count, -1)[index]
+        return RawTensor(f"{self.name}[{index}]", self.type_name, self.shape[1:], data, self.file,
+                         self.offset + index * each)
+
+
 SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})(?P<ext>\.(?i:gguf))$")
 MAX_SPLITS = 999  # llama.cpp's gguf-split names parts with five digits; no published model has near this many
 
@@ -428,6 +439,10 @@ _GGUF_LAYER_NAMES = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",  # a mixture of experts' router
+    "mlp.experts.gate_proj": "ffn_gate_exps",  # every expert's weights in one tensor [experts, rows, cols]
+    "mlp.experts.up_proj": "ffn_up_exps",
+    "mlp.experts.down_proj": "ffn_down_exps",
 }
 
 

@@ -32,6 +32,8 @@ KERNEL_TYPES: dict[str, int] = {
     "Q5_K": 13,
     "Q6_K": 14,
 }
+# Float weight types the kernels run in float32 (float_gemm.h), read in the file's layout.
+FLOAT_KERNEL_TYPES: dict[str, int] = {"F32": 0, "F16": 1, "BF16": 30}
 
 QK_K = 256
 # GGUF type name -> (values per block, bytes per block), for every type runlm reads.
@@ -197,7 +199,8 @@ def amx_absence() -> str:
 
 
 __all__ = [
-    "BLOCK_LAYOUTS", "CFLAGS", "DECODE_WALKS", "ENV_VAR", "ISA_VARIANTS", "KERNEL_TYPES", "Q8_0_BYTES", "Q8_0_VALUES",
-    "QK_K", "SOURCE", "SOURCES", "STANDALONE_FLAGS", "WALK_ENV_VAR", "X4", "X4_TYPES", "amx_absence", "best_variant",
-    "build_key", "decode_walk_name", "decode_walk_summary", "source_key", "variant", "variant_cflags", "variants",
+    "BLOCK_LAYOUTS", "CFLAGS", "DECODE_WALKS", "ENV_VAR", "FLOAT_KERNEL_TYPES", "ISA_VARIANTS", "KERNEL_TYPES",
+    "Q8_0_BYTES", "Q8_0_VALUES", "QK_K", "SOURCE", "SOURCES", "STANDALONE_FLAGS", "WALK_ENV_VAR", "X4", "X4_TYPES",
+    "amx_absence", "best_variant", "build_key", "decode_walk_name", "decode_walk_summary", "source_key", "variant",
+    "variant_cflags", "variants",
 ]

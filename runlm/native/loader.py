@@ -13,21 +13,22 @@ from runlm.native.runner import NativeLoaded, NativeRunner
 from runlm.system import release_free_heap, steady_heap
 from runlm.text import ChatTemplate, Tokenizer
 
-# kv_type "auto": float16, as the PyTorch backend picks for quantized weights
+# kv_type "auto": float16, as the PyTorch backend picks for quantized weights; float32 where the blocks' weights are
+# float32 (float32_blocks)
 AUTO_KV_TYPE = "f16"
 
 
 def load_native(path: Path, kv_type: str = "auto", max_context: int | None = None, threads: int | None = None,
                 catalog_name: str | None = None) -> NativeLoaded:
     """The model at `path` (a GGUF file) on the native runtime; NativeRefusal where it cannot run there."""
-    kv = AUTO_KV_TYPE if kv_type == "auto" else kv_type
-    if kv not in KV_TYPES:
+    if kv_type != "auto" and kv_type not in KV_TYPES:
         raise InvalidInputError(f"kv_type must be one of auto, {', '.join(KV_TYPES)}, got {kv_type!r}")
     if max_context is not None and max_context < 1:
         raise InvalidInputError(f"max_context must be positive, got {max_context}")
     steady_heap()  # the forwards' activation buffers stay on the heap between blocks (runlm.system)
     forget_converted_copies()
     gguf = GGUFFile(path)
+    kv = kv_type if kv_type != "auto" else "f32" if float32_blocks(gguf) else AUTO_KV_TYPE
     spec, config = model_config(gguf)
     tokenizer = Tokenizer.from_gguf(gguf.metadata)  # before the weights: a vocabulary that does not fit fails first
     check_vocabulary(tokenizer, config.vocab_size, path)
@@ -47,6 +48,13 @@ def load_native(path: Path, kv_type: str = "auto", max_context: int | None = Non
     return loaded
 
 
+def float32_blocks(gguf: GGUFFile) -> bool:
+    """Whether every matrix of the blocks is float32 (an F32 file): their results are transformers' to float rounding,
+    which a float16 cache would round off."""
+    return all(gguf.raw(name).type_name == "F32" for name in gguf.tensor_names()
+               if name.startswith("blk.") and len(gguf.shape(name)) >= 2)
+
+
 def forget_converted_copies() -> None:
     """Remove the converted copies of models ("lean images", about a GGUF's size each) that earlier versions of runlm
     kept under $RUNLM_HOME/lean/images: nothing reads them any more."""
@@ -64,4 +72,4 @@ def check_vocabulary(tokenizer: Tokenizer, vocab_size: int, path: Path) -> None:
         )
 
 
-__all__ = ["AUTO_KV_TYPE", "check_vocabulary", "forget_converted_copies", "load_native"]
+__all__ = ["AUTO_KV_TYPE", "check_vocabulary", "float32_blocks", "forget_converted_copies", "load_native"]

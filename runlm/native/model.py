@@ -18,7 +18,7 @@ import numpy as np
 from runlm.errors import ContextOverflowError, InvalidInputError
 from runlm.families import for_gguf
 from runlm.families.config import ModelConfig, check_config, default_attention_scale
-from runlm.families.spec import FamilySpec
+from runlm.families.spec import EXPERT_GATINGS, FamilySpec
 from runlm.formats.gguf import GGUFFile, find_mmproj
 from runlm.native import build, library
 from runlm.native.build import Q8_0_BYTES, Q8_0_VALUES
@@ -115,7 +115,7 @@ class NativeModel:
         self.final_norm, self.final_eps = reader.floats("model.norm.weight"), eps
         head_name = spec.head_name(reader.has("lm_head.weight"), config)
         self.head = table(reader, head_name, as_head=True)
-        tied = head_name == "model.embed_tokens.weight" and self.head.blocks is not None
+        tied = head_name == "model.embed_tokens.weight"
         # a tied head's blocks serve the embedding's lookups too: one copy of the table, as on the PyTorch backend
         self.embed = self.head if tied else table(reader, "model.embed_tokens.weight", as_head=False)
         self.embed_scale = spec.embed_scale(config)
@@ -131,9 +131,8 @@ class NativeModel:
         qkv = reader.linear(spec.qkv_names(p))
         qkv_bias = reader.bias(spec.qkv_names(p, "bias"))
         (o,) = reader.linear([p + "self_attn.o_proj.weight"])
-        gate_up = reader.linear(spec.gate_up_names(p))
-        (down,) = reader.linear([p + "mlp.down_proj.weight"])
-        self._kept += [part.data for part in (*qkv, o, *gate_up, down)]
+        self._kept += [part.data for part in (*qkv, o)]
+        mlp = self._experts(reader, p) if spec.experts else self._dense_mlp(reader, p)
         sliding = config.is_sliding(i)
         block = library.Block(
             norms=(ctypes.c_void_p * 4)(*(None if n is None else library.address(n) for n in norms)),
@@ -142,8 +141,7 @@ class NativeModel:
             q_norm=None if q_norm is None else library.address(q_norm),
             k_norm=None if k_norm is None else library.address(k_norm),
             qkv=(library.Weight * 3)(*(part.weight() for part in qkv)), n_qkv=len(qkv), o=o.weight(),
-            gate_up=(library.Weight * 2)(*(part.weight() for part in gate_up)), n_gate_up=len(gate_up),
-            down=down.weight(), gelu=int(spec.activation == "gelu_tanh"),
+            **mlp, gelu=int(spec.activation == "gelu_tanh"),
             rope=rope_index(config, i), window=config.sliding_window if sliding else 0,
             n_heads=config.num_heads, n_kv_heads=config.num_kv_heads, scale=default_attention_scale(config),
             qkv_bias=None if qkv_bias is None else library.address(self._keep(qkv_bias)),
@@ -152,6 +150,36 @@ class NativeModel:
         )  # fmt: skip
         library.check(lib.rl_stack_add_block(self.stack, ctypes.byref(block)))
         self.blocks.append(BlockShape(config.num_kv_heads, block.window, sliding))
+
+    def _dense_mlp(self, reader: WeightReader, p: str) -> dict:
+        """A dense MLP's fields of library.Block."""
+        gate_up = reader.linear(self.spec.gate_up_names(p))
+        (down,) = reader.linear([p + "mlp.down_proj.weight"])
+        self._kept += [part.data for part in (*gate_up, down)]
+        return dict(gate_up=(library.Weight * 2)(*(part.weight() for part in gate_up)), n_gate_up=len(gate_up),
+                    down=down.weight())
+
+    def _experts(self, reader: WeightReader, p: str) -> dict:
+        """A mixture of experts' fields of library.Block: the router and every expert's gate/up and down."""
+        config = self.config
+        if not config.num_experts:
+            raise NativeRefusal(f"the {self.spec.name} family has experts, but the file names none")
+        router_name, gate_up_names, down_name = self.spec.expert_names(p)
+        (router,) = reader.linear([router_name])
+        gate_ups = reader.experts(gate_up_names)
+        downs = [parts[0] for parts in reader.experts([down_name])]
+        per_expert = len(gate_ups[0])
+        if any(len(parts) != per_expert for parts in gate_ups):
+            raise NativeRefusal(f"its experts' gate and up weights in {p} are stored in different types")
+        self._kept += [router.data, *(part.data for parts in gate_ups for part in parts),
+                       *(part.data for part in downs)]
+        return dict(
+            n_experts=config.num_experts, n_experts_used=config.experts_per_token, router=router.weight(),
+            expert_gate_up=(library.Weight * (per_expert * len(gate_ups)))(
+                *(part.weight() for parts in gate_ups for part in parts)),
+            n_expert_gate_up=per_expert, expert_down=(library.Weight * len(downs))(*(d.weight() for d in downs)),
+            expert_gating=EXPERT_GATINGS.index(self.spec.experts), expert_normalize=int(config.expert_normalize),
+        )  # fmt: skip
 
     def _keep(self, array: np.ndarray) -> np.ndarray:
         array = np.ascontiguousarray(array, dtype=np.float32)

@@ -21,9 +21,11 @@ from runlm.families.config import ModelConfig, expected_shapes
 from runlm.families.spec import FamilySpec
 from runlm.formats.gguf import GGUFFile, RawTensor, gguf_name
 from runlm.native import library
-from runlm.native.build import BLOCK_LAYOUTS, KERNEL_TYPES, X4, X4_TYPES
+from runlm.native.build import BLOCK_LAYOUTS, FLOAT_KERNEL_TYPES, KERNEL_TYPES, X4, X4_TYPES
 
-FLOAT_TYPES = {"F32": np.float32, "F16": np.float16}
+# Every weight type the kernels run: the GGUF block types and the float types.
+RUN_TYPES = {**KERNEL_TYPES, **FLOAT_KERNEL_TYPES}
+_FLOAT_IDS = {type_id: name for name, type_id in FLOAT_KERNEL_TYPES.items()}
 # Bytes of a weight read and regrouped at a time, through one scratch buffer kept for the load.
 _CHUNK_BYTES = 4 << 20
 
@@ -73,9 +75,9 @@ class WeightReader:
     def floats(self, name: str) -> np.ndarray:
         """A small tensor (a norm's weights) as float32, a copy of its own."""
         raw = self.raw(name)
-        if raw.type_name in FLOAT_TYPES:
-            return raw.read_rows(0, max(1, int(np.prod(raw.shape[:-1])))).view(FLOAT_TYPES[raw.type_name]).astype(
-                np.float32).reshape(raw.shape)
+        if raw.type_name in FLOAT_KERNEL_TYPES:
+            stored = raw.read_rows(0, max(1, int(np.prod(raw.shape[:-1]))))
+            return widened(stored, raw.type_name).reshape(raw.shape)
         if raw.type_name in KERNEL_TYPES and len(raw.shape) == 1:
             row = raw.read_rows(0, 1)
             return library.dequantize_rows(row, KERNEL_TYPES[raw.type_name], 1, raw.shape[0], np.zeros(1))[0]
@@ -101,12 +103,21 @@ class WeightReader:
     def linear(self, names: Sequence[str]) -> list[Part]:
         """One projection from weights stacked along the output dimension (q/k/v, gate/up): one part where they
         share a type and width (interleaved where every one has whole groups), else one part each."""
+        return self._linear([self.raw(name) for name in names],
+                            [self.spec.qk_rows_order(name, self.config) for name in names])
+
+    def experts(self, names: Sequence[str]) -> list[list[Part]]:
+        """Every expert's projection from tensors of all the experts' weights ([experts, rows, cols] each, stacked
+        along the output dimension as `linear` stacks them): one list of parts per expert."""
         raws = [self.raw(name) for name in names]
+        return [self._linear([raw.expert(index) for raw in raws], [None] * len(raws))
+                for index in range(raws[0].shape[0])]
+
+    def _linear(self, raws: list[RawTensor], orders: list[list[int] | None]) -> list[Part]:
         for raw in raws:
-            if raw.type_name not in KERNEL_TYPES or len(raw.shape) != 2:
+            if raw.type_name not in RUN_TYPES or len(raw.shape) != 2:
                 raise NativeRefusal(f"its tensor {raw.name!r} is stored as {raw.type_name}, which runlm's kernels do "
                                     f"not run")
-        orders = [self.spec.qk_rows_order(name, self.config) for name in names]
         if len({(raw.type_name, raw.shape[1]) for raw in raws}) == 1:
             return [self._part(raws, orders)]
         return [self._part([raw], [order]) for raw, order in zip(raws, orders)]
@@ -117,11 +128,11 @@ class WeightReader:
         if cols % block_values:
             raise NativeRefusal(f"its tensor {raws[0].name!r} has rows of {cols} values, not whole {type_name} blocks")
         row_bytes = cols // block_values * block_bytes
-        type_id = KERNEL_TYPES[type_name]
+        type_id = RUN_TYPES[type_name]
         group = library.group_rows(type_id) if type_name in X4_TYPES and library.simd() else 0
         x4 = group > 0 and all(raw.shape[0] % group == 0 for raw in raws)
         if len(raws) == 1 and orders[0] is None and raws[0].mapped and not x4:
-            return Part(raws[0].data.reshape(raws[0].shape[0], row_bytes), type_id, raws[0].shape[0])
+            return Part(raws[0].data.view(np.uint8).reshape(raws[0].shape[0], row_bytes), type_id, raws[0].shape[0])
         total = sum(raw.shape[0] for raw in raws)
         out = weight_buffer(total, row_bytes)
         first = 0
@@ -161,43 +172,42 @@ def weight_buffer(rows: int, row_bytes: int) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, rows * row_bytes), dtype=np.uint8).reshape(rows, row_bytes)
 
 
+def widened(stored: np.ndarray, type_name: str) -> np.ndarray:
+    """Float weights' bytes (F32, F16 or BF16) as float32 values, a copy."""
+    if type_name == "BF16":
+        return (np.ascontiguousarray(stored).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return np.ascontiguousarray(stored).view(np.float32 if type_name == "F32" else np.float16).astype(np.float32)
+
+
 @dataclass
 class Rows:
-    """A table looked up by row (the token embedding) or multiplied (the LM head): GGUF blocks for the kernels, or
-    a float32 matrix."""
+    """A table looked up by row (the token embedding) or multiplied (the LM head), as the kernels read it."""
 
-    blocks: Part | None = None
-    dense: np.ndarray | None = None
-    width: int = 0
+    blocks: Part
+    width: int
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
-        if self.dense is not None:
-            return np.ascontiguousarray(self.dense[ids], dtype=np.float32)
+        float_type = _FLOAT_IDS.get(self.blocks.type_id)
+        if float_type is not None:
+            return widened(self.blocks.data[ids], float_type).reshape(len(ids), self.width)
         return library.dequantize_rows(self.blocks.data, self.blocks.type_id, self.blocks.rows, self.width, ids)
 
     def multiply(self, x: np.ndarray) -> np.ndarray:
-        """x [R, width] @ table.T: [R, rows] (float tables row by row, as the PyTorch backend's float head)."""
-        if self.dense is not None:
-            return np.stack([self.dense @ row for row in x]).astype(np.float32)
+        """x [R, width] @ table.T: [R, rows]."""
         return library.linear(x, self.blocks.data, self.blocks.type_id, self.blocks.rows)
 
 
 def table(reader: WeightReader, name: str, as_head: bool) -> Rows:
-    """The embedding (as_head False) or LM head (True) `name`: kernel blocks where its type has them (the head
-    interleaved where it can be, an embedding from the file's map), float32 for float tensors."""
+    """The embedding (as_head False) or LM head (True) `name`: the head as a projection (interleaved where its type
+    has a layout for it), an embedding from the file's map."""
     raw = reader.raw(name)
     width = raw.shape[1]
-    if raw.type_name in FLOAT_TYPES or raw.type_name == "BF16":
-        if raw.type_name == "BF16":
-            bits = raw.read_rows(0, raw.shape[0]).view(np.uint16).astype(np.uint32) << 16
-            return Rows(dense=bits.view(np.float32).reshape(raw.shape), width=width)
-        return Rows(dense=reader.floats(name), width=width)
-    if raw.type_name not in KERNEL_TYPES:
+    if raw.type_name not in RUN_TYPES:
         raise NativeRefusal(f"its tensor {raw.name!r} is stored as {raw.type_name}, which runlm's kernels do not read")
     if as_head:
         return Rows(blocks=reader.linear([name])[0], width=width)
-    return Rows(blocks=Part(raw.data.reshape(raw.shape[0], -1), KERNEL_TYPES[raw.type_name], raw.shape[0]),
-                width=width)
+    blocks = raw.data.view(np.uint8).reshape(raw.shape[0], -1)  # F32 / F16 data comes typed
+    return Rows(blocks=Part(blocks, RUN_TYPES[raw.type_name], raw.shape[0]), width=width)
 
 
-__all__ = ["FLOAT_TYPES", "NativeRefusal", "Part", "Rows", "WeightReader", "table", "weight_buffer"]
+__all__ = ["NativeRefusal", "Part", "RUN_TYPES", "Rows", "WeightReader", "table", "weight_buffer", "widened"]

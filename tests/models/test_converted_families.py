@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from reference.converted import ARCHITECTURES, FAMILIES, RUNLM_FAMILIES, build
-from reference.llama_cpp_reference import reference_llama
+from reference.llama_cpp_reference import TIES, check_greedy_agreement, llama_cpp_greedy
 
 from runlm import load
 from runlm.formats.gguf import GGUFFile
@@ -49,37 +49,6 @@ def test_f32_logits_match_transformers(converted):
         assert np.abs(ours - expected).max() <= 1e-4, f"{family} {path.name}"
 
 
-def _llama_cpp_greedy(path, prompt: list[int], steps: int) -> tuple[np.ndarray, list[int]]:
-    """llama.cpp's logits at the prompt's positions and its greedy continuation of `steps` tokens."""
-    llm = reference_llama(path, n_ctx=256)
-    llm.eval(prompt)
-    logits = np.array(llm.scores[: len(prompt)])
-    tokens = []
-    for _ in range(steps):
-        tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
-        llm.eval(tokens[-1:])
-    return logits, tokens
-
-
-# A near tie, for the greedy agreement: runlm's logit of llama.cpp's token within this share of the position's logit
-# spread (std) of its own top one. Each quantization's bound is what runlm and llama.cpp differ by on the same file
-# (tests/test_shapes.py's BOUNDS: llama.cpp rounds activations to 8 bits inside its dot products); the tiny random
-# models' top tokens are often closer than that (0.2-10% of the spread at the steps that differed).
-TIES = {"Q8_0": 0.1, "Q4_K_M": 0.16}
-
-
-def check_greedy_agreement(logits: np.ndarray, continuation: list[int], tie: float, label: str) -> None:
-    """At each step of llama.cpp's greedy continuation runlm's top token (reading the same tokens) is the one
-    llama.cpp chose, or the two are a near tie in runlm's logits; at least 90% are the same token."""
-    steps = np.arange(len(continuation))
-    chosen = logits.argmax(-1)
-    gaps = logits[steps, chosen] - logits[steps, continuation]
-    agreement = (chosen == np.array(continuation)).mean()
-    assert agreement >= 0.9, f"{label}: greedy agreement {agreement:.3f}"
-    far = gaps > tie * logits.std(-1)
-    assert not far.any(), f"{label}: steps {steps[far].tolist()} differ by more than a near tie: {gaps[far]}"
-
-
 @needs_llama_cpp
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])
 def test_quantized_agrees_with_llama_cpp(converted, quant):
@@ -88,7 +57,7 @@ def test_quantized_agrees_with_llama_cpp(converted, quant):
     path = gguf.with_name(f"{quant}.gguf")
     if not path.is_file():
         quantize(gguf, path, llama_ftypes()[quant], threads=2)
-    reference, continuation = _llama_cpp_greedy(path, PROMPT, CONTINUATION)
+    reference, continuation = llama_cpp_greedy(path, PROMPT, CONTINUATION)
     ours, runtime = _logits(path, PROMPT + continuation)
     assert runtime == "native"
     correlation = np.corrcoef(ours[: len(PROMPT)].ravel(), reference.ravel())[0, 1]
@@ -108,7 +77,7 @@ def test_iq4_files_run_on_the_pytorch_backend_and_agree_with_llama_cpp(quant, tm
     notes: list[str] = []
     loaded = load(str(path), note=notes.append)
     assert loaded.runtime == "torch" and quant in " ".join(notes)
-    reference, continuation = _llama_cpp_greedy(path, PROMPT, CONTINUATION)
+    reference, continuation = llama_cpp_greedy(path, PROMPT, CONTINUATION)
     runner = loaded.runner
     ours = as_numpy(runner.extend(runner.new_session(), PROMPT + continuation, all_positions=True))
     correlation = np.corrcoef(ours[: len(PROMPT)].ravel(), reference.ravel())[0, 1]

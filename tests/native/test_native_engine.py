@@ -19,8 +19,8 @@ from reference.tiny import build_llama, build_qwen3
 
 from runlm.errors import ContextOverflowError, InvalidInputError, ModelLoadError
 from runlm.native import library
+from runlm.native.build import FLOAT_KERNEL_TYPES
 from runlm.native.model import PREFILL_CHUNK, NativeModel
-from runlm.native.weights import NativeRefusal
 from runlm.pytorch import kernels
 from runlm.pytorch.loading import load as load_with_torch
 
@@ -37,9 +37,9 @@ def assert_same_logits(path, ids, kv_type="f16"):
     native_whole = model.extend(native_session, ids, all_positions=True)
     native_steps = [model.extend(native_session, [t]) for t in (5, 9, 11)]
     last_only = model.extend(model.new_session(len(ids)), ids)  # the last row alone, chunked as the whole was
-    dense_head = model.head.dense is not None
+    dense_head = model.head.blocks.type_id in FLOAT_KERNEL_TYPES.values()
     for got, want in [(native_whole, whole), *zip(native_steps, steps), (last_only, whole[-1])]:
-        if dense_head:  # a float head: numpy's GEMV against torch's, equal to float rounding
+        if dense_head:  # a float head: runlm's float kernel against torch's GEMV, equal to float rounding
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         else:
             np.testing.assert_array_equal(got, want)
@@ -87,12 +87,17 @@ def test_sessions_refuse_what_does_not_fit(smollm2_gguf):
         NativeModel.open(smollm2_gguf, kv_type="int4")
 
 
-def test_models_the_native_runtime_cannot_run_are_refused_with_the_reason(tmp_path):
-    """A float32 GGUF's projections are not kernel types: refused by name, before any work on them."""
+def test_float_weights_run_in_float32_and_other_files_are_refused(tmp_path):
+    """A float32 GGUF runs on the float kernels with a float32 cache: the PyTorch backend's float32 logits to
+    rounding. A file that is no GGUF is refused by name."""
     build_llama(tmp_path)
-    with pytest.raises(NativeRefusal, match="cannot run on the native runtime: its tensor 'blk.0.attn_q.weight' is "
-                                            "stored as F32"):
-        NativeModel.open(tmp_path / "model.gguf")
+    ids = [5, 9, 11, 200, 3, 17, 42]
+    model = NativeModel.open(tmp_path / "model.gguf", kv_type="f32")
+    assert model.head.blocks.type_id == FLOAT_KERNEL_TYPES["F32"]
+    got = model.extend(model.new_session(len(ids)), ids, all_positions=True)
+    runner = load_with_torch(tmp_path / "model.gguf").runner
+    want = runner.extend(runner.new_session(), ids, all_positions=True)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     with pytest.raises(ModelLoadError, match="not a GGUF file"):
         NativeModel.open(tmp_path / "hf" / "config.json")
 

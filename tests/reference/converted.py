@@ -128,6 +128,13 @@ FAMILIES = {
                      rope_theta=5e6, pad_token_id=0),
 }  # fmt: skip
 
+# Mixture-of-experts families (tests/models/test_moe.py): 8 experts, 2 per token, expert rows 256 wide for the K-quants.
+MOE_FAMILIES = {
+    "qwen3moe": _tiny("Qwen3MoeConfig", "Qwen3MoeForCausalLM", rms_norm_eps=1e-6, tie_word_embeddings=False,
+                      num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256, norm_topk_prob=True,
+                      rope_theta=1e6),
+}  # fmt: skip
+
 
 # what each tiny model's GGUF says it is, and the runlm family that reads it, where those are not its name
 ARCHITECTURES = {"mistral": "llama", "qwen2-yarn": "qwen2"}
@@ -141,7 +148,7 @@ def build(family: str, directory: Path, seed: int = 7) -> Path:
     if gguf.is_file():
         return gguf
     torch.manual_seed(seed)
-    model = FAMILIES[family]().eval()
+    model = {**FAMILIES, **MOE_FAMILIES}[family]().eval()
     # Weights of 0.05: at 0.15 a 4-layer random model's top logits sit so close that the 8-bit rounding of
     # activations, which llama.cpp and runlm each do their own way, flips about one greedy step in ten.
     _randomize(model, seed, scale=0.05)
@@ -150,4 +157,4 @@ def build(family: str, directory: Path, seed: int = 7) -> Path:
     return convert(directory / "hf", gguf)
 
 
-__all__ = ["ARCHITECTURES", "FAMILIES", "RUNLM_FAMILIES", "build", "convert", "converter_dir"]
+__all__ = ["ARCHITECTURES", "FAMILIES", "MOE_FAMILIES", "RUNLM_FAMILIES", "build", "convert", "converter_dir"]

@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from runlm.system import cpu_flags
 
 
@@ -32,3 +34,34 @@ def reference_llama(path: Path | str, n_ctx: int) -> Any:
         return Llama(model_path=str(path), n_ctx=n_ctx, n_threads=2, logits_all=True, verbose=False)
     finally:
         low.llama_model_default_params = default_params
+
+
+def llama_cpp_greedy(path: Path | str, prompt: list[int], steps: int) -> tuple[np.ndarray, list[int]]:
+    """llama.cpp's logits at the prompt's positions and its greedy continuation of `steps` tokens."""
+    llm = reference_llama(path, n_ctx=256)
+    llm.eval(prompt)
+    logits = np.array(llm.scores[: len(prompt)])
+    tokens = []
+    for _ in range(steps):
+        tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        llm.eval(tokens[-1:])
+    return logits, tokens
+
+
+# A near tie, for the greedy agreement: runlm's logit of llama.cpp's token within this share of the position's logit
+# spread (std) of its own top one. Each quantization's bound is what runlm and llama.cpp differ by on the same file
+# (tests/test_shapes.py's BOUNDS: llama.cpp rounds activations to 8 bits inside its dot products); the tiny random
+# models' top tokens are often closer than that (0.2-10% of the spread at the steps that differed).
+TIES = {"Q8_0": 0.1, "Q4_K_M": 0.16}
+
+
+def check_greedy_agreement(logits: np.ndarray, continuation: list[int], tie: float, label: str) -> None:
+    """At each step of llama.cpp's greedy continuation runlm's top token (reading the same tokens) is the one
+    llama.cpp chose, or the two are a near tie in runlm's logits; at least 90% are the same token."""
+    steps = np.arange(len(continuation))
+    chosen = logits.argmax(-1)
+    gaps = logits[steps, chosen] - logits[steps, continuation]
+    agreement = (chosen == np.array(continuation)).mean()
+    assert agreement >= 0.9, f"{label}: greedy agreement {agreement:.3f}"
+    far = gaps > tie * logits.std(-1)
+    assert not far.any(), f"{label}: steps {steps[far].tolist()} differ by more than a near tie: {gaps[far]}"

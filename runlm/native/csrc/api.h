@@ -39,6 +39,15 @@ struct RlBlock {
   int64_t qk_norm_whole;  // q / k norms span the whole projection (OLMo 2), not each head
   double residual_scale;  // each sublayer's output is scaled by this before the residual add (Granite; else 1)
   double attn_softcap;  // attention scores s become cap * tanh(s / cap) (Gemma 2); 0 for none
+  // A mixture of experts in place of the dense MLP (gate_up / down unused) where n_experts > 0:
+  int64_t n_experts;
+  int64_t n_experts_used;  // per row
+  RlWeight router;  // [n_experts, hidden]
+  const RlWeight* expert_gate_up;  // n_experts * n_expert_gate_up parts, expert by expert
+  int64_t n_expert_gate_up;  // parts per expert: 1 (gate and up stacked) or 2
+  const RlWeight* expert_down;  // n_experts
+  int64_t expert_gating;  // moe.h's ExpertGating
+  int64_t expert_normalize;  // the kept weights renormalized to sum 1
 };
 
 namespace {
@@ -64,6 +73,32 @@ std::vector<Weight> weight_parts(const RlWeight* parts, int64_t n) {
     out.push_back(Weight{parts[i].data, parts[i].type, parts[i].rows});
   }
   return out;
+}
+
+// A dense MLP's gate/up parts (gate and up rows alike) and down (giving hidden rows).
+MlpWeights mlp_weights(const RlWeight* gate_up, int64_t n_gate_up, const RlWeight& down, int64_t hidden) {
+  RUNLM_CHECK(n_gate_up >= 1 && n_gate_up <= 2, "one or two gate/up parts expected");
+  MlpWeights w{weight_parts(gate_up, n_gate_up), weight_parts(&down, 1)[0]};
+  int64_t rows = 0;
+  for (const Weight& part : w.gate_up) rows += part.rows;
+  RUNLM_CHECK(rows % 2 == 0 && w.down.rows == hidden, "gate and up must have rows alike, and down give hidden rows");
+  return w;
+}
+
+Experts expert_weights(const RlBlock& in) {
+  RUNLM_CHECK(in.n_experts_used >= 1 && in.n_experts_used <= in.n_experts, "a block with ", in.n_experts,
+              " experts cannot use ", in.n_experts_used, " per row");
+  RUNLM_CHECK(in.expert_gating == kSoftmaxTopK || in.expert_gating == kTopKSoftmax, "unknown expert gating ",
+              in.expert_gating);
+  RUNLM_CHECK(in.expert_gate_up != nullptr && in.expert_down != nullptr, "a block with experts needs their weights");
+  Experts e;
+  e.used = in.n_experts_used, e.gating = in.expert_gating, e.normalize = in.expert_normalize != 0;
+  e.router = weight_parts(&in.router, 1)[0];
+  RUNLM_CHECK(e.router.rows == in.n_experts, "the router must give one logit per expert");
+  for (int64_t x = 0; x < in.n_experts; ++x)
+    e.mlps.push_back(mlp_weights(in.expert_gate_up + x * in.n_expert_gate_up, in.n_expert_gate_up,
+                                 in.expert_down[x], in.hidden));
+  return e;
 }
 }  // namespace
 
@@ -143,17 +178,19 @@ int rl_stack_add_block(void* stack, const RlBlock* block) {
     RUNLM_CHECK(in.norms[1] != nullptr && (in.n_norms == 2 ? in.norms[0] != nullptr : in.norms[3] != nullptr),
                 "only a sandwich block's before-norms may be left out");
     RUNLM_CHECK(in.residual_scale > 0 && std::isfinite(in.residual_scale), "bad residual scale");
-    RUNLM_CHECK(in.n_qkv >= 1 && in.n_qkv <= 3 && in.n_gate_up >= 1 && in.n_gate_up <= 2,
-                "one to three q/k/v parts and one or two gate/up parts expected");
+    RUNLM_CHECK(in.n_qkv >= 1 && in.n_qkv <= 3, "one to three q/k/v parts expected");
     RUNLM_CHECK(in.n_kv_heads > 0 && in.n_heads % in.n_kv_heads == 0, "heads must group evenly");
     BlockWeights b;
     b.norms.assign(in.norms, in.norms + in.n_norms);
     b.hidden = in.hidden, b.eps = in.eps, b.q_norm = in.q_norm, b.k_norm = in.k_norm, b.scale = in.scale;
     b.qkv = weight_parts(in.qkv, in.n_qkv);
-    RUNLM_CHECK(in.o.rows == in.hidden && in.down.rows == in.hidden, "o and down must give hidden rows");
+    RUNLM_CHECK(in.o.rows == in.hidden, "o must give hidden rows");
     b.o = weight_parts(&in.o, 1)[0];
-    b.gate_up = weight_parts(in.gate_up, in.n_gate_up);
-    b.down = weight_parts(&in.down, 1)[0];
+    if (in.n_experts > 0) {
+      b.experts = expert_weights(in);
+    } else {
+      b.mlp = mlp_weights(in.gate_up, in.n_gate_up, in.down, in.hidden);
+    }
     b.qkv_bias = in.qkv_bias, b.qk_norm_whole = in.qk_norm_whole != 0;
     b.residual_scale = static_cast<float>(in.residual_scale);
     RUNLM_CHECK(in.attn_softcap >= 0 && std::isfinite(in.attn_softcap), "bad attention soft cap");

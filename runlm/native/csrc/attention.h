@@ -324,9 +324,10 @@ struct Weight {
   int64_t type = 0, rows = 0;
 };
 
-// y [M, N] = x [M, K] @ W.T on the 8-bit activation kernels.
+// y [M, N] = x [M, K] @ W.T on the 8-bit activation kernels, or in float32 for float weights (float_gemm.h).
 void linear_rows(const float* x, int64_t M, int64_t K, const Weight& w, float* y) {
   if (M == 0 || w.rows == 0) return;
+  if (is_float_type(w.type)) return float_linear(x, M, K, w.data, w.type, w.rows, y);
   RUNLM_DISPATCH(w.type, gemm, x, M, K, w.data, w.rows, y)
 }
 

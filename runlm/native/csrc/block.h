@@ -257,8 +257,10 @@ struct BlockWeights {
   float residual_scale = 1.f;
   float attn_softcap = 0.f;  // Gemma 2's cap on attention scores, 0 for none
   int64_t head_dim = 0;
-  std::vector<Weight> qkv, gate_up;
-  Weight o, down;
+  std::vector<Weight> qkv;
+  Weight o;
+  MlpWeights mlp;  // the dense MLP, or none where the block has experts
+  Experts experts;
   bool gelu = false;
   int64_t window = 0, n_heads = 0, n_kv_heads = 0;
 };
@@ -302,9 +304,8 @@ void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, co
   const bool sandwich = b.norms.size() == 4;
   const int64_t hidden = b.hidden, n_heads = b.n_heads, n_kv_heads = b.n_kv_heads;
   const int64_t q_width = n_heads * D, kv_width = n_kv_heads * D, stride = q_width + 2 * kv_width;
-  int64_t qkv_rows = 0, gate_up_rows = 0;
+  int64_t qkv_rows = 0;
   for (const Weight& w : b.qkv) qkv_rows += w.rows;
-  for (const Weight& w : b.gate_up) gate_up_rows += w.rows;
   RUNLM_CHECK(qkv_rows == stride, "runlm block: qkv projection width does not match the heads");
   std::vector<float> normed(R * hidden), xqkv(R * stride);
   norm_or_copy(hp, R, hidden, b.norms[0], b.eps, normed.data());
@@ -348,23 +349,12 @@ void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, co
   if (sandwich) rms_norm_rows(projected.data(), R, hidden, b.norms[1], b.eps, projected.data());
   add_residual(hp, projected.data(), R * hidden, b.residual_scale);
   for (auto* done : {&xqkv, &q, &knew, &vnew, &attended}) std::vector<float>().swap(*done);  // before the MLP's own
-  std::vector<float> gate_up(R * gate_up_rows);
   norm_or_copy(hp, R, hidden, b.norms[sandwich ? 2 : 1], b.eps, normed.data());
-  linear_parts_rows(normed.data(), R, hidden, b.gate_up, gate_up.data());
-  const int64_t ffn = gate_up_rows / 2;
-  std::vector<float> act(R * ffn);
-  const float* gu = gate_up.data();
-  float* ap = act.data();
-  parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      if (b.gelu) {
-        gated_activation<true>(gu + r * 2 * ffn, gu + r * 2 * ffn + ffn, ap + r * ffn, ffn);
-      } else {
-        gated_activation<false>(gu + r * 2 * ffn, gu + r * 2 * ffn + ffn, ap + r * ffn, ffn);
-      }
-    }
-  });
-  linear_rows(act.data(), R, ffn, b.down, projected.data());
+  if (b.experts.mlps.empty()) {
+    mlp_rows(b.mlp, b.gelu, normed.data(), R, hidden, projected.data());
+  } else {
+    experts_rows(b.experts, b.gelu, normed.data(), R, hidden, projected.data());
+  }
   if (sandwich) rms_norm_rows(projected.data(), R, hidden, b.norms[3], b.eps, projected.data());
   add_residual(hp, projected.data(), R * hidden, b.residual_scale);
 }
@@ -412,11 +402,11 @@ BlockWeights block_weights(at::TensorList norms, double eps, const c10::optional
   if (k_norm.has_value()) b.k_norm = float_values(*k_norm, D, "k_norm");
   b.qkv = weights_of(qkv_ws, qkv_types, qkv_rows, b.hidden);
   b.o = weights_of({o_w}, {o_type}, {b.hidden}, n_heads * D)[0];
-  b.gate_up = weights_of(gate_up_ws, gate_up_types, gate_up_rows, b.hidden);
+  b.mlp.gate_up = weights_of(gate_up_ws, gate_up_types, gate_up_rows, b.hidden);
   int64_t ffn = 0;
-  for (const Weight& w : b.gate_up) ffn += w.rows;
+  for (const Weight& w : b.mlp.gate_up) ffn += w.rows;
   TORCH_CHECK(ffn % 2 == 0, op, ": gate_up must be gate and up rows alike");
-  b.down = weights_of({down_w}, {down_type}, {b.hidden}, ffn / 2)[0];
+  b.mlp.down = weights_of({down_w}, {down_type}, {b.hidden}, ffn / 2)[0];
   return b;
 }
 

@@ -206,6 +206,8 @@ inline uint16_t float_to_half(float value) {
 
 // GGML type ids (gguf.GGMLQuantizationType values).
 enum : int64_t {
+  T_F32 = 0,
+  T_F16 = 1,
   T_Q4_0 = 2,
   T_Q4_1 = 3,
   T_Q5_0 = 6,
@@ -216,6 +218,7 @@ enum : int64_t {
   T_Q4_K = 12,
   T_Q5_K = 13,
   T_Q6_K = 14,
+  T_BF16 = 30,
 };
 // A type id plus X4 names the same blocks in the interleaved layout (see X4 below; groups of 4 rows, 16 on AVX-512
 // builds): the 32-wide types and Q4_K, Q5_K, Q6_K.

@@ -199,6 +199,9 @@ bool type_info(int64_t type, TypeInfo* info) {
     case T_Q4_K + X4: *info = {Q4_K::QK, Q4_K::SIZE}; return true;
     case T_Q5_K + X4: *info = {Q5_K::QK, Q5_K::SIZE}; return true;
     case T_Q6_K + X4: *info = {Q6_K::QK, Q6_K::SIZE}; return true;
+    case T_F32: *info = {1, 4}; return true;
+    case T_F16: *info = {1, 2}; return true;
+    case T_BF16: *info = {1, 2}; return true;
     default: return false;
   }
 }
@@ -238,7 +241,7 @@ int64_t group_rows(int64_t type) {
     case T_Q4_K + X4: FN<X4Layout<Q4_K>>(__VA_ARGS__); break; \
     case T_Q5_K + X4: FN<X4Layout<Q5_K>>(__VA_ARGS__); break; \
     case T_Q6_K + X4: FN<X4Layout<Q6_K>>(__VA_ARGS__); break; \
-    default: break;                                     \
+    default: RUNLM_CHECK(false, #FN ": no kernel for GGML type id ", type); \
   }
 
 #ifndef RUNLM_STANDALONE

@@ -1,0 +1,138 @@
+// runlm kernels: weights stored as floats (F32, F16, BF16). A part of kernels.cpp's one translation unit (included
+// in order).
+// ------------------------------------------------------------------------------------------------------------
+// Float weights: y [M, N] = x [M, K] @ W.T with W's rows as the file stores them (no regrouping, read in place), the
+// activations kept in float32 (no 8-bit rounding: an F32 file gives transformers' float32 results to rounding) and
+// each weight value widened to float32 as it is read.
+//
+// Every output y[m, n] is one fixed reduction of its two rows, whatever the tile it falls in: 8 lanes (one AVX2
+// vector, or 8 scalars) accumulate w[n, k] * x[m, k] for k = lane (mod 8) in order of k, then the lanes are summed
+// pairwise (0+4, 1+5, ..., then 0+2, 1+3, then 0+1) and the K % 8 tail added value by value. So a row's result does
+// not depend on M or on the rows beside it, as the block's route invariance needs.
+
+inline bool is_float_type(int64_t type) { return type == T_F32 || type == T_F16 || type == T_BF16; }
+
+inline int64_t float_type_bytes(int64_t type) { return type == T_F32 ? 4 : 2; }
+
+template <int64_t W>
+inline float float_value(const uint8_t* row, int64_t k) {
+  if constexpr (W == T_F32) {
+    float v;
+    std::memcpy(&v, row + 4 * k, 4);
+    return v;
+  } else if constexpr (W == T_F16) {
+    return f16(row + 2 * k);
+  } else {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * k, 2);
+    const uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float v;
+    std::memcpy(&v, &bits, 4);
+    return v;
+  }
+}
+
+#if RUNLM_AVX2
+template <int64_t W>
+inline __m256 float_lanes(const uint8_t* row, int64_t k) {
+  if constexpr (W == T_F32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
+  } else if constexpr (W == T_F16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k)));
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+inline float sum_lanes(__m256 v) {
+  const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // lanes i + (i + 4)
+  const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));                       // then i + (i + 2)
+  return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));                          // then 0 + 1
+}
+#endif
+
+// Weight rows [n, n + RW) x activation rows [m, m + R).
+template <int64_t W, int RW, int R>
+inline void float_tile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t K, int64_t n, int64_t m,
+                       int64_t N, float* y) {
+  const int64_t body = K / 8 * 8;
+  float out[RW][R];
+#if RUNLM_AVX2
+  __m256 acc[RW][R];
+  for (int i = 0; i < RW; ++i)
+    for (int r = 0; r < R; ++r) acc[i][r] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < body; k += 8) {
+    __m256 xs[R];
+    for (int r = 0; r < R; ++r) xs[r] = _mm256_loadu_ps(x + (m + r) * K + k);
+    for (int i = 0; i < RW; ++i) {
+      const __m256 ws = float_lanes<W>(w + (n + i) * row_bytes, k);
+      for (int r = 0; r < R; ++r) acc[i][r] = _mm256_fmadd_ps(ws, xs[r], acc[i][r]);
+    }
+  }
+  for (int i = 0; i < RW; ++i)
+    for (int r = 0; r < R; ++r) out[i][r] = sum_lanes(acc[i][r]);
+#else
+  float acc[RW][R][8] = {};
+  for (int64_t k = 0; k < body; k += 8)
+    for (int i = 0; i < RW; ++i)
+      for (int j = 0; j < 8; ++j) {
+        const float wv = float_value<W>(w + (n + i) * row_bytes, k + j);
+        for (int r = 0; r < R; ++r) acc[i][r][j] += wv * x[(m + r) * K + k + j];
+      }
+  for (int i = 0; i < RW; ++i)
+    for (int r = 0; r < R; ++r) {
+      float* a = acc[i][r];
+      for (int j = 0; j < 4; ++j) a[j] += a[j + 4];
+      for (int j = 0; j < 2; ++j) a[j] += a[j + 2];
+      out[i][r] = a[0] + a[1];
+    }
+#endif
+  for (int i = 0; i < RW; ++i)
+    for (int r = 0; r < R; ++r) {
+      float s = out[i][r];
+      for (int64_t k = body; k < K; ++k) s += float_value<W>(w + (n + i) * row_bytes, k) * x[(m + r) * K + k];
+      y[(m + r) * N + n + i] = s;
+    }
+}
+
+// Weight rows [n, n + RW) x all M activation rows, two at a time.
+template <int64_t W, int RW>
+inline void float_rows(const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_t K, int64_t n,
+                       int64_t N, float* y) {
+  int64_t m = 0;
+  for (; m + 2 <= M; m += 2) float_tile<W, RW, 2>(w, row_bytes, x, K, n, m, N, y);
+  if (m < M) float_tile<W, RW, 1>(w, row_bytes, x, K, n, m, N, y);
+}
+
+template <int64_t W>
+void float_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y) {
+  const int64_t row_bytes = K * float_type_bytes(W);
+  // ~64K multiply-adds a piece, tiles of activation rows small enough to stay in cache while weight rows stream by
+  constexpr int64_t kRowsAtOnce = 64;
+  const int64_t grain = std::max<int64_t>(4, (1 << 16) / std::max<int64_t>(1, K * std::min(M, kRowsAtOnce)));
+  parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+    for (int64_t m0 = 0; m0 < M; m0 += kRowsAtOnce) {
+      const int64_t rows = std::min(kRowsAtOnce, M - m0);
+      const float* xm = x + m0 * K;
+      float* ym = y + m0 * N;
+      int64_t n = n0;
+      if (rows == 1) {
+        for (; n + 4 <= n1; n += 4) float_tile<W, 4, 1>(w, row_bytes, xm, K, n, 0, N, ym);
+      } else {
+        for (; n + 2 <= n1; n += 2) float_rows<W, 2>(w, row_bytes, xm, rows, K, n, N, ym);
+      }
+      for (; n < n1; ++n) float_rows<W, 1>(w, row_bytes, xm, rows, K, n, N, ym);
+    }
+  });
+}
+
+// float_gemm for the weight's float type.
+void float_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t type, int64_t N, float* y) {
+  switch (type) {
+    case T_F32: float_gemm<T_F32>(x, M, K, w, N, y); break;
+    case T_F16: float_gemm<T_F16>(x, M, K, w, N, y); break;
+    case T_BF16: float_gemm<T_BF16>(x, M, K, w, N, y); break;
+    default: RUNLM_CHECK(false, "not a float weight type: ", type);
+  }
+}
