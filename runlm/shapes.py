@@ -104,7 +104,7 @@ class Shape:
             yield blk + "attn_k.weight", (kv, self.hidden)
             yield blk + "attn_v.weight", (kv, self.hidden)
             yield blk + "attn_output.weight", (self.hidden, q)
-            if self.arch in ("qwen3", "gemma3"):
+            if self.arch in ("qwen3", "qwen3moe", "gemma3"):
                 yield blk + "attn_q_norm.weight", (self.head_dim,)
                 yield blk + "attn_k_norm.weight", (self.head_dim,)
             if self.arch == "gemma3":

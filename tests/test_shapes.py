@@ -17,10 +17,10 @@ from reference.llama_cpp_reference import reference_llama
 
 from runlm import load
 from runlm.bench import run_bench
-from runlm.bench.peers import read_bandwidth_gbs, weights_bytes_per_token
+from runlm.bench.peers import read_bandwidth_gbs
 from runlm.cli.commands import build_parser
 from runlm.errors import CatalogError, InvalidInputError
-from runlm.formats.gguf import GGUFFile
+from runlm.formats.gguf import GGUFFile, weights_bytes_per_token
 from runlm.runner import as_numpy
 from runlm.shapes import SHAPES, Shape, ensure_shape, llama3_rope_factors, llama_ftypes, quantize, shape_path
 from runlm.text import Tokenizer
@@ -135,7 +135,7 @@ def test_bench_takes_a_shape_instead_of_a_model_and_bounds_decode_by_bandwidth(s
     shape = tiny("qwen3-1.7b")
     path = ensure_shape(shape, "F16", progress=False, directory=shape_dir)
     expected = sum(math.prod(dims) * (2 if len(dims) == 2 else 4) for _, dims in shape.tensors())
-    assert weights_bytes_per_token(path) == expected  # tied: the embedding is read whole, as the output head
+    assert weights_bytes_per_token(GGUFFile(path)) == expected  # tied: the embedding is read whole, as the output head
     assert 0.5 < read_bandwidth_gbs(1, megabytes=256, budget_s=0.1) < 2000
 
 

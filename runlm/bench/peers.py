@@ -24,7 +24,7 @@ from runlm.bench import worker as bench_worker
 from runlm.bench.common import best_ms, english_text, load_tokenizer, machine
 from runlm.catalog import resolve_model
 from runlm.errors import RunlmError
-from runlm.formats.gguf import GGUFFile
+from runlm.formats.gguf import GGUFFile, weights_bytes_per_token
 from runlm.pytorch import kernels
 from runlm.system import python_command
 
@@ -123,19 +123,6 @@ def read_bandwidth_gbs(threads: int, megabytes: int = 1024, budget_s: float = 1.
         torch.set_num_threads(saved)
 
 
-def weights_bytes_per_token(path: Path) -> int:
-    """Bytes of weights one decode step reads: every tensor of the file, but only one row of an untied
-    embedding table (a tied one is read whole as the output head). The KV cache is not counted."""
-    gguf = GGUFFile(path)
-    total = 0
-    for name in gguf.tensor_names():
-        nbytes = gguf.raw(name).data.nbytes
-        if name == "token_embd.weight" and gguf.has("output.weight"):
-            nbytes //= gguf.raw(name).shape[0]
-        total += nbytes
-    return total
-
-
 def probe_bandwidth(threads: int) -> float:
     """One read-bandwidth probe between rounds, after the pause that lets the last peer's threads go idle."""
     time.sleep(ROUND_PAUSE_S)
@@ -150,7 +137,7 @@ def print_decode_limit(path: Path, threads: int, results: list[dict], bandwidths
     if path.is_dir() or not results:
         return None
     bandwidth = max(bandwidths) if bandwidths else read_bandwidth_gbs(threads)
-    per_token = weights_bytes_per_token(path)
+    per_token = weights_bytes_per_token(GGUFFile(path))
     limit = bandwidth * 1e9 / per_token
     probes = f"best of {len(bandwidths)} probes, {min(bandwidths):.1f}-{bandwidth:.1f}" if len(
         bandwidths) > 1 else "one probe"

@@ -289,7 +289,7 @@ def memory_row(path, ctx: int | None) -> tuple[str, bool] | None:
     and read in place) and its KV cache at the context (f16, sliding-window layers holding their window), against
     the memory available now; and whether it fits. None for a Hugging Face directory."""
     from runlm.families.config import SLIDING
-    from runlm.formats.gguf import GGUFFile
+    from runlm.formats.gguf import GGUFFile, weights_bytes_per_token
     from runlm.native.model import model_config
 
     if not path.is_file():
@@ -307,22 +307,10 @@ def memory_row(path, ctx: int | None) -> tuple[str, bool] | None:
                                             f" of {_size(available)} available: does not fit")
     experts = ""
     if cfg.num_experts:
-        experts = (f"; a token reads {_size(bytes_per_token(gguf, cfg))} of the weights ({cfg.experts_per_token} of "
-                   f"{cfg.num_experts} experts)")
+        experts = (f"; a token reads {_size(weights_bytes_per_token(gguf))} of the weights ({cfg.experts_per_token} "
+                   f"of {cfg.num_experts} experts)")
     return (f"{_size(need)} (weights {_size(weights)}, mapped from the file, + KV cache {_size(kv)} at {positions} "
             f"positions){verdict}{experts}", available is None or need <= available)
-
-
-def bytes_per_token(gguf, cfg) -> int:
-    """Weight bytes one token's forward reads: every tensor but the embedding (one row of it), and of each tensor of
-    all the experts, the share of the experts a token uses."""
-    total = 0
-    for name in gguf.tensor_names():
-        if name == "token_embd.weight" and gguf.has("output.weight"):
-            continue
-        nbytes = gguf.raw(name).data.nbytes
-        total += nbytes * cfg.experts_per_token // cfg.num_experts if "_exps." in name else nbytes
-    return total
 
 
 def _size(nbytes: int) -> str:

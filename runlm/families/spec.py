@@ -13,7 +13,8 @@ from runlm.families.config import ModelConfig
 NORM_PLACEMENTS = ("pre", "sandwich", "post")
 # Tensors some checkpoints carry that no family here applies (biases beyond Q/K/V's): refused where present.
 UNAPPLIED_TENSORS = ("self_attn.o_proj.bias", "mlp.gate_proj.bias", "mlp.up_proj.bias", "mlp.down_proj.bias")
-ACTIVATIONS = ("silu", "gelu_tanh")
+# The gated MLP's activations (the kernels' Activation, in this order): "swiglu_oai" is gpt-oss's clamped SwiGLU.
+ACTIVATIONS = ("silu", "gelu_tanh", "swiglu_oai")
 # How a mixture of experts' router weighs the experts it picks (the kernels' ExpertGating, in this order): a softmax
 # over every expert, the top k kept (Qwen3-MoE); or the top k logits, a softmax over just those (gpt-oss).
 EXPERT_GATINGS = ("softmax_topk", "topk_softmax")
@@ -30,7 +31,10 @@ class FamilySpec:
       the whole query and key projections (OLMo 2).
     - `fused_qkv`, `fused_gate_up`: the checkpoint stores Q/K/V as one `qkv_proj` and gate/up as one `gate_up_proj`
       (Phi-3), which the runtimes take as they are.
-    - `activation`: the gated MLP's, "silu" or "gelu_tanh".
+    - `activation`: the gated MLP's, one of ACTIVATIONS.
+    - `biases`: the family has biases on every projection (gpt-oss: o, the router, the experts'), applied where the
+      file has them; otherwise only a Q/K/V bias is, and others are refused (UNAPPLIED_TENSORS).
+    - `attention_sinks`: each query head has a sink logit that joins attention's softmax with no value (gpt-oss).
     - `norm_offset`: added to RMSNorm weights as Hugging Face stores them (Gemma's 1 + w); GGUF files store the sum.
     - `scale_embeddings`: embeddings are multiplied by sqrt(hidden) (Gemma).
     - `tied_head`: the LM head is always the embedding table; otherwise it is `output.weight` where the file has
@@ -67,6 +71,8 @@ class FamilySpec:
     chat_format: str | None = None
     vision: bool = False
     experts: str | None = None
+    biases: bool = False
+    attention_sinks: bool = False
 
     def __post_init__(self):
         if self.norms not in NORM_PLACEMENTS:
@@ -110,11 +116,12 @@ class FamilySpec:
             return [f"{prefix}mlp.gate_up_proj.weight"]
         return [f"{prefix}mlp.gate_proj.weight", f"{prefix}mlp.up_proj.weight"]
 
-    def expert_names(self, prefix: str) -> tuple[str, list[str], str]:
-        """A block's router, and its experts' gate and up weights and down weight (each [experts, rows, cols])."""
+    def expert_names(self, prefix: str, kind: str = "weight") -> tuple[str, list[str], str]:
+        """A block's router, and its experts' gate and up weights and down weight (each [experts, rows, cols]), or
+        their biases."""
         experts = f"{prefix}mlp.experts."
-        return f"{prefix}mlp.gate.weight", [experts + "gate_proj.weight", experts + "up_proj.weight"], (
-            experts + "down_proj.weight")
+        return f"{prefix}mlp.gate.{kind}", [experts + f"gate_proj.{kind}", experts + f"up_proj.{kind}"], (
+            experts + f"down_proj.{kind}")
 
     def describe(self, config: ModelConfig) -> list[tuple[str, str]]:
         """What this model does, as read from its spec and file (`runlm info` prints it)."""
@@ -161,7 +168,7 @@ class FamilySpec:
         if config.rope_dims and config.rope_dims < config.head_dim and self.qk_norm:
             raise ModelLoadError(f"{where}: partial RoPE with q/k norms is not supported")
         p = f"model.layers.{layer}."
-        unapplied = [p + name for name in UNAPPLIED_TENSORS if has(p + name)]
+        unapplied = [p + name for name in UNAPPLIED_TENSORS if has(p + name) and not self.biases]
         if unapplied:
             raise ModelLoadError(f"{where}: holds {', '.join(unapplied)}, which runlm does not apply")
 

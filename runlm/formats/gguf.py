@@ -432,6 +432,7 @@ _GGUF_LAYER_NAMES = {
     "self_attn.o_proj": "attn_output",
     "self_attn.q_norm": "attn_q_norm",
     "self_attn.k_norm": "attn_k_norm",
+    "self_attn.sinks": "attn_sinks",
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
     "pre_feedforward_layernorm": "ffn_norm",
@@ -498,6 +499,23 @@ def find_mmproj(model_path: Path) -> list[Path]:
     """Vision projector GGUFs next to a text GGUF (llama.cpp's naming: mmproj*.gguf)."""
     found = model_path.parent.glob("*.gguf")
     return sorted(p for p in found if p.name.lower().startswith("mmproj") and p != model_path)
+
+
+def weights_bytes_per_token(gguf: GGUFFile) -> int:
+    """Bytes of weights one decode step reads: every tensor of the file, but only one row of an untied embedding
+    table (a tied one is read whole as the output head), and of each tensor of all the experts ([experts, rows,
+    cols]) the share of the experts a token uses. The KV cache is not counted."""
+    experts, used = gguf.arch_value("expert_count"), gguf.arch_value("expert_used_count")
+    total = 0
+    for name in gguf.tensor_names():
+        raw = gguf.raw(name)
+        nbytes = raw.data.nbytes
+        if name == "token_embd.weight" and gguf.has("output.weight"):
+            nbytes //= raw.shape[0]
+        elif "_exps." in name and isinstance(experts, int) and isinstance(used, int) and 0 < used <= experts:
+            nbytes = nbytes * used // experts
+        total += nbytes
+    return total
 
 
 def quantization_of(gguf: GGUFFile) -> str:

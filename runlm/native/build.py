@@ -31,6 +31,7 @@ KERNEL_TYPES: dict[str, int] = {
     "Q4_K": 12,
     "Q5_K": 13,
     "Q6_K": 14,
+    "MXFP4": 39,
 }
 # Float weight types the kernels run in float32 (float_gemm.h), read in the file's layout.
 FLOAT_KERNEL_TYPES: dict[str, int] = {"F32": 0, "F16": 1, "BF16": 30}
@@ -53,6 +54,7 @@ BLOCK_LAYOUTS: dict[str, tuple[int, int]] = {
     "Q6_K": (QK_K, 210),
     "IQ4_NL": (32, 18),
     "IQ4_XS": (QK_K, 136),
+    "MXFP4": (32, 17),
 }
 
 # Types with the interleaved ("x4") layout (type id + X4 in kernels.cpp): same bytes, regrouped once at load so that

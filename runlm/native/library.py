@@ -62,11 +62,12 @@ class Block(ctypes.Structure):
     _fields_ = [
         ("norms", _ptr * 4), ("n_norms", _i64), ("hidden", _i64), ("eps", _f64), ("q_norm", _ptr), ("k_norm", _ptr),
         ("qkv", Weight * 3), ("n_qkv", _i64), ("o", Weight), ("gate_up", Weight * 2), ("n_gate_up", _i64),
-        ("down", Weight), ("gelu", _i64), ("rope", _i64), ("window", _i64), ("n_heads", _i64),
+        ("down", Weight), ("activation", _i64), ("rope", _i64), ("window", _i64), ("n_heads", _i64),
         ("n_kv_heads", _i64), ("scale", _f64), ("qkv_bias", _ptr), ("qk_norm_whole", _i64), ("residual_scale", _f64),
         ("attn_softcap", _f64), ("n_experts", _i64), ("n_experts_used", _i64), ("router", Weight),
         ("expert_gate_up", ctypes.POINTER(Weight)), ("n_expert_gate_up", _i64), ("expert_down", ctypes.POINTER(Weight)),
-        ("expert_gating", _i64), ("expert_normalize", _i64),
+        ("expert_gating", _i64), ("expert_normalize", _i64), ("o_bias", _ptr), ("sinks", _ptr), ("gate_up_bias", _ptr),
+        ("down_bias", _ptr), ("router_bias", _ptr), ("expert_gate_up_bias", _ptr), ("expert_down_bias", _ptr),
     ]  # fmt: skip
 
 

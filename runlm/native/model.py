@@ -18,7 +18,7 @@ import numpy as np
 from runlm.errors import ContextOverflowError, InvalidInputError
 from runlm.families import for_gguf
 from runlm.families.config import ModelConfig, check_config, default_attention_scale
-from runlm.families.spec import EXPERT_GATINGS, FamilySpec
+from runlm.families.spec import ACTIVATIONS, EXPERT_GATINGS, FamilySpec
 from runlm.formats.gguf import GGUFFile, find_mmproj
 from runlm.native import build, library
 from runlm.native.build import Q8_0_BYTES, Q8_0_VALUES
@@ -132,6 +132,8 @@ class NativeModel:
         qkv_bias = reader.bias(spec.qkv_names(p, "bias"))
         (o,) = reader.linear([p + "self_attn.o_proj.weight"])
         self._kept += [part.data for part in (*qkv, o)]
+        o_bias = reader.bias([p + "self_attn.o_proj.bias"]) if spec.biases else None
+        sinks = reader.floats(p + "self_attn.sinks.weight") if spec.attention_sinks else None
         mlp = self._experts(reader, p) if spec.experts else self._dense_mlp(reader, p)
         sliding = config.is_sliding(i)
         block = library.Block(
@@ -141,23 +143,29 @@ class NativeModel:
             q_norm=None if q_norm is None else library.address(q_norm),
             k_norm=None if k_norm is None else library.address(k_norm),
             qkv=(library.Weight * 3)(*(part.weight() for part in qkv)), n_qkv=len(qkv), o=o.weight(),
-            **mlp, gelu=int(spec.activation == "gelu_tanh"),
+            **mlp, activation=ACTIVATIONS.index(spec.activation),
             rope=rope_index(config, i), window=config.sliding_window if sliding else 0,
             n_heads=config.num_heads, n_kv_heads=config.num_kv_heads, scale=default_attention_scale(config),
-            qkv_bias=None if qkv_bias is None else library.address(self._keep(qkv_bias)),
+            qkv_bias=self._address(qkv_bias),
             qk_norm_whole=int(spec.qk_norm_whole), residual_scale=config.residual_scale,
-            attn_softcap=config.attn_softcap or 0.0,
+            attn_softcap=config.attn_softcap or 0.0, o_bias=self._address(o_bias), sinks=self._address(sinks),
         )  # fmt: skip
         library.check(lib.rl_stack_add_block(self.stack, ctypes.byref(block)))
         self.blocks.append(BlockShape(config.num_kv_heads, block.window, sliding))
 
     def _dense_mlp(self, reader: WeightReader, p: str) -> dict:
         """A dense MLP's fields of library.Block."""
-        gate_up = reader.linear(self.spec.gate_up_names(p))
+        gate_up_names = self.spec.gate_up_names(p)
+        gate_up = reader.linear(gate_up_names)
         (down,) = reader.linear([p + "mlp.down_proj.weight"])
         self._kept += [part.data for part in (*gate_up, down)]
+        biases = {}
+        if self.spec.biases:
+            gate_up_bias = reader.bias([name.removesuffix("weight") + "bias" for name in gate_up_names])
+            biases = dict(gate_up_bias=self._address(gate_up_bias),
+                          down_bias=self._address(reader.bias([p + "mlp.down_proj.bias"])))
         return dict(gate_up=(library.Weight * 2)(*(part.weight() for part in gate_up)), n_gate_up=len(gate_up),
-                    down=down.weight())
+                    down=down.weight(), **biases)
 
     def _experts(self, reader: WeightReader, p: str) -> dict:
         """A mixture of experts' fields of library.Block: the router and every expert's gate/up and down."""
@@ -179,7 +187,23 @@ class NativeModel:
                 *(part.weight() for parts in gate_ups for part in parts)),
             n_expert_gate_up=per_expert, expert_down=(library.Weight * len(downs))(*(d.weight() for d in downs)),
             expert_gating=EXPERT_GATINGS.index(self.spec.experts), expert_normalize=int(config.expert_normalize),
+            **(self._expert_biases(reader, p) if self.spec.biases else {}),
         )  # fmt: skip
+
+    def _expert_biases(self, reader: WeightReader, p: str) -> dict:
+        """The router's and the experts' biases, where the file has them: gate's and up's stacked per expert."""
+        router, gate_up, down = self.spec.expert_names(p, "bias")
+        out = {"router_bias": self._address(reader.bias([router]))}
+        if any(reader.has(name) for name in gate_up):  # then all: a missing one is refused by name
+            stacked = np.concatenate([reader.floats(name) for name in gate_up], axis=1)
+            out["expert_gate_up_bias"] = self._address(stacked)
+        if reader.has(down):
+            out["expert_down_bias"] = self._address(reader.floats(down))
+        return out
+
+    def _address(self, array: np.ndarray | None) -> int | None:
+        """Where a float32 copy of `array`, kept for the stack's life, lies (None for no array)."""
+        return None if array is None else library.address(self._keep(array))
 
     def _keep(self, array: np.ndarray) -> np.ndarray:
         array = np.ascontiguousarray(array, dtype=np.float32)

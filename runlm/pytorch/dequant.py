@@ -250,6 +250,15 @@ def _dq_iq4_xs(b: torch.Tensor, out: torch.Tensor) -> None:
     out.view(nb, 8, 32).copy_(_IQ4_LEVELS[codes.long()]).mul_(dl)
 
 
+# MXFP4: 32 E2M1 codes (their values doubled, as integers) and one E8M0 exponent e: values x 2^(e - 128)
+_MXFP4_LEVELS = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.float32)
+
+
+def _dq_mxfp4(b: torch.Tensor, out: torch.Tensor) -> None:
+    scale = torch.ldexp(torch.ones(b.shape[0], 1), b[:, :1].to(torch.int32) - 128)
+    out.copy_(_MXFP4_LEVELS[_nibbles(b[:, 1:17]).long()]).mul_(scale)
+
+
 _BLOCK_DECODERS: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {
     "Q4_0": _dq_q4_0,
     "Q4_1": _dq_q4_1,
@@ -263,6 +272,7 @@ _BLOCK_DECODERS: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {
     "Q6_K": _dq_q6_k,
     "IQ4_NL": _dq_iq4_nl,
     "IQ4_XS": _dq_iq4_xs,
+    "MXFP4": _dq_mxfp4,
 }
 
 _FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from reference.converted import MOE_FAMILIES, build
-from reference.llama_cpp_reference import TIES, check_greedy_agreement, llama_cpp_greedy
+from reference.llama_cpp_reference import llama_cpp_greedy
 
 from runlm import load
 from runlm.bench.streams import route_logits
@@ -55,19 +55,31 @@ def test_f32_logits_match_transformers(converted):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is the quantizer here")
-@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M", "MXFP4_MOE"])
 def test_quantized_agrees_with_llama_cpp(converted, quant):
-    """Correlation of the prompt's logits, and greedy agreement over llama.cpp's 64-token greedy continuation."""
+    """The prompt's logits position by position, and greedy agreement over llama.cpp's 64-token greedy continuation.
+    MXFP4_MOE (llama.cpp's gpt-oss mix: MXFP4 experts, Q8_0 elsewhere) is for the families released with it.
+
+    A router's k-th and (k+1)-th experts for a token are at times within the 8-bit rounding of the activations, which
+    llama.cpp and runlm each do their own way: the two then run that token through different experts, and its logits
+    differ wholly (in the tiny random models here, a few positions in a hundred; llama.cpp against its own f32 file
+    flips as often). So most positions, not all, must agree closely, and most greedy steps."""
     family, gguf = converted
+    if quant == "MXFP4_MOE" and family != "gpt-oss":
+        pytest.skip("MXFP4 experts are gpt-oss's")
     path = _quantized(gguf, quant)
+    if quant == "MXFP4_MOE":
+        assert GGUFFile(path).raw("blk.0.ffn_gate_exps.weight").type_name == "MXFP4"
     reference, continuation = llama_cpp_greedy(path, PROMPT, CONTINUATION)
     loaded = load(str(path))
     assert loaded.runtime == "native"
     runner = loaded.runner
     ours = as_numpy(runner.extend(runner.new_session(), PROMPT + continuation, all_positions=True))
-    correlation = np.corrcoef(ours[: len(PROMPT)].ravel(), reference.ravel())[0, 1]
-    assert correlation >= 0.995, f"{family} {quant}: correlation {correlation:.4f}"
-    check_greedy_agreement(ours[len(PROMPT) - 1 : -1], continuation, TIES[quant], f"{family} {quant}")
+    correlations = np.array([np.corrcoef(ours[i], reference[i])[0, 1] for i in range(len(PROMPT))])
+    label = f"{family} {quant}: correlations {np.round(correlations, 4).tolist()}"
+    assert np.median(correlations) >= 0.998 and (correlations >= 0.995).mean() >= 0.8, label
+    agreement = (ours[len(PROMPT) - 1 : -1].argmax(-1) == np.array(continuation)).mean()
+    assert agreement >= 0.9, f"{family} {quant}: greedy agreement {agreement:.3f}"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is the quantizer here")
@@ -89,7 +101,9 @@ def test_info_describes_the_experts(converted, capsys):
     family, gguf = converted
     assert main(["info", str(gguf)]) == 0
     out = capsys.readouterr().out
-    assert "mixture of 8 experts of 256, 2 per token (softmax_topk, renormalized)" in out
+    gating = {"qwen3moe": "softmax_topk, renormalized", "gpt-oss": "topk_softmax"}[family]
+    assert "swiglu_oai mixture" in out or family != "gpt-oss"
+    assert f"mixture of 8 experts of 256, 2 per token ({gating})" in out
 
 
 def test_experts_the_file_cannot_have_are_refused(converted):
@@ -109,3 +123,22 @@ def test_the_pytorch_backend_refuses_experts_in_one_line(converted):
     for path in (gguf, gguf.parent / "hf"):
         with pytest.raises(ModelLoadError, match="mixture of experts, which runs on the native runtime only"):
             load(str(path), runtime="torch" if path == gguf else "auto")
+
+
+def test_mxfp4_dequantizes_as_the_gguf_package_does():
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+    from gguf.quants import quantize as gguf_quantize
+
+    from runlm.native import library
+    from runlm.native.build import KERNEL_TYPES
+
+    values = np.random.default_rng(3).standard_normal((8, 256)).astype(np.float32) * 4
+    values[0, :32] = 0  # an all-zero block: its exponent is the smallest
+    blocks = gguf_quantize(values, GGMLQuantizationType.MXFP4)
+    want = dequantize(blocks, GGMLQuantizationType.MXFP4)
+    got = library.dequantize_rows(np.ascontiguousarray(blocks), KERNEL_TYPES["MXFP4"], 8, 256, np.arange(8))
+    np.testing.assert_array_equal(got, want)
+    x = np.random.default_rng(4).standard_normal((3, 256)).astype(np.float32)
+    product = library.linear(x, np.ascontiguousarray(blocks), KERNEL_TYPES["MXFP4"], 8)
+    np.testing.assert_allclose(product, x @ want.T, rtol=0.02, atol=0.05 * np.abs(x @ want.T).max())

@@ -15,10 +15,10 @@ from runlm.native.build import BLOCK_LAYOUTS
 from runlm.pytorch.dequant import SUPPORTED_TYPES, dequantize
 
 ALL_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-             "IQ4_NL", "IQ4_XS"]
+             "IQ4_NL", "IQ4_XS", "MXFP4"]
 QUANT_TYPES = [t for t in ALL_TYPES if BLOCK_LAYOUTS[t][0] > 1]
 # Types the gguf package can quantize (the rest are dequantize-only there).
-REF_QUANTIZABLE = ["BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
+REF_QUANTIZABLE = ["BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4"]
 
 
 def reference(type_name: str, data: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

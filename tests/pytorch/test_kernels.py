@@ -45,7 +45,7 @@ EXACT_TOL = 2e-6
 TOL_32 = 1.5e-2
 TOL_K = 3e-2
 TYPES = list(kernels.KERNEL_TYPES)
-GGUF_QUANTIZABLE = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
+GGUF_QUANTIZABLE = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4"}
 ROWS_M = (1, 3, 17)
 
 
@@ -74,6 +74,8 @@ def quantized_activation(x: torch.Tensor, type_name: str) -> torch.Tensor:
     xb = x.float().reshape(rows, cols // block, block)
     amax = xb.abs().amax(dim=-1, keepdim=True)
     scale = amax / 127.0
+    if block == 32:  # the 32-wide blocks' scale is rounded to float16, as llama.cpp's Q8_0 activations carry it
+        scale = scale.half().float()
     # (not `127.0 / amax`: torch computes scalar / tensor as reciprocal(tensor) * scalar, rounding twice)
     inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     codes = torch.round(xb * inv)  # round half to even, like nearbyint / _MM_FROUND_TO_NEAREST_INT
@@ -456,7 +458,7 @@ def test_op_rejects_bad_arguments():
     with pytest.raises(RuntimeError, match="expected"):
         op(torch.zeros(1, 32), w, 8, 3, 32)
     with pytest.raises(RuntimeError, match="unsupported GGML type"):
-        op(torch.zeros(1, 32), w, 1, 2, 32)
+        op(torch.zeros(1, 32), w, 99, 2, 32)
     with pytest.raises(RuntimeError, match="block size"):
         op(torch.zeros(1, 16), w, 8, 2, 16)
 

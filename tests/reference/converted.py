@@ -133,6 +133,15 @@ MOE_FAMILIES = {
     "qwen3moe": _tiny("Qwen3MoeConfig", "Qwen3MoeForCausalLM", rms_norm_eps=1e-6, tie_word_embeddings=False,
                       num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256, norm_topk_prob=True,
                       rope_theta=1e6),
+    # sliding windows of 8 in every other layer, YaRN stretching a 64-position original context 4x. gpt-oss blends
+    # YaRN over its exact correction range, llama.cpp over that range rounded out to whole dimensions (and with betas
+    # 32 and 1 whatever the file says): this base puts the range's end just under 6 and its start below 0, where the
+    # two agree.
+    "gpt-oss": _tiny("GptOssConfig", "GptOssForCausalLM", rms_norm_eps=1e-5, tie_word_embeddings=False,
+                     num_local_experts=8, num_experts_per_tok=2, intermediate_size=256, sliding_window=8,
+                     layer_types=["sliding_attention", "full_attention"] * 2,
+                     rope_parameters={"rope_type": "yarn", "rope_theta": 2.38e5, "factor": 4.0, "beta_fast": 32.0,
+                                      "beta_slow": 1.0, "original_max_position_embeddings": 64, "truncate": False}),
 }  # fmt: skip
 
 

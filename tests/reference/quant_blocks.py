@@ -21,7 +21,10 @@ F16_FIELDS = {
     "Q6_K": [208],
     "IQ4_NL": [0],
     "IQ4_XS": [0],
+    "MXFP4": [],  # its scale is an exponent byte (E8M0_EXPONENTS)
 }
+# Exponent bytes of the E8M0 scales drawn for MXFP4 blocks: 2^-10 ... 2^-2 (the scale is 2^(e - 128))
+E8M0_EXPONENTS = (118, 127)
 
 
 def random_blocks(type_name: str, rows: int, cols: int, seed: int, signed_scales: bool = False) -> np.ndarray:
@@ -39,6 +42,8 @@ def random_blocks(type_name: str, rows: int, cols: int, seed: int, signed_scales
         else:
             scales = (rng.uniform(0.2, 1.0, blocks.shape[0]) * 0.02).astype(np.float16)
         blocks[:, offset : offset + 2] = scales.view(np.uint8).reshape(-1, 2)
+    if type_name == "MXFP4":
+        blocks[:, 0] = rng.integers(*E8M0_EXPONENTS, size=blocks.shape[0], endpoint=True)
     return blocks.reshape(rows, -1)
 
 

@@ -1,12 +1,15 @@
 // runlm kernels: activation quantization. A part of kernels.cpp's one translation unit (included in order).
 // ------------------------------------------------------------------------------------------------------------
-// Activation quantization
+// Activation quantization. 32-value blocks carry their scale rounded to float16, as llama.cpp's Q8_0 activation
+// blocks do: the codes and scales are then llama.cpp's own, so the two round a model's activations alike. Where a
+// mixture of experts' router sits within rounding of a tie, both then pick the same experts (with float32 scales,
+// a tiny random gpt-oss routed a token of twenty differently from llama.cpp on the same Q8_0 file).
 
 inline void quantize_a32_scalar(const float* x, A32* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, x += 32) {
     float amax = 0.f;
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
-    const float d = amax / 127.f;
+    const float d = half_to_float(float_to_half(amax / 127.f));
     const float id = amax > 0.f ? 127.f / amax : 0.f;
     int sum = 0;
     for (int j = 0; j < 32; ++j) {
@@ -88,7 +91,7 @@ inline void quantize_a32(const float* x, A32* y, int64_t nb) {
     const float id = amax > 0.f ? 127.f / amax : 0.f;
     int lo, hi;
     quant32(x, _mm256_set1_ps(id), y[b].qs, &lo, &hi);
-    y[b].d = amax / 127.f;
+    y[b].d = half_to_float(float_to_half(amax / 127.f));
     y[b].s = y[b].d * static_cast<float>(lo + hi);
 #if RUNLM_AVX512
     set_half_offsets(y[b]);

@@ -29,7 +29,7 @@ struct RlBlock {
   RlWeight gate_up[2];
   int64_t n_gate_up;
   RlWeight down;
-  int64_t gelu;  // the MLP's activation: GELU (tanh) when set, else SiLU
+  int64_t activation;  // the MLP's: moe.h's Activation
   int64_t rope;  // which RoPE table the block rotates with
   int64_t window;  // sliding-window length, 0 for full attention
   int64_t n_heads;
@@ -48,6 +48,14 @@ struct RlBlock {
   const RlWeight* expert_down;  // n_experts
   int64_t expert_gating;  // moe.h's ExpertGating
   int64_t expert_normalize;  // the kept weights renormalized to sum 1
+  // Biases and sinks, each null where the model has none:
+  const float* o_bias;  // [hidden]
+  const float* sinks;  // [n_heads]: a logit per query head that joins attention's softmax with no value
+  const float* gate_up_bias;  // the dense MLP's [gate_up rows], and down's [hidden]
+  const float* down_bias;
+  const float* router_bias;  // [n_experts]
+  const float* expert_gate_up_bias;  // [n_experts, gate_up rows], expert by expert
+  const float* expert_down_bias;  // [n_experts, hidden]
 };
 
 namespace {
@@ -76,9 +84,10 @@ std::vector<Weight> weight_parts(const RlWeight* parts, int64_t n) {
 }
 
 // A dense MLP's gate/up parts (gate and up rows alike) and down (giving hidden rows).
-MlpWeights mlp_weights(const RlWeight* gate_up, int64_t n_gate_up, const RlWeight& down, int64_t hidden) {
+MlpWeights mlp_weights(const RlWeight* gate_up, int64_t n_gate_up, const RlWeight& down, int64_t hidden,
+                       const float* gate_up_bias, const float* down_bias) {
   RUNLM_CHECK(n_gate_up >= 1 && n_gate_up <= 2, "one or two gate/up parts expected");
-  MlpWeights w{weight_parts(gate_up, n_gate_up), weight_parts(&down, 1)[0]};
+  MlpWeights w{weight_parts(gate_up, n_gate_up), weight_parts(&down, 1)[0], gate_up_bias, down_bias};
   int64_t rows = 0;
   for (const Weight& part : w.gate_up) rows += part.rows;
   RUNLM_CHECK(rows % 2 == 0 && w.down.rows == hidden, "gate and up must have rows alike, and down give hidden rows");
@@ -93,11 +102,16 @@ Experts expert_weights(const RlBlock& in) {
   RUNLM_CHECK(in.expert_gate_up != nullptr && in.expert_down != nullptr, "a block with experts needs their weights");
   Experts e;
   e.used = in.n_experts_used, e.gating = in.expert_gating, e.normalize = in.expert_normalize != 0;
-  e.router = weight_parts(&in.router, 1)[0];
+  e.router = weight_parts(&in.router, 1)[0], e.router_bias = in.router_bias;
   RUNLM_CHECK(e.router.rows == in.n_experts, "the router must give one logit per expert");
-  for (int64_t x = 0; x < in.n_experts; ++x)
-    e.mlps.push_back(mlp_weights(in.expert_gate_up + x * in.n_expert_gate_up, in.n_expert_gate_up,
-                                 in.expert_down[x], in.hidden));
+  for (int64_t x = 0; x < in.n_experts; ++x) {
+    const RlWeight* parts = in.expert_gate_up + x * in.n_expert_gate_up;
+    int64_t rows = 0;
+    for (int64_t i = 0; i < in.n_expert_gate_up; ++i) rows += parts[i].rows;
+    e.mlps.push_back(mlp_weights(parts, in.n_expert_gate_up, in.expert_down[x], in.hidden,
+                                 in.expert_gate_up_bias ? in.expert_gate_up_bias + x * rows : nullptr,
+                                 in.expert_down_bias ? in.expert_down_bias + x * in.hidden : nullptr));
+  }
   return e;
 }
 }  // namespace
@@ -189,13 +203,15 @@ int rl_stack_add_block(void* stack, const RlBlock* block) {
     if (in.n_experts > 0) {
       b.experts = expert_weights(in);
     } else {
-      b.mlp = mlp_weights(in.gate_up, in.n_gate_up, in.down, in.hidden);
+      b.mlp = mlp_weights(in.gate_up, in.n_gate_up, in.down, in.hidden, in.gate_up_bias, in.down_bias);
     }
     b.qkv_bias = in.qkv_bias, b.qk_norm_whole = in.qk_norm_whole != 0;
     b.residual_scale = static_cast<float>(in.residual_scale);
     RUNLM_CHECK(in.attn_softcap >= 0 && std::isfinite(in.attn_softcap), "bad attention soft cap");
     b.attn_softcap = static_cast<float>(in.attn_softcap);
-    b.gelu = in.gelu != 0, b.window = in.window, b.n_heads = in.n_heads, b.n_kv_heads = in.n_kv_heads;
+    RUNLM_CHECK(in.activation >= kSilu && in.activation <= kSwigluOai, "unknown activation ", in.activation);
+    b.activation = in.activation, b.o_bias = in.o_bias, b.sinks = in.sinks;
+    b.window = in.window, b.n_heads = in.n_heads, b.n_kv_heads = in.n_kv_heads;
     int64_t qkv_width = 0;
     for (const Weight& w : b.qkv) qkv_width += w.rows;
     b.head_dim = qkv_width / (in.n_heads + 2 * in.n_kv_heads);

@@ -271,10 +271,13 @@ inline void attend_gathered(const float* qs, int64_t m, const float* key_pairs, 
 
 // One query head's output from its chunks' partial results, in chunk order: partial c sits at index
 // first + c * step of part_max / part_sum (and of part_out, D floats each).
+// `sink`: a logit that joins the softmax's denominator with no value of its own (gpt-oss's attention sinks), or
+// -infinity for none.
 inline void merge_chunks(const float* part_max, const float* part_sum, const float* part_out, int64_t first,
-                         int64_t step, int64_t n_chunks, int64_t D, float* o) {
-  float best = -INFINITY, total = 0.f;
+                         int64_t step, int64_t n_chunks, int64_t D, float* o, float sink = -INFINITY) {
+  float best = sink, total = 0.f;
   for (int64_t c = 0; c < n_chunks; ++c) best = std::max(best, part_max[first + c * step]);
+  if (sink != -INFINITY) total = std::exp(sink - best);
   std::fill(o, o + D, 0.f);
   for (int64_t c = 0; c < n_chunks; ++c) {
     const int64_t k = first + c * step;

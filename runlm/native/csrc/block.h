@@ -32,7 +32,8 @@ struct SeqRows {
 template <typename T>
 void attention_rows(const float* q, const T* knew, const T* vnew, const std::vector<SeqRows>& seqs,
                     const std::vector<int64_t>& row_seq, const std::vector<int64_t>& row_pos, int64_t window,
-                    bool ring, int64_t n_heads, int64_t n_kv, int64_t D, float* out, float softcap = 0.f) {
+                    bool ring, int64_t n_heads, int64_t n_kv, int64_t D, float* out, float softcap = 0.f,
+                    const float* sinks = nullptr) {
   const int64_t R = static_cast<int64_t>(row_seq.size()), rep = n_heads / n_kv;
   // work items (row, kv head, chunk), chunks fixed by absolute position
   std::vector<int64_t> first_chunk(R), n_chunks(R);
@@ -170,7 +171,7 @@ void attention_rows(const float* q, const T* knew, const T* vnew, const std::vec
           const int64_t g = h / rep;
           merge_chunks(part_max.data(), part_sum.data(), part_out.data(),
                        (item_start[k] + g * n_chunks[r]) * rep + h % rep, rep, n_chunks[r], D,
-                       out + (r * n_heads + h) * D);
+                       out + (r * n_heads + h) * D, sinks == nullptr ? -INFINITY : sinks[h]);
         }
       }
     });
@@ -185,7 +186,7 @@ template <typename T>
 void attend_and_store(const float* q, const std::vector<float>& knew, const std::vector<float>& vnew,
                       const std::vector<SeqRows>& seqs, const std::vector<int64_t>& row_seq,
                       const std::vector<int64_t>& row_pos, int64_t window, bool ring, int64_t n_heads, int64_t n_kv,
-                      int64_t D, float* out, float softcap = 0.f) {
+                      int64_t D, float* out, float softcap = 0.f, const float* sinks = nullptr) {
   const int64_t R = static_cast<int64_t>(row_seq.size()), kv_width = n_kv * D;
   std::vector<T> k_typed, v_typed;
   const T* kt;
@@ -200,7 +201,7 @@ void attend_and_store(const float* q, const std::vector<float>& knew, const std:
     });
     kt = k_typed.data(), vt = v_typed.data();
   }
-  attention_rows(q, kt, vt, seqs, row_seq, row_pos, window, ring, n_heads, n_kv, D, out, softcap);
+  attention_rows(q, kt, vt, seqs, row_seq, row_pos, window, ring, n_heads, n_kv, D, out, softcap, sinks);
   for (int64_t r = 0; r < R; ++r) {
     const SeqRows& sq = seqs[row_seq[r]];
     const int64_t slot = ring ? row_pos[r] % window : row_pos[r];
@@ -256,12 +257,14 @@ struct BlockWeights {
   bool qk_norm_whole = false;  // q / k norms over the whole projection rather than per head
   float residual_scale = 1.f;
   float attn_softcap = 0.f;  // Gemma 2's cap on attention scores, 0 for none
+  const float* sinks = nullptr;  // a sink logit per query head (gpt-oss), or none
   int64_t head_dim = 0;
   std::vector<Weight> qkv;
   Weight o;
+  const float* o_bias = nullptr;  // added to o's output, or none
   MlpWeights mlp;  // the dense MLP, or none where the block has experts
   Experts experts;
-  bool gelu = false;
+  int64_t activation = kSilu;
   int64_t window = 0, n_heads = 0, n_kv_heads = 0;
 };
 
@@ -343,17 +346,18 @@ void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, co
   std::vector<float> attended(R * q_width), projected(R * hidden);
   with_kv_type(kv_type, [&](auto element) {
     attend_and_store<decltype(element)>(q.data(), knew, vnew, seqs, rseq, rpos, b.window, ring, n_heads, n_kv_heads,
-                                        D, attended.data(), b.attn_softcap);
+                                        D, attended.data(), b.attn_softcap, b.sinks);
   });
   linear_rows(attended.data(), R, q_width, b.o, projected.data());
+  if (b.o_bias != nullptr) add_bias_rows(projected.data(), R, hidden, b.o_bias);
   if (sandwich) rms_norm_rows(projected.data(), R, hidden, b.norms[1], b.eps, projected.data());
   add_residual(hp, projected.data(), R * hidden, b.residual_scale);
   for (auto* done : {&xqkv, &q, &knew, &vnew, &attended}) std::vector<float>().swap(*done);  // before the MLP's own
   norm_or_copy(hp, R, hidden, b.norms[sandwich ? 2 : 1], b.eps, normed.data());
   if (b.experts.mlps.empty()) {
-    mlp_rows(b.mlp, b.gelu, normed.data(), R, hidden, projected.data());
+    mlp_rows(b.mlp, b.activation, normed.data(), R, hidden, projected.data());
   } else {
-    experts_rows(b.experts, b.gelu, normed.data(), R, hidden, projected.data());
+    experts_rows(b.experts, b.activation, normed.data(), R, hidden, projected.data());
   }
   if (sandwich) rms_norm_rows(projected.data(), R, hidden, b.norms[3], b.eps, projected.data());
   add_residual(hp, projected.data(), R * hidden, b.residual_scale);
@@ -396,7 +400,8 @@ BlockWeights block_weights(at::TensorList norms, double eps, const c10::optional
   BlockWeights b;
   b.hidden = norms[0].numel();
   for (const at::Tensor& n : norms) b.norms.push_back(float_values(n, b.hidden, "the norms"));
-  b.eps = eps, b.scale = scale, b.gelu = gelu, b.window = window, b.n_heads = n_heads, b.n_kv_heads = n_kv_heads;
+  b.eps = eps, b.scale = scale, b.activation = gelu ? kGeluTanh : kSilu;
+  b.window = window, b.n_heads = n_heads, b.n_kv_heads = n_kv_heads;
   b.head_dim = D;
   if (q_norm.has_value()) b.q_norm = float_values(*q_norm, D, "q_norm");
   if (k_norm.has_value()) b.k_norm = float_values(*k_norm, D, "k_norm");

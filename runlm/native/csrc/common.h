@@ -143,6 +143,24 @@ inline void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) 
 #endif
 }
 
+// f(i) for every i in [0, n), spread over the threads one task at a time as they come free (tasks of uneven cost:
+// a mixture's experts). Calls made from inside run on the calling thread, as parallel_for's do.
+template <class F>
+inline void parallel_tasks(int64_t n, const F& f) {
+#ifndef RUNLM_STANDALONE
+  at::parallel_for(0, n, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) f(i);
+  });
+#else
+  if (n <= 1 || omp_get_max_threads() == 1 || omp_in_parallel()) {
+    for (int64_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(static_cast<int>(std::min<int64_t>(n, omp_get_max_threads())))
+  for (int64_t i = 0; i < n; ++i) f(i);
+#endif
+}
+
 // IEEE float16 <-> float32, round to nearest even: F16C where the build has it, else in integer arithmetic.
 #ifndef RUNLM_STANDALONE
 using Half = c10::Half;
@@ -219,6 +237,7 @@ enum : int64_t {
   T_Q5_K = 13,
   T_Q6_K = 14,
   T_BF16 = 30,
+  T_MXFP4 = 39,
 };
 // A type id plus X4 names the same blocks in the interleaved layout (see X4 below; groups of 4 rows, 16 on AVX-512
 // builds): the 32-wide types and Q4_K, Q5_K, Q6_K.

@@ -9,11 +9,36 @@
 // whatever else the call holds: the kernels compute a row the same at any row count, and a row's experts are summed
 // in the order of their index.
 
-// One MLP's weights: gate and up stacked along the output dimension (in one or two parts), and down.
+// One MLP's weights: gate and up stacked along the output dimension (in one or two parts), and down; biases added
+// to their outputs where the model has them.
 struct MlpWeights {
   std::vector<Weight> gate_up;
   Weight down;
+  const float* gate_up_bias = nullptr;
+  const float* down_bias = nullptr;
 };
+
+// The gated MLPs' activations: act(gate) * up.
+enum Activation : int64_t {
+  kSilu = 0,
+  kGeluTanh = 1,
+  kSwigluOai = 2,  // gpt-oss: gate capped at 7, up clamped to [-7, 7], gate * sigmoid(1.702 gate) * (up + 1)
+};
+
+// rows [R, n] += bias [n], row by row.
+void add_bias_rows(float* x, int64_t R, int64_t n, const float* bias) {
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t i = 0; i < n; ++i) x[r * n + i] += bias[i];
+}
+
+// gpt-oss's clamped SwiGLU over n values.
+void swiglu_oai(const float* g, const float* u, float* out, int64_t n) {
+  constexpr float limit = 7.f, alpha = 1.702f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = std::min(g[i], limit), y = std::clamp(u[i], -limit, limit);
+    out[i] = x / (1.f + std::exp(-alpha * x)) * (y + 1.f);
+  }
+}
 
 // How a router's logits become the chosen experts' weights.
 enum ExpertGating : int64_t {
@@ -24,30 +49,36 @@ enum ExpertGating : int64_t {
 struct Experts {
   int64_t used = 0;  // experts per row (k)
   Weight router;  // [experts, hidden]
+  const float* router_bias = nullptr;  // added to the router's logits, or none
   std::vector<MlpWeights> mlps;  // one per expert
   int64_t gating = kSoftmaxTopK;
   bool normalize = false;
 };
 
 // x [R, hidden] through one MLP into out [R, hidden].
-void mlp_rows(const MlpWeights& w, bool gelu, const float* x, int64_t R, int64_t hidden, float* out) {
+void mlp_rows(const MlpWeights& w, int64_t activation, const float* x, int64_t R, int64_t hidden, float* out) {
   int64_t gate_up_rows = 0;
   for (const Weight& part : w.gate_up) gate_up_rows += part.rows;
   const int64_t ffn = gate_up_rows / 2;
   std::vector<float> gate_up(R * gate_up_rows), act(R * ffn);
   linear_parts_rows(x, R, hidden, w.gate_up, gate_up.data());
+  if (w.gate_up_bias != nullptr) add_bias_rows(gate_up.data(), R, gate_up_rows, w.gate_up_bias);
   const float* gu = gate_up.data();
   float* ap = act.data();
   parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      if (gelu) {
-        gated_activation<true>(gu + r * 2 * ffn, gu + r * 2 * ffn + ffn, ap + r * ffn, ffn);
+      const float* gate = gu + r * 2 * ffn;
+      if (activation == kGeluTanh) {
+        gated_activation<true>(gate, gate + ffn, ap + r * ffn, ffn);
+      } else if (activation == kSwigluOai) {
+        swiglu_oai(gate, gate + ffn, ap + r * ffn, ffn);
       } else {
-        gated_activation<false>(gu + r * 2 * ffn, gu + r * 2 * ffn + ffn, ap + r * ffn, ffn);
+        gated_activation<false>(gate, gate + ffn, ap + r * ffn, ffn);
       }
     }
   });
   linear_rows(act.data(), R, ffn, w.down, out);
+  if (w.down_bias != nullptr) add_bias_rows(out, R, hidden, w.down_bias);
 }
 
 // A row's chosen experts and their weights from its router logits (k of them, in order of preference; ties to the
@@ -76,32 +107,47 @@ void choose_experts(const float* logits, int64_t n, const Experts& e, int64_t* c
     for (int64_t j = 0; j < e.used; ++j) weights[j] /= kept;
 }
 
-// x [R, hidden] through the mixture of experts into out [R, hidden].
-void experts_rows(const Experts& e, bool gelu, const float* x, int64_t R, int64_t hidden, float* out) {
+// x [R, hidden] through the mixture of experts into out [R, hidden]. The experts the rows chose are tasks spread over
+// the threads (each expert's GEMMs then run on one thread): a decode step's few-row GEMMs would otherwise each pay a
+// fork and join of every thread, two per expert and layer.
+void experts_rows(const Experts& e, int64_t activation, const float* x, int64_t R, int64_t hidden, float* out) {
   const int64_t n = static_cast<int64_t>(e.mlps.size()), k = e.used;
   std::vector<float> logits(R * n), weights(R * k);
   std::vector<int64_t> chosen(R * k);
   linear_rows(x, R, hidden, e.router, logits.data());
+  if (e.router_bias != nullptr) add_bias_rows(logits.data(), R, n, e.router_bias);
   for (int64_t r = 0; r < R; ++r) choose_experts(logits.data() + r * n, n, e, chosen.data() + r * k, weights.data() + r * k);
-  // each expert's rows, in row order, with the weight the row gives it
-  std::vector<std::vector<std::pair<int64_t, float>>> rows_of(n);
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t j = 0; j < k; ++j) rows_of[chosen[r * k + j]].push_back({r, weights[r * k + j]});
-  std::fill(out, out + R * hidden, 0.f);
-  std::vector<float> gathered, result;
-  for (int64_t expert = 0; expert < n; ++expert) {
-    const auto& rows = rows_of[expert];
-    const int64_t m = static_cast<int64_t>(rows.size());
-    if (m == 0) continue;
-    gathered.resize(m * hidden), result.resize(m * hidden);
+  // each expert's choices (row * k + j: row's j-th choice), in row order
+  std::vector<std::vector<int64_t>> choices_of(n);
+  for (int64_t c = 0; c < R * k; ++c) choices_of[chosen[c]].push_back(c);
+  std::vector<int64_t> active;
+  for (int64_t expert = 0; expert < n; ++expert)
+    if (!choices_of[expert].empty()) active.push_back(expert);
+  std::vector<float> results(R * k * hidden);  // each choice's expert output
+  parallel_tasks(static_cast<int64_t>(active.size()), [&](int64_t task) {
+    const int64_t expert = active[task];
+    const std::vector<int64_t>& choices = choices_of[expert];
+    const int64_t m = static_cast<int64_t>(choices.size());
+    std::vector<float> gathered(m * hidden), result(m * hidden);
     for (int64_t i = 0; i < m; ++i)
-      std::memcpy(gathered.data() + i * hidden, x + rows[i].first * hidden, sizeof(float) * hidden);
-    mlp_rows(e.mlps[expert], gelu, gathered.data(), m, hidden, result.data());
-    for (int64_t i = 0; i < m; ++i) {
-      float* o = out + rows[i].first * hidden;
-      const float* y = result.data() + i * hidden;
-      const float w = rows[i].second;
-      for (int64_t c = 0; c < hidden; ++c) o[c] += w * y[c];
+      std::memcpy(gathered.data() + i * hidden, x + choices[i] / k * hidden, sizeof(float) * hidden);
+    mlp_rows(e.mlps[expert], activation, gathered.data(), m, hidden, result.data());
+    for (int64_t i = 0; i < m; ++i)
+      std::memcpy(results.data() + choices[i] * hidden, result.data() + i * hidden, sizeof(float) * hidden);
+  });
+  // each row's experts weighed and summed in the order of their index
+  parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+    std::vector<int64_t> order(k);
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t j = 0; j < k; ++j) order[j] = r * k + j;
+      std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return chosen[a] < chosen[b]; });
+      float* o = out + r * hidden;
+      std::fill(o, o + hidden, 0.f);
+      for (const int64_t c : order) {
+        const float* y = results.data() + c * hidden;
+        const float w = weights[c];
+        for (int64_t i = 0; i < hidden; ++i) o[i] += w * y[i];
+      }
     }
-  }
+  });
 }

@@ -105,6 +105,54 @@ struct Q8_0 {
   }
 };
 
+// MXFP4 (gpt-oss's experts): 32 4-bit E2M1 codes sharing one power-of-two scale, an E8M0 exponent byte. The codes'
+// values are kept doubled as integers ({0, 1, 2, 3, 4, 6, 8, 12} and their negatives), the scale halved.
+constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// 2^(e - 128): the E8M0 scale, halved for the doubled code values (e 0 and 1 are subnormal floats).
+inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+struct MXFP4 {
+  static constexpr int QK = 32, SIZE = 17, G = 32;
+  using Act = A32;
+  static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    for (int j = 0; j < 16; ++j) {
+      q[j] = kMxfp4Values[b[1 + j] & 0x0F];
+      q[j + 16] = kMxfp4Values[b[1 + j] >> 4];
+    }
+    isc[0] = 1, imn[0] = 0, *d = e8m0_half(b[0]), *dm = 0.f;
+  }
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+#if RUNLM_AVX2
+    // each (weight row, activation row) pair: one float chain of block sums, whatever the tile
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4Values)));
+    __m256 acc[RW * R];
+    for (int k = 0; k < RW * R; ++k) acc[k] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int i = 0; i < RW; ++i) {
+        const uint8_t* blk = w[i] + b * SIZE;
+        const __m256i q = _mm256_shuffle_epi8(table, nibbles32(blk + 1));
+        const float dw = e8m0_half(blk[0]);
+        for (int r = 0; r < R; ++r) {
+          const A32& ab = a[r][b];
+          const __m256 p = _mm256_cvtepi32_ps(prod_s8s8(q, load256(ab.qs)));
+          acc[i * R + r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab.d), p, acc[i * R + r]);
+        }
+      }
+    }
+    for (int k = 0; k < RW * R; ++k) out[k] = hsum_ps(acc[k]);
+#else
+    scalar_dot<MXFP4, RW, R>(w, a, nb, out);
+#endif
+  }
+};
+
 struct Q2_K {
   static constexpr int QK = QK_K, SIZE = 84, G = 16, D_AT = 80;  // D_AT: f16 d, then dmin
   static constexpr bool kMins = true;
