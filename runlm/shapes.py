@@ -13,6 +13,7 @@ The numbers below are the published config.json values of each model (Hugging Fa
 | llama-3b | llama | 3072 | 28 | 24/8 | 128 | 8192 | 128,256 | yes | 5e5, llama3 (a) | 3,212,749,824 |
 | qwen3-1.7b | qwen3 | 2048 | 28 | 16/8 | 128 | 6144 | 151,936 | yes | 1e6 (q/k norms) | 1,720,574,976 |
 | gemma3-1b | gemma3 | 1152 | 26 | 4/1 | 256 | 6912 | 262,144 | yes | 1e6 global, 1e4 local | 999,885,952 |
+| gpt-oss-20b-6l | gpt-oss | 2880 | 6 (d) | 64/8 | 64 | 32x2880 (e) | 201,088 | no | 1.5e5, YaRN x32 | 6.10B |
 | qwen3-30b-a3b-12l | qwen3moe | 2048 | 12 (b) | 32/4 | 128 | 128x768 (c) | 151,936 | no | 1e6 (q/k norms) | 8.10B |
 
 (a) llama3 rope scaling: factor 32, low_freq_factor 1, high_freq_factor 4, original context 8192, written as
@@ -25,6 +26,10 @@ pattern is 5 local layers then 1 global, and query_pre_attn_scalar is 256 (= hea
 is the real model's, so its speed ratios hold). (c) 128 experts of 768 per layer, 8 used per token: 3.3B active
 parameters per token at 48 layers (the embedding included), 1.3B at 12. Its router (`ffn_gate_inp`) is written at
 F32, as llama.cpp's converter and quantizer keep it.
+
+(d) gpt-oss-20b has 24 layers (its shape keeps 6, for the disk, as (b)); sliding windows of 128 in every other layer,
+attention sinks, biases (written as zeros) on every projection. (e) 32 experts of 2880, 4 used per token, MXFP4 in its
+released file (quantize with `MXFP4_MOE`: MXFP4 experts, Q8_0 elsewhere).
 
 Tokenizer: the real SmolLM2 GGUF's `tokenizer.ggml.*` metadata (a 49,152-token byte-level BPE, chat
 template included), padded to the shape's real vocabulary with `[PAD{i}]` tokens of type UNUSED, the way
@@ -86,6 +91,7 @@ class Shape:
     tied: bool = True
     llama3_rope: tuple[float, float, float, int] | None = None  # factor, low_freq, high_freq, original context
     sliding_window: int | None = None  # gemma3: local layers' window; llama.cpp fixes the pattern at 5 local : 1
+    yarn: tuple[float, int] | None = None  # YaRN's factor and original context (gpt-oss)
     experts: int = 0  # a mixture of experts in every block (qwen3moe): how many, how many a token uses, their width
     experts_used: int = 0
     expert_ffn: int = 0
@@ -107,6 +113,9 @@ class Shape:
             if self.arch in ("qwen3", "qwen3moe", "gemma3"):
                 yield blk + "attn_q_norm.weight", (self.head_dim,)
                 yield blk + "attn_k_norm.weight", (self.head_dim,)
+            if self.arch == "gpt-oss":
+                yield from self._gpt_oss_extras(blk, q, kv)
+                continue
             if self.arch == "gemma3":
                 yield blk + "post_attention_norm.weight", (self.hidden,)
                 yield blk + "post_ffw_norm.weight", (self.hidden,)
@@ -123,6 +132,21 @@ class Shape:
         yield "output_norm.weight", (self.hidden,)
         if not self.tied:
             yield "output.weight", (self.vocab, self.hidden)
+
+    def _gpt_oss_extras(self, blk: str, q: int, kv: int) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """The rest of a gpt-oss block: biases on every projection, the sinks, and its experts."""
+        yield blk + "attn_q.bias", (q,)
+        yield blk + "attn_k.bias", (kv,)
+        yield blk + "attn_v.bias", (kv,)
+        yield blk + "attn_output.bias", (self.hidden,)
+        yield blk + "attn_sinks.weight", (self.heads,)
+        yield blk + "post_attention_norm.weight", (self.hidden,)
+        yield blk + "ffn_gate_inp.weight", (self.experts, self.hidden)
+        yield blk + "ffn_gate_inp.bias", (self.experts,)
+        for part, rows, cols in (("gate", self.expert_ffn, self.hidden), ("up", self.expert_ffn, self.hidden),
+                                 ("down", self.hidden, self.expert_ffn)):
+            yield blk + f"ffn_{part}_exps.weight", (self.experts, rows, cols)
+            yield blk + f"ffn_{part}_exps.bias", (self.experts, rows)
 
     def parameter_count(self) -> int:
         return sum(math.prod(shape) for name, shape in self.tensors() if name != "rope_freqs.weight")
@@ -149,6 +173,9 @@ SHAPES: dict[str, Shape] = {
         Shape("gemma3-1b", "gemma3", "google/gemma-3-1b-it", hidden=1152, layers=26, heads=4, kv_heads=1,
               head_dim=256, ffn=6912, vocab=262144, context=32768, rms_eps=1e-6, rope_theta=1000000.0,
               sliding_window=512),
+        Shape("gpt-oss-20b-6l", "gpt-oss", "openai/gpt-oss-20b", hidden=2880, layers=6, heads=64, kv_heads=8,
+              head_dim=64, ffn=2880, vocab=201088, context=131072, rms_eps=1e-5, rope_theta=150000.0, tied=False,
+              sliding_window=128, experts=32, experts_used=4, expert_ffn=2880, yarn=(32.0, 4096)),
         Shape("qwen3-30b-a3b-12l", "qwen3moe", "Qwen/Qwen3-30B-A3B", hidden=2048, layers=12, heads=32, kv_heads=4,
               head_dim=128, ffn=6144, vocab=151936, context=40960, rms_eps=1e-6, rope_theta=1000000.0, tied=False,
               experts=128, experts_used=8, expert_ffn=768),
@@ -273,13 +300,15 @@ def write_shape(shape: Shape, path: Path, float_type: str = "F16", seed: int = 0
 
 
 def _kept_f32(name: str, dims: tuple[int, ...]) -> bool:
-    """Vectors (norms, rope factors) and routers stay float32 in real files."""
-    return len(dims) == 1 or name.endswith("ffn_gate_inp.weight")
+    """Vectors (norms, rope factors), biases and routers stay float32 in real files."""
+    return len(dims) == 1 or name.endswith(("ffn_gate_inp.weight", ".bias"))
 
 
 def _tensor_values(shape: Shape, name: str, dims: tuple[int, ...], matrix_dtype, rng) -> np.ndarray:
     if name == "rope_freqs.weight":
         return llama3_rope_factors(shape)
+    if name.endswith(".bias"):
+        return np.zeros(dims, dtype=np.float32)
     if len(dims) == 1:  # norms: 1, the stored multiplier (Gemma's GGUF stores 1 + w too)
         return np.ones(dims, dtype=np.float32)
     out = np.empty(dims, dtype=matrix_dtype)
@@ -325,9 +354,14 @@ def _write_metadata(writer: gguf.GGUFWriter, shape: Shape, float_type: str) -> N
         writer.add_expert_count(shape.experts)
         writer.add_expert_used_count(shape.experts_used)
         writer.add_expert_feed_forward_length(shape.expert_ffn)
+    if shape.yarn:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(shape.yarn[0])
+        writer.add_rope_scaling_orig_ctx_len(shape.yarn[1])
     if shape.sliding_window:
         writer.add_sliding_window(shape.sliding_window)
-        writer.add_rope_freq_base_swa(10000.0)
+        if shape.arch == "gemma3":
+            writer.add_rope_freq_base_swa(10000.0)
 
 
 def _write_tokenizer(writer: gguf.GGUFWriter, metadata: dict, vocab: int) -> None:

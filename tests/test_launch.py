@@ -12,6 +12,7 @@ import pytest
 from reference.tiny import build_llama
 
 from runlm.pytorch import kernels
+from runlm.shapes import llama_ftypes, quantize
 
 PROMPT = "What is the capital of France?"
 BLOCKED = "torch is blocked in this test"
@@ -48,18 +49,20 @@ def test_generate_runs_without_torch_unless_asked(smollm2_gguf, without_torch):
 
 
 @pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
+@pytest.mark.skipif(not llama_ftypes(), reason="llama-cpp-python is the quantizer here")
 def test_a_model_the_native_runtime_cannot_run_runs_on_pytorch(tmp_path):
-    """A float32 GGUF's projections are not kernel types: the run says so in a line and answers on the PyTorch
-    backend, as --torch does; --native is an error naming the reason. Nothing is written beside the model."""
+    """IQ4_NL projections have no native kernels: the run says so in a line and answers on the PyTorch backend, as
+    --torch does; --native is an error naming the reason. Nothing is written beside the model."""
     build_llama(tmp_path)
-    model = tmp_path / "model.gguf"
+    model = tmp_path / "model-iq4_nl.gguf"
+    quantize(tmp_path / "model.gguf", model, llama_ftypes()["IQ4_NL"], threads=2)
     args = ("generate", "-m", str(model), "--raw", "--max-tokens", "6", "Once upon a time")
     before = sorted(tmp_path.rglob("*"))
     first, torch_path = runlm(*args), runlm(*args, "--torch")
     assert first.returncode == 0, first.stderr
     assert first.stdout == torch_path.stdout and first.stdout.strip()
     said = [line for line in first.stderr.splitlines() if "running on the PyTorch backend" in line]
-    assert len(said) == 1 and "cannot run on the native runtime" in said[0] and "F32" in said[0]
+    assert len(said) == 1 and "cannot run on the native runtime" in said[0] and "IQ4_NL" in said[0]
     assert "PyTorch backend" not in torch_path.stderr
     forced = runlm(*args, "--native")
     assert forced.returncode == 1 and forced.stderr.strip().splitlines()[-1].startswith("runlm: error:")
