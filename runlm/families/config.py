@@ -50,6 +50,7 @@ class ModelConfig:
     experts_per_token: int = 0
     expert_ffn: int = 0
     expert_normalize: bool = False
+    shared_expert_ffn: int = 0  # a shared expert's hidden width (Qwen2-MoE), 0 for none
 
     def is_sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
@@ -76,6 +77,7 @@ EXPERT_LIMITS: dict[str, tuple[int, int]] = {
     "num_experts": (1, 1 << 12),
     "experts_per_token": (1, 1 << 12),
     "expert_ffn": (1, 1 << 18),
+    "shared_expert_ffn": (0, 1 << 18),
 }
 # ModelConfig field -> (GGUF key under the architecture, config.json key), to name the key an error is about.
 KEY_NAMES: dict[str, tuple[str, str]] = {
@@ -105,6 +107,7 @@ KEY_NAMES: dict[str, tuple[str, str]] = {
     "num_experts": ("expert_count", "num_experts"),
     "experts_per_token": ("expert_used_count", "num_experts_per_tok"),
     "expert_ffn": ("expert_feed_forward_length", "moe_intermediate_size"),
+    "shared_expert_ffn": ("expert_shared_feed_forward_length", "shared_expert_intermediate_size"),
 }
 # rope_type -> the entries rope_inv_freq reads (runlm/pytorch/nn.py implements these and no others).
 ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
@@ -250,6 +253,9 @@ def expected_shapes(config: ModelConfig, qk_norm_whole: bool = False) -> Callabl
         "mlp.down_proj.weight": (hidden, config.intermediate_size),
         "mlp.gate.weight": (config.num_experts, hidden),
         "mlp.gate.bias": (config.num_experts,),
+        "mlp.shared_expert.gate_proj.weight": (config.shared_expert_ffn, hidden),
+        "mlp.shared_expert.up_proj.weight": (config.shared_expert_ffn, hidden),
+        "mlp.shared_expert.down_proj.weight": (hidden, config.shared_expert_ffn),
         "mlp.experts.gate_proj.bias": (config.num_experts, config.expert_ffn),
         "mlp.experts.up_proj.bias": (config.num_experts, config.expert_ffn),
         "mlp.experts.down_proj.bias": (config.num_experts, hidden),
@@ -374,6 +380,31 @@ def gguf_common_config(gguf) -> dict[str, Any]:
         tie_embeddings=not gguf.has("output.weight"),
         rope_dims=None if rope_dims in (None, head_dim) else rope_dims,
     )
+
+
+def gguf_experts(gguf, normalize: bool = False, required: bool = True) -> dict[str, Any]:
+    """A mixture of experts' numbers as llama.cpp writes them (ModelConfig's num_experts ...); `normalize`: whether
+    the chosen experts' weights are renormalized where the file does not say. Not `required`: none (a dense model)
+    where the file names no experts (llama's architecture holds Mixtral's experts, or none)."""
+    if not required and gguf.arch_value("expert_count") in (None, 0):
+        return {}
+    normalized = gguf.arch_value("expert_weights_norm", normalize)
+    if not isinstance(normalized, bool):
+        raise ModelLoadError(f"{gguf.path}: {gguf.architecture}.expert_weights_norm is {_show(normalized)}, expected "
+                             f"a bool")
+    return dict(num_experts=gguf_int(gguf, "expert_count"), experts_per_token=gguf_int(gguf, "expert_used_count"),
+                # Mixtral's files give the experts' width as the feed-forward length
+                expert_ffn=gguf_int(gguf, "expert_feed_forward_length", gguf_int(gguf, "feed_forward_length")),
+                expert_normalize=normalized,
+                shared_expert_ffn=gguf_int(gguf, "expert_shared_feed_forward_length", 0))
+
+
+def hf_experts(cfg: dict, ffn_key: str = "moe_intermediate_size") -> dict[str, Any]:
+    """A mixture of experts' numbers from config.json (either spelling of the expert count)."""
+    return dict(num_experts=hf_int(cfg, "num_experts" if "num_experts" in cfg else "num_local_experts"),
+                experts_per_token=hf_int(cfg, "num_experts_per_tok"), expert_ffn=hf_int(cfg, ffn_key),
+                expert_normalize=cfg.get("norm_topk_prob") is True,
+                shared_expert_ffn=hf_int(cfg, "shared_expert_intermediate_size", 0))
 
 
 def hf_int(cfg: dict, key: str, default: int | None = None) -> int:

@@ -9,8 +9,10 @@ from runlm.families.config import (
     SLIDING,
     ModelConfig,
     gguf_common_config,
+    gguf_experts,
     gguf_int,
     hf_common_config,
+    hf_experts,
     hf_int,
 )
 from runlm.families.registry import register
@@ -33,9 +35,7 @@ def config_from_gguf(gguf) -> ModelConfig:
         **common,
         sliding_window=gguf_int(gguf, "attention.sliding_window", 128),
         layer_types=_alternating(common["num_layers"]),
-        num_experts=gguf_int(gguf, "expert_count"),
-        experts_per_token=gguf_int(gguf, "expert_used_count"),
-        expert_ffn=gguf_int(gguf, "expert_feed_forward_length"),
+        **gguf_experts(gguf),
     )
 
 
@@ -45,9 +45,7 @@ def config_from_hf(cfg: dict) -> ModelConfig:
         **common,
         sliding_window=hf_int(cfg, "sliding_window", 128),
         layer_types=list(cfg.get("layer_types") or _alternating(common["num_layers"])),
-        num_experts=hf_int(cfg, "num_local_experts"),
-        experts_per_token=hf_int(cfg, "num_experts_per_tok"),
-        expert_ffn=hf_int(cfg, "intermediate_size"),
+        **hf_experts(cfg, ffn_key="intermediate_size"),
     )
 
 

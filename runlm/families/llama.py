@@ -1,9 +1,10 @@
-"""Llama 3.x and the models that share its architecture (SmolLM2 among them)."""
+"""Llama 3.x and the models that share its architecture (SmolLM2 among them; Mixtral, whose llama GGUFs hold a
+mixture of experts: a softmax's top experts, renormalized, as llama.cpp runs them)."""
 
 from __future__ import annotations
 
 from runlm.errors import ModelLoadError
-from runlm.families.config import ModelConfig, gguf_common_config, gguf_int, hf_common_config
+from runlm.families.config import ModelConfig, gguf_common_config, gguf_experts, gguf_int, hf_common_config
 from runlm.families.registry import register
 from runlm.families.spec import FamilySpec
 
@@ -19,7 +20,7 @@ def config_from_gguf(gguf) -> ModelConfig:
             f"{rope_dims}: runlm rotates whole heads (expected them equal)"
         )
     common["head_dim"] = rope_dims  # many llama GGUFs write only the rope dimension
-    return ModelConfig(**common)
+    return ModelConfig(**common, **gguf_experts(gguf, normalize=True, required=False))
 
 
 SPEC = register(FamilySpec(
@@ -29,4 +30,5 @@ SPEC = register(FamilySpec(
     config_from_gguf=config_from_gguf,
     config_from_hf=lambda cfg: ModelConfig(**hf_common_config(cfg)),
     gguf_qk_interleaved=True,
+    experts="softmax_topk",
 ))

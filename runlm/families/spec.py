@@ -45,8 +45,11 @@ class FamilySpec:
     - `hf_prefixes`: (strip, add) name prefixes to try for checkpoints that nest the text model.
     - `chat_format`: the built-in chat template for files that carry none.
     - `vision`: the family can take a vision tower (an mmproj GGUF beside the model, or a HF vision config).
-    - `experts`: the MLP is a mixture of experts routed as EXPERT_GATINGS names; None: a dense MLP. How many experts,
-      how many a token uses and their width come from the file (ModelConfig.num_experts ...).
+    - `experts`: where the file has experts, the MLP is a mixture of them, routed as EXPERT_GATINGS names; None: a
+      dense MLP always. How many experts, how many a token uses and their width come from the file
+      (ModelConfig.num_experts ...; none: a dense MLP).
+    - `shared_expert`: beside the routed experts, one every token runs, its output scaled by a sigmoid of its own
+      one-row gate (Qwen2-MoE).
     Sliding-window layers, their RoPE base, layers without RoPE, soft-caps, the attention scale, a Q/K/V bias and
     Granite's multipliers are read from the file into ModelConfig or from its tensors.
     """
@@ -71,6 +74,7 @@ class FamilySpec:
     chat_format: str | None = None
     vision: bool = False
     experts: str | None = None
+    shared_expert: bool = False
     biases: bool = False
     attention_sinks: bool = False
 
@@ -123,6 +127,12 @@ class FamilySpec:
         return f"{prefix}mlp.gate.{kind}", [experts + f"gate_proj.{kind}", experts + f"up_proj.{kind}"], (
             experts + f"down_proj.{kind}")
 
+    def shared_expert_names(self, prefix: str) -> tuple[list[str], str, str]:
+        """A block's shared expert: its gate and up weights, its down weight, and its one-row gate."""
+        shared = f"{prefix}mlp.shared_expert."
+        return [shared + "gate_proj.weight", shared + "up_proj.weight"], shared + "down_proj.weight", (
+            f"{prefix}mlp.shared_expert_gate.weight")
+
     def describe(self, config: ModelConfig) -> list[tuple[str, str]]:
         """What this model does, as read from its spec and file (`runlm info` prints it)."""
         layers = config.num_layers
@@ -147,6 +157,8 @@ class FamilySpec:
             mlp = (f"{self.activation} mixture of {config.num_experts} experts of {config.expert_ffn}, "
                    f"{config.experts_per_token} per token ({self.experts}"
                    f"{', renormalized' if config.expert_normalize else ''})")
+            if self.shared_expert:
+                mlp += f", and a shared expert of {config.shared_expert_ffn}"
         rows = [
             ("architecture", f"{self.name}: {self.norms}-norm blocks{qk}, {mlp}"),
             ("rope", rope),

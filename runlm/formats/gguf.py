@@ -444,6 +444,10 @@ _GGUF_LAYER_NAMES = {
     "mlp.experts.gate_proj": "ffn_gate_exps",  # every expert's weights in one tensor [experts, rows, cols]
     "mlp.experts.up_proj": "ffn_up_exps",
     "mlp.experts.down_proj": "ffn_down_exps",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",  # a shared expert and its one-row gate
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
 
 

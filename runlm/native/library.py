@@ -68,6 +68,7 @@ class Block(ctypes.Structure):
         ("expert_gate_up", ctypes.POINTER(Weight)), ("n_expert_gate_up", _i64), ("expert_down", ctypes.POINTER(Weight)),
         ("expert_gating", _i64), ("expert_normalize", _i64), ("o_bias", _ptr), ("sinks", _ptr), ("gate_up_bias", _ptr),
         ("down_bias", _ptr), ("router_bias", _ptr), ("expert_gate_up_bias", _ptr), ("expert_down_bias", _ptr),
+        ("shared_gate_up", Weight * 2), ("n_shared_gate_up", _i64), ("shared_down", Weight), ("shared_gate", Weight),
     ]  # fmt: skip
 
 

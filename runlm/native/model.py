@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
-from runlm.errors import ContextOverflowError, InvalidInputError
+from runlm.errors import ContextOverflowError, InvalidInputError, ModelLoadError
 from runlm.families import for_gguf
 from runlm.families.config import ModelConfig, check_config, default_attention_scale
 from runlm.families.spec import ACTIVATIONS, EXPERT_GATINGS, FamilySpec
 from runlm.formats.gguf import GGUFFile, find_mmproj
 from runlm.native import build, library
-from runlm.native.build import Q8_0_BYTES, Q8_0_VALUES
+from runlm.native.build import FLOAT_KERNEL_TYPES, Q8_0_BYTES, Q8_0_VALUES
 from runlm.native.weights import NativeRefusal, WeightReader, table
 from runlm.rope import rope_frequencies, rope_index, table_block
 
@@ -134,7 +134,7 @@ class NativeModel:
         self._kept += [part.data for part in (*qkv, o)]
         o_bias = reader.bias([p + "self_attn.o_proj.bias"]) if spec.biases else None
         sinks = reader.floats(p + "self_attn.sinks.weight") if spec.attention_sinks else None
-        mlp = self._experts(reader, p) if spec.experts else self._dense_mlp(reader, p)
+        mlp = self._experts(reader, p) if spec.experts and config.num_experts else self._dense_mlp(reader, p)
         sliding = config.is_sliding(i)
         block = library.Block(
             norms=(ctypes.c_void_p * 4)(*(None if n is None else library.address(n) for n in norms)),
@@ -170,8 +170,6 @@ class NativeModel:
     def _experts(self, reader: WeightReader, p: str) -> dict:
         """A mixture of experts' fields of library.Block: the router and every expert's gate/up and down."""
         config = self.config
-        if not config.num_experts:
-            raise NativeRefusal(f"the {self.spec.name} family has experts, but the file names none")
         router_name, gate_up_names, down_name = self.spec.expert_names(p)
         (router,) = reader.linear([router_name])
         gate_ups = reader.experts(gate_up_names)
@@ -188,7 +186,23 @@ class NativeModel:
             n_expert_gate_up=per_expert, expert_down=(library.Weight * len(downs))(*(d.weight() for d in downs)),
             expert_gating=EXPERT_GATINGS.index(self.spec.experts), expert_normalize=int(config.expert_normalize),
             **(self._expert_biases(reader, p) if self.spec.biases else {}),
+            **(self._shared_expert(reader, p) if self.spec.shared_expert else {}),
         )  # fmt: skip
+
+    def _shared_expert(self, reader: WeightReader, p: str) -> dict:
+        """A shared expert's fields of library.Block: its gate/up and down, and its one-row gate."""
+        if not self.config.shared_expert_ffn:
+            raise NativeRefusal(f"the {self.spec.name} family has a shared expert, but the file gives it no width")
+        gate_up_names, down_name, gate_name = self.spec.shared_expert_names(p)
+        gate_up = reader.linear(gate_up_names)
+        (down,) = reader.linear([down_name])
+        gate = reader.floats(gate_name)  # [1, hidden], or [hidden] as llama.cpp's quantizer leaves it
+        if gate.size != self.hidden:
+            raise ModelLoadError(f"{self.path}: {gate_name} has {gate.size} values, expected {self.hidden}")
+        self._kept += [part.data for part in (*gate_up, down)]
+        return dict(shared_gate_up=(library.Weight * 2)(*(part.weight() for part in gate_up)),
+                    n_shared_gate_up=len(gate_up), shared_down=down.weight(),
+                    shared_gate=library.Weight(self._address(gate.reshape(1, -1)), FLOAT_KERNEL_TYPES["F32"], 1))
 
     def _expert_biases(self, reader: WeightReader, p: str) -> dict:
         """The router's and the experts' biases, where the file has them: gate's and up's stacked per expert."""

@@ -18,7 +18,7 @@ from runlm.rope import rope_frequencies, rope_index
 
 def build_decoder(spec: FamilySpec, config: ModelConfig, weights: WeightLoader) -> DecoderLM:
     """Embedding, one block per layer as the spec places its norms, final norm and LM head."""
-    if spec.experts:
+    if spec.experts and config.num_experts:
         raise ModelLoadError(f"{weights.source.path}: {spec.name} is a mixture of experts, which runs on the native "
                              f"runtime only: load its GGUF file (the PyTorch backend has no experts)")
     offset = 0.0 if isinstance(weights.source, GGUFSource) else spec.norm_offset  # GGUF stores 1 + w already

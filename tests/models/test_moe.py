@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from reference.converted import MOE_FAMILIES, build
+from reference.converted import ARCHITECTURES, MOE_FAMILIES, build
 from reference.llama_cpp_reference import llama_cpp_greedy
 
 from runlm import load
@@ -43,7 +43,7 @@ def test_f32_logits_match_transformers(converted):
     from transformers import AutoModelForCausalLM
 
     family, gguf = converted
-    assert GGUFFile(gguf).architecture == family
+    assert GGUFFile(gguf).architecture == ARCHITECTURES.get(family, family)
     reference = AutoModelForCausalLM.from_pretrained(gguf.parent / "hf", dtype=torch.float32).eval()
     with torch.no_grad():
         expected = reference(torch.tensor([PROMPT])).logits[0].numpy()
@@ -101,27 +101,31 @@ def test_info_describes_the_experts(converted, capsys):
     family, gguf = converted
     assert main(["info", str(gguf)]) == 0
     out = capsys.readouterr().out
-    gating = {"qwen3moe": "softmax_topk, renormalized", "gpt-oss": "topk_softmax"}[family]
+    gating = {"qwen3moe": "softmax_topk, renormalized", "gpt-oss": "topk_softmax", "qwen2moe": "softmax_topk",
+              "mixtral": "softmax_topk, renormalized"}[family]
     assert "swiglu_oai mixture" in out or family != "gpt-oss"
     assert f"mixture of 8 experts of 256, 2 per token ({gating})" in out
+    assert ("and a shared expert of 512" in out) == (family == "qwen2moe")
 
 
 def test_experts_the_file_cannot_have_are_refused(converted):
     family, gguf = converted
     spec, config = model_config(GGUFFile(gguf))
     for change, message in (({"experts_per_token": 9}, "expert_used_count is 9, more than the 8 experts"),
-                            ({"num_experts": 0, "experts_per_token": 0}, "names none"),
+                            ({"num_experts": 0, "experts_per_token": 0}, "missing tensor .*ffn_gate.weight"),
                             ({"expert_ffn": 1 << 20}, "expert_feed_forward_length is 1048576")):
         with pytest.raises(ModelLoadError, match=message):
             bad = replace(config, **change)
-            check_config(bad, "f.gguf", "gguf", family)
+            check_config(bad, "f.gguf", "gguf", ARCHITECTURES.get(family, family))
             NativeModel(GGUFFile(gguf), described=(spec, bad))
 
 
 def test_the_pytorch_backend_refuses_experts_in_one_line(converted):
     family, gguf = converted
     for path in (gguf, gguf.parent / "hf"):
-        with pytest.raises(ModelLoadError, match="mixture of experts, which runs on the native runtime only"):
+        # (a Mixtral directory's model_type names no family: refused as such)
+        with pytest.raises(ModelLoadError, match="mixture of experts, which runs on the native runtime only|"
+                                                 "model_type 'mixtral'"):
             load(str(path), runtime="torch" if path == gguf else "auto")
 
 

@@ -133,6 +133,15 @@ MOE_FAMILIES = {
     "qwen3moe": _tiny("Qwen3MoeConfig", "Qwen3MoeForCausalLM", rms_norm_eps=1e-6, tie_word_embeddings=False,
                       num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256, norm_topk_prob=True,
                       rope_theta=1e6),
+    # a shared expert beside the routed ones (its output gated by a sigmoid), Q/K/V biases, weights not renormalized
+    "qwen2moe": _tiny("Qwen2MoeConfig", "Qwen2MoeForCausalLM", rms_norm_eps=1e-6, tie_word_embeddings=False,
+                      num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
+                      shared_expert_intermediate_size=512, norm_topk_prob=False, decoder_sparse_step=1,
+                      mlp_only_layers=[], rope_theta=1e6),
+    # llama's architecture with experts (llama.cpp writes Mixtral so)
+    "mixtral": _tiny("MixtralConfig", "MixtralForCausalLM", rms_norm_eps=1e-5, tie_word_embeddings=False,
+                     num_local_experts=8, num_experts_per_tok=2, intermediate_size=256, sliding_window=None,
+                     rope_theta=1e6),
     # sliding windows of 8 in every other layer, YaRN stretching a 64-position original context 4x. gpt-oss blends
     # YaRN over its exact correction range, llama.cpp over that range rounded out to whole dimensions (and with betas
     # 32 and 1 whatever the file says): this base puts the range's end just under 6 and its start below 0, where the
@@ -146,8 +155,8 @@ MOE_FAMILIES = {
 
 
 # what each tiny model's GGUF says it is, and the runlm family that reads it, where those are not its name
-ARCHITECTURES = {"mistral": "llama", "qwen2-yarn": "qwen2"}
-RUNLM_FAMILIES = {"mistral": "llama32", "qwen2-yarn": "qwen2"}
+ARCHITECTURES = {"mistral": "llama", "qwen2-yarn": "qwen2", "mixtral": "llama"}
+RUNLM_FAMILIES = {"mistral": "llama32", "qwen2-yarn": "qwen2", "mixtral": "llama32"}
 
 
 def build(family: str, directory: Path, seed: int = 7) -> Path:

@@ -56,6 +56,11 @@ struct RlBlock {
   const float* router_bias;  // [n_experts]
   const float* expert_gate_up_bias;  // [n_experts, gate_up rows], expert by expert
   const float* expert_down_bias;  // [n_experts, hidden]
+  // A shared expert beside the experts (n_shared_gate_up 0: none), scaled by sigmoid(shared_gate . x):
+  RlWeight shared_gate_up[2];
+  int64_t n_shared_gate_up;
+  RlWeight shared_down;
+  RlWeight shared_gate;  // [1, hidden]
 };
 
 namespace {
@@ -104,6 +109,12 @@ Experts expert_weights(const RlBlock& in) {
   e.used = in.n_experts_used, e.gating = in.expert_gating, e.normalize = in.expert_normalize != 0;
   e.router = weight_parts(&in.router, 1)[0], e.router_bias = in.router_bias;
   RUNLM_CHECK(e.router.rows == in.n_experts, "the router must give one logit per expert");
+  if (in.n_shared_gate_up > 0) {
+    e.has_shared = true;
+    e.shared = mlp_weights(in.shared_gate_up, in.n_shared_gate_up, in.shared_down, in.hidden, nullptr, nullptr);
+    e.shared_gate = weight_parts(&in.shared_gate, 1)[0];
+    RUNLM_CHECK(e.shared_gate.rows == 1, "a shared expert's gate is one row");
+  }
   for (int64_t x = 0; x < in.n_experts; ++x) {
     const RlWeight* parts = in.expert_gate_up + x * in.n_expert_gate_up;
     int64_t rows = 0;

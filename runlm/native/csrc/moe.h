@@ -53,6 +53,10 @@ struct Experts {
   std::vector<MlpWeights> mlps;  // one per expert
   int64_t gating = kSoftmaxTopK;
   bool normalize = false;
+  // a shared expert every row runs beside the routed ones, scaled by sigmoid(shared_gate . x) (Qwen2-MoE), if any
+  bool has_shared = false;
+  MlpWeights shared;
+  Weight shared_gate;  // [1, hidden]
 };
 
 // x [R, hidden] through one MLP into out [R, hidden].
@@ -150,4 +154,12 @@ void experts_rows(const Experts& e, int64_t activation, const float* x, int64_t 
       }
     }
   });
+  if (!e.has_shared) return;
+  std::vector<float> shared(R * hidden), gate(R);
+  mlp_rows(e.shared, activation, x, R, hidden, shared.data());
+  linear_rows(x, R, hidden, e.shared_gate, gate.data());
+  for (int64_t r = 0; r < R; ++r) {
+    const float g = 1.f / (1.f + std::exp(-gate[r]));
+    for (int64_t i = 0; i < hidden; ++i) out[r * hidden + i] += g * shared[r * hidden + i];
+  }
 }
