@@ -124,6 +124,11 @@ ROPE_OPTIONAL: dict[str, tuple[str, ...]] = {
 SLIDING, FULL = "sliding_attention", "full_attention"
 
 
+def alternating_layers(layers: int) -> list[str]:
+    """Sliding-window attention in the even layers, full in the odd ones (Gemma 2, gpt-oss)."""
+    return [SLIDING if i % 2 == 0 else FULL for i in range(layers)]
+
+
 def integer(value: Any, what: str, low: int = 0, high: int = (1 << 63) - 1) -> int:
     """`value` if it is an integer within [low, high]; strings, floats and booleans are refused, not converted."""
     if type(value) is not int:

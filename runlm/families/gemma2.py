@@ -4,9 +4,8 @@ sliding-window attention in every other layer (the even ones), all with one RoPE
 from __future__ import annotations
 
 from runlm.families.config import (
-    FULL,
-    SLIDING,
     ModelConfig,
+    alternating_layers,
     gguf_common_config,
     gguf_float,
     gguf_int,
@@ -20,9 +19,6 @@ from runlm.families.spec import FamilySpec
 _LAYERS_OF_27B = 46  # which scales its queries by hidden / heads, as llama.cpp reads it
 
 
-def _alternating(layers: int) -> list[str]:
-    return [SLIDING if i % 2 == 0 else FULL for i in range(layers)]
-
 
 def config_from_gguf(gguf) -> ModelConfig:
     common = gguf_common_config(gguf)
@@ -30,7 +26,7 @@ def config_from_gguf(gguf) -> ModelConfig:
     return ModelConfig(
         **common,
         sliding_window=gguf_int(gguf, "attention.sliding_window", 4096),
-        layer_types=_alternating(n),
+        layer_types=alternating_layers(n),
         query_pre_attn_scalar=float(hidden / heads if n == _LAYERS_OF_27B else common["head_dim"]),
         final_softcap=gguf_float(gguf, "final_logit_softcapping"),
         attn_softcap=gguf_float(gguf, "attn_logit_softcapping"),
@@ -44,7 +40,7 @@ def config_from_hf(cfg: dict) -> ModelConfig:
     return ModelConfig(
         **common,
         sliding_window=hf_int(cfg, "sliding_window", 4096),
-        layer_types=list(cfg.get("layer_types") or _alternating(common["num_layers"])),
+        layer_types=list(cfg.get("layer_types") or alternating_layers(common["num_layers"])),
         query_pre_attn_scalar=number(cfg.get("query_pre_attn_scalar", common["head_dim"]),
                                      "config.json query_pre_attn_scalar"),
         final_softcap=caps["final_logit_softcapping"],

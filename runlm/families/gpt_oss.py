@@ -5,9 +5,8 @@ softmaxes the top logits and whose experts run a clamped SwiGLU. Its experts com
 from __future__ import annotations
 
 from runlm.families.config import (
-    FULL,
-    SLIDING,
     ModelConfig,
+    alternating_layers,
     gguf_common_config,
     gguf_experts,
     gguf_int,
@@ -17,10 +16,6 @@ from runlm.families.config import (
 )
 from runlm.families.registry import register
 from runlm.families.spec import FamilySpec
-
-
-def _alternating(layers: int) -> list[str]:
-    return [SLIDING if i % 2 == 0 else FULL for i in range(layers)]
 
 
 def _untruncated(scaling: dict | None) -> dict | None:
@@ -34,7 +29,7 @@ def config_from_gguf(gguf) -> ModelConfig:
     return ModelConfig(
         **common,
         sliding_window=gguf_int(gguf, "attention.sliding_window", 128),
-        layer_types=_alternating(common["num_layers"]),
+        layer_types=alternating_layers(common["num_layers"]),
         **gguf_experts(gguf),
     )
 
@@ -44,7 +39,7 @@ def config_from_hf(cfg: dict) -> ModelConfig:
     return ModelConfig(
         **common,
         sliding_window=hf_int(cfg, "sliding_window", 128),
-        layer_types=list(cfg.get("layer_types") or _alternating(common["num_layers"])),
+        layer_types=list(cfg.get("layer_types") or alternating_layers(common["num_layers"])),
         **hf_experts(cfg, ffn_key="intermediate_size"),
     )
 

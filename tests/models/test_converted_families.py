@@ -8,7 +8,7 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
-from reference.converted import ARCHITECTURES, FAMILIES, RUNLM_FAMILIES, build
+from reference.converted import ARCHITECTURES, FAMILIES, RUNLM_FAMILIES, build, transformers_logits
 from reference.llama_cpp_reference import TIES, check_greedy_agreement, llama_cpp_greedy
 
 from runlm import load
@@ -37,13 +37,9 @@ def _logits(path, ids, **options) -> tuple[np.ndarray, str]:
 
 
 def test_f32_logits_match_transformers(converted):
-    from transformers import AutoModelForCausalLM
-
     family, gguf = converted
     assert GGUFFile(gguf).architecture == ARCHITECTURES.get(family, family)
-    reference = AutoModelForCausalLM.from_pretrained(gguf.parent / "hf", dtype=torch.float32).eval()
-    with torch.no_grad():
-        expected = reference(torch.tensor([PROMPT])).logits[0].numpy()
+    expected = transformers_logits(gguf.parent / "hf", PROMPT)
     for path in (gguf, gguf.parent / "hf"):
         ours, _ = _logits(path, PROMPT)
         assert np.abs(ours - expected).max() <= 1e-4, f"{family} {path.name}"

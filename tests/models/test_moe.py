@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from reference.converted import ARCHITECTURES, MOE_FAMILIES, build
+from reference.converted import ARCHITECTURES, MOE_FAMILIES, build, transformers_logits
 from reference.llama_cpp_reference import llama_cpp_greedy
 
 from runlm import load
@@ -40,13 +40,9 @@ def _quantized(gguf, quant: str):
 
 
 def test_f32_logits_match_transformers(converted):
-    from transformers import AutoModelForCausalLM
-
     family, gguf = converted
     assert GGUFFile(gguf).architecture == ARCHITECTURES.get(family, family)
-    reference = AutoModelForCausalLM.from_pretrained(gguf.parent / "hf", dtype=torch.float32).eval()
-    with torch.no_grad():
-        expected = reference(torch.tensor([PROMPT])).logits[0].numpy()
+    expected = transformers_logits(gguf.parent / "hf", PROMPT)
     loaded = load(str(gguf))
     assert loaded.runtime == "native"
     runner = loaded.runner

@@ -159,6 +159,15 @@ ARCHITECTURES = {"mistral": "llama", "qwen2-yarn": "qwen2", "mixtral": "llama"}
 RUNLM_FAMILIES = {"mistral": "llama32", "qwen2-yarn": "qwen2", "mixtral": "llama32"}
 
 
+def transformers_logits(hf_dir: Path, ids: list[int]):
+    """transformers' float32 logits [len(ids), vocab] (numpy) of the tiny model in `hf_dir`."""
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return reference(torch.tensor([ids])).logits[0].numpy()
+
+
 def build(family: str, directory: Path, seed: int = 7) -> Path:
     """The family's tiny model as an HF directory (directory / "hf") and its f32 GGUF (directory / "f32.gguf")."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -175,4 +184,5 @@ def build(family: str, directory: Path, seed: int = 7) -> Path:
     return convert(directory / "hf", gguf)
 
 
-__all__ = ["ARCHITECTURES", "FAMILIES", "MOE_FAMILIES", "RUNLM_FAMILIES", "build", "convert", "converter_dir"]
+__all__ = ["ARCHITECTURES", "FAMILIES", "MOE_FAMILIES", "RUNLM_FAMILIES", "build", "convert", "converter_dir",
+           "transformers_logits"]
