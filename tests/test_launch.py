@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from reference.converted import build
 from reference.tiny import build_llama
 
 from runlm.pytorch import kernels
@@ -51,18 +52,18 @@ def test_generate_runs_without_torch_unless_asked(smollm2_gguf, without_torch):
 @pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
 @pytest.mark.skipif(not llama_ftypes(), reason="llama-cpp-python is the quantizer here")
 def test_a_model_the_native_runtime_cannot_run_runs_on_pytorch(tmp_path):
-    """IQ4_NL projections have no native kernels: the run says so in a line and answers on the PyTorch backend, as
+    """IQ4_XS projections have no native kernels: the run says so in a line and answers on the PyTorch backend, as
     --torch does; --native is an error naming the reason. Nothing is written beside the model."""
-    build_llama(tmp_path)
-    model = tmp_path / "model-iq4_nl.gguf"
-    quantize(tmp_path / "model.gguf", model, llama_ftypes()["IQ4_NL"], threads=2)
+    gguf = build("qwen2", tmp_path)  # rows of 256: whole IQ4_XS blocks (a narrower model's rows fall back to IQ4_NL)
+    model = tmp_path / "model-iq4_xs.gguf"
+    quantize(gguf, model, llama_ftypes()["IQ4_XS"], threads=2)
     args = ("generate", "-m", str(model), "--raw", "--max-tokens", "6", "Once upon a time")
     before = sorted(tmp_path.rglob("*"))
     first, torch_path = runlm(*args), runlm(*args, "--torch")
     assert first.returncode == 0, first.stderr
     assert first.stdout == torch_path.stdout and first.stdout.strip()
     said = [line for line in first.stderr.splitlines() if "running on the PyTorch backend" in line]
-    assert len(said) == 1 and "cannot run on the native runtime" in said[0] and "IQ4_NL" in said[0]
+    assert len(said) == 1 and "cannot run on the native runtime" in said[0] and "IQ4_XS" in said[0]
     assert "PyTorch backend" not in torch_path.stderr
     forced = runlm(*args, "--native")
     assert forced.returncode == 1 and forced.stderr.strip().splitlines()[-1].startswith("runlm: error:")

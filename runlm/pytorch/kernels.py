@@ -77,6 +77,7 @@ DENSE_MIN_ROWS: dict[str, int] = {
     "Q3_K": 128,
     "Q6_K": 192,
     "MXFP4": 48,  # not measured: as the other 32-wide types
+    "IQ4_NL": 48,  # not measured either
 }
 # dense_min_rows of a weight that always runs on the kernels (16-row groups: `GGUFLinear`)
 NEVER_DENSE = 1 << 62

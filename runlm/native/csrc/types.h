@@ -117,28 +117,35 @@ inline float e8m0_half(uint8_t e) {
   return f;
 }
 
-struct MXFP4 {
-  static constexpr int QK = 32, SIZE = 17, G = 32;
+// IQ4_NL: 32 4-bit codes picking one of 16 non-uniform levels (llama.cpp's kvalues_iq4nl), one float16 scale. Run
+// as MXFP4 is: a byte shuffle turns the codes into their levels, which meet the 8-bit activations.
+constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// The 32-value types whose codes index a table of 16 signed levels: `Scale` reads a block's scale.
+template <const int8_t* Table, float (*Scale)(const uint8_t*), int Size>
+struct TableType {
+  static constexpr int QK = 32, SIZE = Size, G = 32;
   using Act = A32;
   static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    const uint8_t* codes = b + SIZE - 16;
     for (int j = 0; j < 16; ++j) {
-      q[j] = kMxfp4Values[b[1 + j] & 0x0F];
-      q[j + 16] = kMxfp4Values[b[1 + j] >> 4];
+      q[j] = Table[codes[j] & 0x0F];
+      q[j + 16] = Table[codes[j] >> 4];
     }
-    isc[0] = 1, imn[0] = 0, *d = e8m0_half(b[0]), *dm = 0.f;
+    isc[0] = 1, imn[0] = 0, *d = Scale(b), *dm = 0.f;
   }
   template <int RW, int R>
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
 #if RUNLM_AVX2
     // each (weight row, activation row) pair: one float chain of block sums, whatever the tile
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4Values)));
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(Table)));
     __m256 acc[RW * R];
     for (int k = 0; k < RW * R; ++k) acc[k] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       for (int i = 0; i < RW; ++i) {
         const uint8_t* blk = w[i] + b * SIZE;
-        const __m256i q = _mm256_shuffle_epi8(table, nibbles32(blk + 1));
-        const float dw = e8m0_half(blk[0]);
+        const __m256i q = _mm256_shuffle_epi8(table, nibbles32(blk + SIZE - 16));
+        const float dw = Scale(blk);
         for (int r = 0; r < R; ++r) {
           const A32& ab = a[r][b];
           const __m256 p = _mm256_cvtepi32_ps(prod_s8s8(q, load256(ab.qs)));
@@ -148,10 +155,16 @@ struct MXFP4 {
     }
     for (int k = 0; k < RW * R; ++k) out[k] = hsum_ps(acc[k]);
 #else
-    scalar_dot<MXFP4, RW, R>(w, a, nb, out);
+    scalar_dot<TableType, RW, R>(w, a, nb, out);
 #endif
   }
 };
+
+inline float mxfp4_scale(const uint8_t* b) { return e8m0_half(b[0]); }
+inline float f16_scale(const uint8_t* b) { return f16(b); }
+
+using MXFP4 = TableType<kMxfp4Values, mxfp4_scale, 17>;
+using IQ4_NL = TableType<kIq4NlValues, f16_scale, 18>;
 
 struct Q2_K {
   static constexpr int QK = QK_K, SIZE = 84, G = 16, D_AT = 80;  // D_AT: f16 d, then dmin
