@@ -125,9 +125,10 @@ class NativeModel:
         spec, config = self.spec, self.config
         p = f"model.layers.{i}."
         spec.refuse_unapplied(reader.has, i, self.path, config)
-        norms = [None if name is None else self._keep(reader.floats(p + name + ".weight")) for name in spec.norm_names]
-        q_norm = self._keep(reader.floats(p + "self_attn.q_norm.weight")) if spec.qk_norm else None
-        k_norm = self._keep(reader.floats(p + "self_attn.k_norm.weight")) if spec.qk_norm else None
+        norms = [None if name is None else self._address(reader.floats(p + name + ".weight"))
+                 for name in spec.norm_names]
+        q_norm = self._address(reader.floats(p + "self_attn.q_norm.weight")) if spec.qk_norm else None
+        k_norm = self._address(reader.floats(p + "self_attn.k_norm.weight")) if spec.qk_norm else None
         qkv = reader.linear(spec.qkv_names(p))
         qkv_bias = reader.bias(spec.qkv_names(p, "bias"))
         (o,) = reader.linear([p + "self_attn.o_proj.weight"])
@@ -137,11 +138,8 @@ class NativeModel:
         mlp = self._experts(reader, p) if spec.experts and config.num_experts else self._dense_mlp(reader, p)
         sliding = config.is_sliding(i)
         block = library.Block(
-            norms=(ctypes.c_void_p * 4)(*(None if n is None else library.address(n) for n in norms)),
-            n_norms=len(norms),
-            hidden=self.hidden, eps=config.rms_eps,
-            q_norm=None if q_norm is None else library.address(q_norm),
-            k_norm=None if k_norm is None else library.address(k_norm),
+            norms=(ctypes.c_void_p * 4)(*norms), n_norms=len(norms), hidden=self.hidden, eps=config.rms_eps,
+            q_norm=q_norm, k_norm=k_norm,
             qkv=(library.Weight * 3)(*(part.weight() for part in qkv)), n_qkv=len(qkv), o=o.weight(),
             **mlp, activation=ACTIVATIONS.index(spec.activation),
             rope=rope_index(config, i), window=config.sliding_window if sliding else 0,
@@ -156,16 +154,21 @@ class NativeModel:
     def _dense_mlp(self, reader: WeightReader, p: str) -> dict:
         """A dense MLP's fields of library.Block."""
         gate_up_names = self.spec.gate_up_names(p)
-        gate_up = reader.linear(gate_up_names)
-        (down,) = reader.linear([p + "mlp.down_proj.weight"])
-        self._kept += [part.data for part in (*gate_up, down)]
-        biases = {}
+        fields = self._mlp(reader, gate_up_names, p + "mlp.down_proj.weight")
         if self.spec.biases:
             gate_up_bias = reader.bias([name.removesuffix("weight") + "bias" for name in gate_up_names])
-            biases = dict(gate_up_bias=self._address(gate_up_bias),
+            fields.update(gate_up_bias=self._address(gate_up_bias),
                           down_bias=self._address(reader.bias([p + "mlp.down_proj.bias"])))
-        return dict(gate_up=(library.Weight * 2)(*(part.weight() for part in gate_up)), n_gate_up=len(gate_up),
-                    down=down.weight(), **biases)
+        return fields
+
+    def _mlp(self, reader: WeightReader, gate_up_names: list[str], down_name: str, field: str = "") -> dict:
+        """One gated MLP's weights as library.Block's fields (`field` + gate_up, n_gate_up, down): gate and up
+        stacked (in one or two parts), and down."""
+        gate_up = reader.linear(gate_up_names)
+        (down,) = reader.linear([down_name])
+        self._kept += [part.data for part in (*gate_up, down)]
+        return {f"{field}gate_up": (library.Weight * 2)(*(part.weight() for part in gate_up)),
+                f"n_{field}gate_up": len(gate_up), f"{field}down": down.weight()}
 
     def _experts(self, reader: WeightReader, p: str) -> dict:
         """A mixture of experts' fields of library.Block: the router and every expert's gate/up and down."""
@@ -194,14 +197,10 @@ class NativeModel:
         if not self.config.shared_expert_ffn:
             raise NativeRefusal(f"the {self.spec.name} family has a shared expert, but the file gives it no width")
         gate_up_names, down_name, gate_name = self.spec.shared_expert_names(p)
-        gate_up = reader.linear(gate_up_names)
-        (down,) = reader.linear([down_name])
         gate = reader.floats(gate_name)  # [1, hidden], or [hidden] as llama.cpp's quantizer leaves it
         if gate.size != self.hidden:
             raise ModelLoadError(f"{self.path}: {gate_name} has {gate.size} values, expected {self.hidden}")
-        self._kept += [part.data for part in (*gate_up, down)]
-        return dict(shared_gate_up=(library.Weight * 2)(*(part.weight() for part in gate_up)),
-                    n_shared_gate_up=len(gate_up), shared_down=down.weight(),
+        return dict(**self._mlp(reader, gate_up_names, down_name, field="shared_"),
                     shared_gate=library.Weight(self._address(gate.reshape(1, -1)), FLOAT_KERNEL_TYPES["F32"], 1))
 
     def _expert_biases(self, reader: WeightReader, p: str) -> dict:
@@ -217,12 +216,10 @@ class NativeModel:
 
     def _address(self, array: np.ndarray | None) -> int | None:
         """Where a float32 copy of `array`, kept for the stack's life, lies (None for no array)."""
-        return None if array is None else library.address(self._keep(array))
-
-    def _keep(self, array: np.ndarray) -> np.ndarray:
-        array = np.ascontiguousarray(array, dtype=np.float32)
-        self._kept.append(array)
-        return array
+        if array is None:
+            return None
+        self._kept.append(np.ascontiguousarray(array, dtype=np.float32))
+        return library.address(self._kept[-1])
 
     @property
     def family(self) -> str:

@@ -314,9 +314,7 @@ void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, co
   norm_or_copy(hp, R, hidden, b.norms[0], b.eps, normed.data());
   linear_parts_rows(normed.data(), R, hidden, b.qkv, xqkv.data());
   float* xp = xqkv.data();
-  if (b.qkv_bias != nullptr)
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t i = 0; i < stride; ++i) xp[r * stride + i] += b.qkv_bias[i];
+  if (b.qkv_bias != nullptr) add_bias_rows(xp, R, stride, b.qkv_bias);
   if (b.qk_norm_whole) {
     if (b.q_norm != nullptr) norm_heads(xp, R, stride, 0, 1, q_width, b.q_norm, b.eps);
     if (b.k_norm != nullptr) norm_heads(xp, R, stride, q_width, 1, kv_width, b.k_norm, b.eps);
