@@ -18,6 +18,7 @@ from runlm import load
 from runlm.cli import commands as cli
 from runlm.engine import StreamRecord
 from runlm.engine.embeddings import embed, embedding_ids
+from runlm.engine.reasoning import ThinkingPlan
 from runlm.native import build
 from runlm.pytorch import kernels
 
@@ -191,6 +192,27 @@ def test_streamed_reply_on_a_terminal_shows_escapes_as_text(monkeypatch, stdout,
     args = SimpleNamespace(max_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=None)
     monkeypatch.setattr(sys, "stdout", stdout)
     assert cli._stream_reply(engine, "prompt", args) == "".join(pieces)
+    assert stdout.getvalue() == want
+
+
+@pytest.mark.parametrize(("plan", "pieces"), [
+    (ThinkingPlan("think"), ["<think>\nTwo and", " two.\n</think>\n\nIt is", " 4."]),
+    (ThinkingPlan("harmony"), ["<|channel|>analysis<|message|>Two and", " two.<|end|><|start|>assistant",
+                               "<|channel|>final<|message|>It is", " 4."]),
+])
+@pytest.mark.parametrize(("stdout", "hide", "want"), [
+    (Terminal, False, f"{cli.THINKING_STYLE}Two and two.{cli.ANSWER_STYLE}\n\nIt is 4.\n"),
+    (io.StringIO, False, "Two and two.\n\nIt is 4.\n"),
+    (Terminal, True, "It is 4.\n"),
+])
+def test_the_thinking_prints_dimmed_before_the_answer_or_not_at_all(monkeypatch, plan, pieces, stdout, hide, want):
+    """The chat keeps only the answer for the next turn."""
+    engine = SimpleNamespace(tokenizer=SimpleNamespace(encode_prompt=lambda text: [1]),
+                             generate=lambda request: iter(StreamRecord(text=p) for p in pieces))
+    args = SimpleNamespace(max_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=None, hide_thinking=hide)
+    stdout = stdout()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    assert cli._stream_reply(engine, "prompt", args, thinking=plan) == "It is 4."
     assert stdout.getvalue() == want
 
 

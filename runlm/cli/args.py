@@ -11,6 +11,7 @@ import time
 import webbrowser
 from collections.abc import Callable
 
+from runlm.engine.reasoning import REASONING_FORMATS
 from runlm.engine.speculative import DEFAULT_DRAFT_MAX, SPECULATIVE_MODES, Speculation
 from runlm.errors import RunlmError, TokenizerError
 from runlm.runner import ServedModel
@@ -99,6 +100,7 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--stats", action="store_true",
                      help="print the prompt and decode speeds and the drafts kept, on stderr")
     gen.add_argument("--system", default=None, help="system prompt (chat models)")
+    gen.add_argument("--hide-thinking", action="store_true", help="print only the answer, not the thinking before it")
     gen.add_argument("--image", default=None, help="an image file (PNG, JPEG...) for vision models; greedy decoding")
     gen.add_argument("--mmproj", default=None, help="llama.cpp vision projector GGUF for a GGUF model")
     _add_path_choice(gen)
@@ -109,6 +111,7 @@ def add_chat_arguments(chat: argparse.ArgumentParser) -> None:
     add_model_arguments(chat)
     add_sampling_arguments(chat)
     chat.add_argument("--system", default=None)
+    chat.add_argument("--hide-thinking", action="store_true", help="print only the answers, not the thinking")
     chat.add_argument("--web", action="store_true", help="serve the chat page and open it in a browser")
     chat.add_argument("--port", type=int, default=8000)
     _add_path_choice(chat)
@@ -144,10 +147,11 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--special-tokens-in-content", action="store_true",
                        help="special-token strings in message text become control tokens (default: text; only "
                             "the chat template's own markers are control tokens)")
-    serve.add_argument("--reasoning-format", choices=("auto", "none", "think", "deepseek"), default="auto",
-                       help="give a reply's <think> phase apart from its answer (reasoning_content, Anthropic "
-                            "thinking blocks, Ollama's thinking): auto where the chat template thinks, none: "
-                            "leave it in the answer; 'deepseek' is llama-server's name for think")
+    serve.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="auto",
+                       help="give a reply's thinking apart from its answer (reasoning_content, Anthropic thinking "
+                            "blocks, Ollama's thinking): auto: <think> or gpt-oss's harmony channels, where the "
+                            "chat template writes them; none: leave it in the answer; 'deepseek' is llama-server's "
+                            "name for think")
     serve.add_argument("--reasoning-budget", type=int, default=-1,
                        help="tokens a reply may think before it is made to close its <think> phase and answer "
                             "(default -1: no bound; 0: the template's thinking off); a request's reasoning_budget or "

@@ -29,6 +29,7 @@ from runlm.cluster.simulate import add_arguments as add_simulation_arguments
 from runlm.cluster.simulate import run_from_args as run_simulation_from_args
 from runlm.engine import Engine, GenerationRequest, ImageInput
 from runlm.engine.core import Usage
+from runlm.engine.reasoning import ThinkingPlan
 from runlm.engine.speculative import Speculation
 from runlm.errors import CatalogError, RunlmError
 from runlm.pixels import image_to_rgb
@@ -149,6 +150,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise RunlmError(f"{loaded.path.name}: this {loaded.family} model has no vision tower and cannot take images")
     if image is not None and marker not in prompt:
         prompt = marker + prompt  # an image with no marker goes before the text, inside the user turn
+    thinking = ThinkingPlan()  # a raw prompt's reply is printed as it comes
     if args.raw or loaded.chat_template is None:
         text = prompt
     else:
@@ -156,7 +158,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             {"role": "user", "content": prompt}
         ]
         text = loaded.chat_template.render(messages)
-    _stream_reply(_engine(loaded, args), text, args, image)
+        thinking = ThinkingPlan.for_prompt("auto", loaded.chat_template.source, text)
+    _stream_reply(_engine(loaded, args), text, args, image, thinking)
     return 0
 
 
@@ -165,8 +168,14 @@ def _engine(loaded: ServedModel, args: argparse.Namespace) -> Engine:
                   speculation=speculation_of(args, loaded))
 
 
-def _stream_reply(engine, text: str, args: argparse.Namespace, image=None) -> str:
-    """Print the reply to a rendered prompt as it is produced; return its text."""
+# how a reply's thinking shows on a terminal: dimmed, then the style reset for the answer
+THINKING_STYLE, ANSWER_STYLE = "\x1b[2m", "\x1b[0m"
+
+
+def _stream_reply(engine, text: str, args: argparse.Namespace, image=None,
+                  thinking: ThinkingPlan = ThinkingPlan()) -> str:
+    """Print the reply to a rendered prompt as it is produced, its thinking (split off as `thinking` says) dimmed
+    on a terminal, or left out with --hide-thinking; return the answer's text."""
     if args.max_tokens < 1:
         raise RunlmError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     request = GenerationRequest(prompt_ids=[], max_tokens=args.max_tokens, sampling=sampling_params(args))
@@ -174,17 +183,36 @@ def _stream_reply(engine, text: str, args: argparse.Namespace, image=None) -> st
         engine.with_image(request, text, image)
     else:
         request.prompt_ids = engine.tokenizer.encode_prompt(text)
-    pieces = []
-    shown = terminal_safe if sys.stdout.isatty() else str
+    answer: list[str] = []
+    terminal = sys.stdout.isatty()
+    shown = terminal_safe if terminal else str
+    hide = getattr(args, "hide_thinking", False)
+    splitter = thinking.splitter()
+    state = {"thought": False, "answered": False}
+
+    def write(reasoning: str, content: str) -> None:
+        if reasoning and not hide:
+            if not state["thought"]:
+                sys.stdout.write(THINKING_STYLE if terminal else "")
+            state["thought"] = True
+            sys.stdout.write(shown(reasoning))
+        if content:
+            if state["thought"] and not state["answered"]:  # the answer a paragraph after the thinking
+                sys.stdout.write((ANSWER_STYLE if terminal else "") + "\n\n")
+            state["answered"] = True
+            answer.append(content)
+            sys.stdout.write(shown(content))
+        sys.stdout.flush()
+
     for record in engine.generate(request):
         if record.text:
-            pieces.append(record.text)
-            sys.stdout.write(shown(record.text))
-            sys.stdout.flush()
+            write(*splitter.push(record.text))
         if record.usage is not None and getattr(args, "stats", False):
             print_stats(record.usage)
+    write(*splitter.finish())
+    sys.stdout.write(ANSWER_STYLE if terminal and state["thought"] and not state["answered"] else "")
     sys.stdout.write("\n")
-    return "".join(pieces)
+    return "".join(answer)
 
 
 def print_stats(usage: Usage) -> None:
@@ -206,7 +234,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
     engine = _engine(loaded, args)  # its prompt cache makes each turn prefill only the new text
     print(f"runlm chat: {loaded.path.name} ({loaded.family}, {loaded.runtime} runtime). Empty line or Ctrl-D to quit.",
           file=sys.stderr)
-    return chat_loop(args.system, lambda messages: _stream_reply(engine, loaded.chat_template.render(messages), args))
+    def answer(messages: list[dict]) -> str:
+        prompt = loaded.chat_template.render(messages)
+        return _stream_reply(engine, prompt, args, thinking=ThinkingPlan.for_prompt(
+            "auto", loaded.chat_template.source, prompt))
+
+    return chat_loop(args.system, answer)
 
 
 def _chat_web(args: argparse.Namespace) -> int:

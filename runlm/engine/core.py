@@ -149,7 +149,7 @@ class Generation:
         grammar = self.request.grammar
         whitespace = None  # between the thinking and the answer: whitespace may come before what the grammar holds
         if grammar is not None and self.thinking is not None:
-            if self.thinking.thinking:
+            if self.thinking.waiting:
                 grammar = None  # the grammar holds the answer, which starts where the thinking ends
             elif self.thinking.between:
                 whitespace = whitespace_tokens(self.tokenizer, grammar.n_vocab)

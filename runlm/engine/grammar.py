@@ -89,6 +89,36 @@ def grammar_for_json_schema(schema: dict[str, Any] | bool | None) -> str:
         raise InvalidInputError(f"response_format: invalid JSON schema ({exc})") from exc
 
 
+def _json_options(schema: dict[str, Any] | bool) -> dict[str, Any] | bool:
+    """`schema` with the compact separators grammar_for_json_schema uses, for a JSON schema inside a Lark grammar."""
+    if not isinstance(schema, dict):
+        return schema
+    return {**schema, "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
+
+
+def grammar_for_harmony_call(tools: list[dict[str, Any]], specials: set[str], name: str | None = None) -> str:
+    """An llguidance grammar for the rest of a harmony call whose header the prompt wrote up to `to=functions.`:
+    a function's name (`name`, or any of `tools`), the JSON content type, and its arguments under its schema.
+    `specials`: the marker texts that are special tokens in the vocabulary (referenced as tokens; any other is
+    spelled as text)."""
+    def marker(text: str) -> str:
+        return text if text in specials else json.dumps(text)
+
+    rules = []
+    for tool in tools:
+        fn = tool.get("function", {})
+        if name is not None and fn.get("name") != name:
+            continue
+        schema = _json_options(fn.get("parameters") or {"type": "object"})
+        rules.append(f"{json.dumps(fn.get('name'))} \" \" {marker('<|constrain|>')} \"json\" {marker('<|message|>')} "
+                     f"%json {json.dumps(schema)}")
+    if not rules:
+        raise InvalidInputError("a forced harmony call needs a function to call")
+    lark = "start: " + " | ".join(f"call_{i}" for i in range(len(rules))) + "\n"
+    lark += "".join(f"call_{i}: {rule}\n" for i, rule in enumerate(rules))
+    return _llguidance().LLMatcher.grammar_from_lark(lark)
+
+
 class GrammarConstraint:
     """One request's matcher: the allowed-token mask before each draw, advanced by each drawn token."""
 

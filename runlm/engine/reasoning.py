@@ -1,5 +1,6 @@
 """The thinking phase of a reply kept apart from its answer: `<think>...</think>` (Qwen3, SmolLM3, the DeepSeek-R1
-distills), including templates that open the tag in the prompt so the reply starts inside it.
+distills), including templates that open the tag in the prompt so the reply starts inside it, and gpt-oss's harmony
+channels (engine.harmony).
 
 ThinkSplitter streams a reply as (reasoning, content) pieces; a whole reply split in one push gives what the pieces
 of any split add up to. Whitespace around the thinking is dropped, as llama-server drops it.
@@ -10,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from runlm.engine.harmony import CHANNEL, HARMONY_CLOSE, HarmonySplitter
 from runlm.engine.stops import partial_suffix
 from runlm.errors import InvalidInputError
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-# --reasoning-format and a request's reasoning_format: "auto" splits where the chat template writes <think>;
-# "deepseek" is llama-server's name for the same <think> parser.
-REASONING_FORMATS = ("auto", "none", "think", "deepseek")
+# --reasoning-format and a request's reasoning_format: "auto" reads harmony where the chat template writes its
+# channels and splits at <think> where it writes that; "deepseek" is llama-server's name for the <think> parser.
+REASONING_FORMATS = ("auto", "none", "think", "deepseek", "harmony")
 
 
 def check_reasoning_format(fmt: str) -> str:
@@ -44,6 +46,16 @@ class ThinkSplitter:
         self.text = ""  # the reply so far
         self.at = 0  # text before this is decided (sent, or a tag / whitespace dropped)
         self.begun = False  # some thinking text was sent
+
+    @property
+    def thinking(self) -> bool:
+        """Inside the thinking now (what a thinking budget counts)."""
+        return self.state == "thinking"
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the answer, which a grammar holds, is still to come: the thinking is not over."""
+        return self.state == "thinking"
 
     def push(self, delta: str) -> tuple[str, str]:
         self.text += delta
@@ -98,19 +110,38 @@ class ThinkSplitter:
 
 @dataclass(frozen=True)
 class ThinkingPlan:
-    """How one request's replies split: `active` where they are split at all, `opened` where the prompt ends
-    inside the thinking phase."""
+    """How one request's replies split: `parser` "think" (`<think>` tags) or "harmony", None where they are not
+    split; `opened` where the prompt ends inside the thinking phase; `written`, a harmony reply's start the prompt
+    wrote (a forced call's header)."""
 
-    active: bool = False
+    parser: str | None = None
     opened: bool = False
+    written: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.parser is not None
 
     @classmethod
     def for_prompt(cls, fmt: str, template_source: str, prompt: str) -> ThinkingPlan:
-        """`fmt` from --reasoning-format or the request: "auto" splits where the chat template writes <think>."""
-        active = fmt in ("think", "deepseek") or (fmt == "auto" and THINK_OPEN in template_source)
-        return cls(active, active and prompt.rstrip().endswith(THINK_OPEN))
+        """`fmt` from --reasoning-format or the request: "auto" reads harmony where the chat template writes its
+        channels, and splits at <think> where it writes that."""
+        if fmt == "harmony" or (fmt == "auto" and CHANNEL in template_source):
+            return cls("harmony")
+        if fmt in ("think", "deepseek") or (fmt == "auto" and THINK_OPEN in template_source):
+            return cls("think", prompt.rstrip().endswith(THINK_OPEN))
+        return cls()
 
-    def splitter(self) -> ThinkSplitter:
+    @property
+    def close_text(self) -> str:
+        """What ends a thinking phase whose budget is spent, and starts the answer."""
+        return HARMONY_CLOSE if self.parser == "harmony" else f"\n{THINK_CLOSE}\n\n"
+
+    def splitter(self, tools: set[str] | None = None) -> ThinkSplitter | HarmonySplitter:
+        """A reply's splitter; `tools`, the functions a harmony call may go to (other formats' calls are read from
+        the answer by engine.tools)."""
+        if self.parser == "harmony":
+            return HarmonySplitter(tools, self.written)
         return ThinkSplitter(self.active, self.opened)
 
 
@@ -127,12 +158,12 @@ def thinking_switch(effort: Any) -> bool | None:
 @dataclass(frozen=True)
 class ThinkingBudget:
     """A reply's thinking as the engine watches it. At most `tokens` tokens of it: then the model is made to write
-    `close_ids` (the end of the thinking, "\n</think>\n\n" in its own tokens) and goes on to its answer. A grammar
-    holds only what follows the thinking. `opened`: the prompt opened the thinking."""
+    `close_ids` (the plan's `close_text` in its own tokens) and goes on to its answer. A grammar holds only what
+    follows the thinking. `plan`: how the reply splits."""
 
     tokens: int | None  # None: no bound (the thinking is watched for a grammar that holds the answer after it)
     close_ids: tuple[int, ...]
-    opened: bool = False
+    plan: ThinkingPlan = ThinkingPlan("think")
 
 
 class ThinkingWatch:
@@ -142,7 +173,7 @@ class ThinkingWatch:
 
     def __init__(self, budget: ThinkingBudget):
         self.budget = budget
-        self.splitter = ThinkSplitter(True, budget.opened)
+        self.splitter = budget.plan.splitter()
         self.spent = 0
         self.forced: list[int] = []
         self.closed = False
@@ -157,7 +188,12 @@ class ThinkingWatch:
     @property
     def thinking(self) -> bool:
         """Whether the reply is inside its thinking now."""
-        return self.splitter.state == "thinking"
+        return self.splitter.thinking
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the answer a grammar holds is still to come."""
+        return self.splitter.waiting
 
     @property
     def between(self) -> bool:
@@ -166,6 +202,6 @@ class ThinkingWatch:
 
     def advance(self, text: str) -> None:
         """After each token: the text it added."""
-        if self.splitter.state == "thinking":
+        if self.splitter.thinking:
             self.spent += 1
         self.splitter.push(text)

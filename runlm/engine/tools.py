@@ -221,7 +221,7 @@ class CallDelta:
         return out
 
 
-class _JsonEnd:
+class JsonObjectEnd:
     """Where a JSON object being written ends: bracket depth outside strings, followed character by character."""
 
     def __init__(self) -> None:
@@ -257,7 +257,7 @@ class _StreamedCall:
     name: str
     start: int  # where its arguments' text starts in the output
     end: int  # how far they were sent
-    scan: _JsonEnd = field(default_factory=_JsonEnd)
+    scan: JsonObjectEnd = field(default_factory=JsonObjectEnd)
     done: bool = False
 
 

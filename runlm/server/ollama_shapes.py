@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from runlm.engine import Completion, Generation, StreamRecord, ToolCall, Usage
+from runlm.engine.harmony import CHANNEL
 from runlm.engine.reasoning import THINK_OPEN, ThinkingPlan
 from runlm.formats.gguf import find_mmproj
 from runlm.server.adapters import openai_request
@@ -361,7 +362,8 @@ def running_entry(state: ServerState, expires_at: float) -> dict[str, Any]:
 
 
 def _capabilities(template: str, vision: bool) -> list[str]:
-    return ["completion", "tools"] + (["vision"] if vision else []) + (["thinking"] if THINK_OPEN in template else [])
+    thinks = THINK_OPEN in template or CHANNEL in template
+    return ["completion", "tools"] + (["vision"] if vision else []) + (["thinking"] if thinks else [])
 
 
 def show_reply(state: ServerState) -> dict[str, Any]:

@@ -12,7 +12,8 @@ from typing import Any
 
 from runlm.engine import Completion, GenerationRequest, StreamRecord, Usage
 from runlm.engine.core import merged_usage
-from runlm.engine.grammar import GrammarConstraint, grammar_for_json_schema
+from runlm.engine.grammar import GrammarConstraint, grammar_for_harmony_call, grammar_for_json_schema
+from runlm.engine.harmony import CHANNEL, CONSTRAIN, FORCED_CALL_HEAD, MESSAGE, harmony_effort
 from runlm.engine.reasoning import THINK_CLOSE, THINK_OPEN, ThinkingBudget, ThinkingPlan, thinking_switch
 from runlm.engine.speculative import Speculation
 from runlm.engine.tools import tool_call_schema
@@ -183,6 +184,15 @@ def json_grammar(state: ServerState, schema: Any) -> GrammarConstraint:
     return GrammarConstraint(grammar_for_json_schema(schema), tok, state.engine.vocab_size, eos)
 
 
+def harmony_call_grammar(state: ServerState, tools: ToolPlan) -> GrammarConstraint:
+    """The grammar of a forced harmony call after the header the prompt wrote: a name, then its JSON arguments."""
+    tok = state.tokenizer
+    specials = {marker for marker in (CONSTRAIN, MESSAGE) if tok.backend.token_to_id(marker) in tok.special_ids}
+    eos = sorted(tok.stop_ids or ([tok.eos_id] if tok.eos_id is not None else []))
+    return GrammarConstraint(grammar_for_harmony_call(tools.tools, specials, tools.forced), tok,
+                             state.engine.vocab_size, eos)
+
+
 def message_text(state: ServerState, message: ChatMessage, index: int, images: list[ImageInput],
                  image_slot: str | None = None) -> str | None:
     """The message's text; each image part becomes the model's image marker (or `image_slot`, to be replaced
@@ -239,8 +249,8 @@ def thinking_budget(state: ServerState, thinking: ThinkingPlan, tokens: int,
     where it ends (the grammar holds what follows). None where there is nothing to watch."""
     if not thinking.active or (tokens < 0 and not gates_grammar):
         return None
-    close = state.tokenizer.encode(f"\n{THINK_CLOSE}\n\n", add_bos=False, add_eos=False)
-    return ThinkingBudget(tokens if tokens >= 0 else None, tuple(close), thinking.opened)
+    close = state.tokenizer.encode(thinking.close_text, add_bos=False, add_eos=False)
+    return ThinkingBudget(tokens if tokens >= 0 else None, tuple(close), thinking)
 
 
 def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
@@ -270,8 +280,10 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     constrained, schema = schema_from_format(body.response_format)
     if tools.forced is not None or tools.required:
         constrained, schema = True, tool_call_schema(tools.tools, tools.forced)
-    if body.reasoning_effort is not None:
-        extra.setdefault("reasoning_effort", body.reasoning_effort)
+    harmony = CHANNEL in template_source(template)
+    if body.reasoning_effort is not None:  # gpt-oss's template takes low, medium or high
+        extra.setdefault("reasoning_effort", harmony_effort(body.reasoning_effort) if harmony else
+                         body.reasoning_effort)
     budget = body.reasoning_budget if body.reasoning_budget is not None else state.reasoning_budget
     if budget == 0:  # no thinking allowed: the template's thinking off
         extra.setdefault("enable_thinking", False)
@@ -295,11 +307,18 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     thinking = ThinkingPlan.for_prompt(body.reasoning_format or state.reasoning_format, template_source(template),
                                        prompt)
     grammar = None
-    if constrained:  # the grammar holds the answer, from the thinking's end (the engine gates it on the thinking)
+    forced_call = tools.forced is not None or tools.required
+    if forced_call and thinking.parser == "harmony":  # the call in harmony: its header written, the rest held
+        prompt += FORCED_CALL_HEAD
+        thinking = ThinkingPlan("harmony", written=FORCED_CALL_HEAD)
+        grammar = harmony_call_grammar(state, tools)
+    elif constrained:  # the grammar holds the answer, from the thinking's end (the engine gates it on the thinking)
         grammar = json_grammar(state, schema)
-        if thinking.active and not thinking_off and not thinking.opened:  # open it here, as the model would
+        if thinking.parser == "harmony":
+            pass  # the final channel's body is the answer; the analysis before it runs free
+        elif thinking.active and not thinking_off and not thinking.opened:  # open it here, as the model would
             prompt += f"{THINK_OPEN}\n"
-            thinking = ThinkingPlan(True, True)
+            thinking = ThinkingPlan("think", True)
         elif thinking_off or not thinking.active:
             if thinking.opened:  # the template opened the thinking whatever it was told: close it empty
                 prompt += f"\n{THINK_CLOSE}\n\n"
@@ -315,7 +334,8 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
         ignore_eos=body.ignore_eos,
         grammar=grammar,
         use_prompt_cache=body.cache_prompt,
-        thinking_budget=thinking_budget(state, thinking, budget, gates_grammar=grammar is not None),
+        thinking_budget=None if thinking.written else thinking_budget(state, thinking, budget,
+                                                                        gates_grammar=grammar is not None),
         speculation=speculation_from(body, state.engine.speculation),
     )
     if images:

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from runlm.engine.harmony import HarmonySplitter
 from runlm.engine.reasoning import ThinkingPlan
 from runlm.engine.tools import CallDelta, ToolCall, ToolCallStreamFilter, tools_system_prompt
 from runlm.server.errors import APIError
@@ -106,11 +107,12 @@ def add_tools_prompt(messages: list[dict[str, Any]], plan: ToolPlan) -> None:
 
 class ReplyStream:
     """A chat reply as it streams: the thinking split off first (ThinkSplitter), then tool calls held back from
-    the answer (ToolCallStreamFilter)."""
+    the answer (ToolCallStreamFilter). A harmony reply's splitter finds both (its calls are messages of their own)."""
 
     def __init__(self, tools: ToolPlan, thinking: ThinkingPlan):
-        self.thinking = thinking.splitter()
-        self.calls = ToolCallStreamFilter(tools.active, tools.names, tools.parameters)
+        self.thinking = thinking.splitter(tools.names if tools.active else None)
+        self.calls = (self.thinking.calls if isinstance(self.thinking, HarmonySplitter)
+                      else ToolCallStreamFilter(tools.active, tools.names, tools.parameters))
 
     def push(self, delta: str) -> tuple[str, str]:
         """(reasoning, content) to send now."""
@@ -118,7 +120,8 @@ class ReplyStream:
         return reasoning, self.calls.push(content)
 
     def take_call_deltas(self) -> list[CallDelta]:
-        """Pieces of tool calls streamed as they were written (Hermes / Qwen JSON calls), since the last call."""
+        """Pieces of tool calls streamed as they were written (Hermes / Qwen JSON and harmony calls), since the last
+        call."""
         return self.calls.take_deltas()
 
     @property

@@ -392,10 +392,11 @@ class Tokenizer:
         stops = {i for i in extra_stop_ids if 0 <= i < self.vocab_size}
         if self.eos_id is not None:
             stops.add(self.eos_id)
-        for text in EOG_TOKEN_TEXTS:
-            token_id = backend.token_to_id(text)
-            if token_id is not None and token_id in self.special_ids:
-                stops.add(token_id)
+        specials = {text: i for text in EOG_TOKEN_TEXTS if (i := backend.token_to_id(text)) in self.special_ids}
+        if "<|return|>" in specials and "<|call|>" in specials:  # harmony: <|end|> ends a message, not the turn
+            specials.pop("<|end|>", None)
+            stops.discard(backend.token_to_id("<|end|>"))
+        stops.update(specials.values())
         self.stop_ids: frozenset[int] = frozenset(stops)
         # How one token's text becomes bytes, mirroring the decoder (see token_to_bytes).
         self._byte_mode = byte_mode

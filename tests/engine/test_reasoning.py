@@ -63,11 +63,15 @@ def test_off_everything_is_the_answer():
 
 def test_the_plan_follows_the_format_the_template_and_the_prompt():
     thinking_template = "{{ '<think>' }}"
-    assert ThinkingPlan.for_prompt("auto", thinking_template, "<|im_start|>assistant\n") == ThinkingPlan(True, False)
-    assert ThinkingPlan.for_prompt("auto", thinking_template, "Assistant: <think>\n") == ThinkingPlan(True, True)
-    assert ThinkingPlan.for_prompt("auto", "{{ messages }}", "Assistant: <think>\n") == ThinkingPlan(False, False)
-    assert ThinkingPlan.for_prompt("none", thinking_template, "<think>\n") == ThinkingPlan(False, False)
+    harmony_template = "{{ '<|start|>assistant<|channel|>final<|message|>' }}"
+    assert ThinkingPlan.for_prompt("auto", thinking_template, "<|im_start|>assistant\n") == ThinkingPlan("think")
+    assert ThinkingPlan.for_prompt("auto", thinking_template, "Assistant: <think>\n") == ThinkingPlan("think", True)
+    assert ThinkingPlan.for_prompt("auto", "{{ messages }}", "Assistant: <think>\n") == ThinkingPlan()
+    assert ThinkingPlan.for_prompt("none", thinking_template, "<think>\n") == ThinkingPlan()
+    assert ThinkingPlan.for_prompt("auto", harmony_template, "<|start|>assistant") == ThinkingPlan("harmony")
+    assert ThinkingPlan.for_prompt("none", harmony_template, "<|start|>assistant") == ThinkingPlan()
     for fmt in ("think", "deepseek"):
-        assert ThinkingPlan.for_prompt(fmt, "", "x") == ThinkingPlan(True, False)
+        assert ThinkingPlan.for_prompt(fmt, "", "x") == ThinkingPlan("think")
+    assert ThinkingPlan.for_prompt("harmony", "", "x") == ThinkingPlan("harmony")
     with pytest.raises(InvalidInputError, match="reasoning_format must be one of"):
-        check_reasoning_format("harmony")
+        check_reasoning_format("channels")

@@ -95,7 +95,7 @@ def test_reasoning_format_none_leaves_the_thinking_in_the_answer(qwen3_style, sm
     try:
         assert chat(server).choices[0].message.content == f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}"
         bad = httpx.post(server.base_url + "/v1/chat/completions",
-                         json={"model": "thinker", "messages": MESSAGES, "reasoning_format": "harmony"})
+                         json={"model": "thinker", "messages": MESSAGES, "reasoning_format": "channels"})
         assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("reasoning_format")
     finally:
         server.stop()
