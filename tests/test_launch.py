@@ -9,11 +9,10 @@ import subprocess
 import sys
 
 import pytest
-from reference.converted import build
+from reference.converted import convert
 from reference.tiny import build_llama
 
 from runlm.pytorch import kernels
-from runlm.shapes import llama_ftypes, quantize
 
 PROMPT = "What is the capital of France?"
 BLOCKED = "torch is blocked in this test"
@@ -49,21 +48,32 @@ def test_generate_runs_without_torch_unless_asked(smollm2_gguf, without_torch):
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
 
 
+def _odd_heads_model(directory):
+    """A tiny Llama whose heads have 12 values, converted by llama.cpp's converter: the native runtime's attention
+    takes multiples of 8, the PyTorch backend any width."""
+    from reference.tiny import TINY_DIMS, _randomize, _write_hf_tokenizer, tiny_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**{**TINY_DIMS, "hidden_size": 48, "head_dim": 12}, num_hidden_layers=2)
+    model = LlamaForCausalLM(config).eval()
+    _randomize(model, 0)
+    model.save_pretrained(str(directory / "hf"), safe_serialization=True)
+    _write_hf_tokenizer(directory / "hf", tiny_tokenizer())
+    return convert(directory / "hf", directory / "model.gguf")
+
+
 @pytest.mark.skipif(not kernels.available(), reason="runlm's C++ kernels are not built")
-@pytest.mark.skipif(not llama_ftypes(), reason="llama-cpp-python is the quantizer here")
 def test_a_model_the_native_runtime_cannot_run_runs_on_pytorch(tmp_path):
-    """IQ4_XS projections have no native kernels: the run says so in a line and answers on the PyTorch backend, as
-    --torch does; --native is an error naming the reason. Nothing is written beside the model."""
-    gguf = build("qwen2", tmp_path)  # rows of 256: whole IQ4_XS blocks (a narrower model's rows fall back to IQ4_NL)
-    model = tmp_path / "model-iq4_xs.gguf"
-    quantize(gguf, model, llama_ftypes()["IQ4_XS"], threads=2)
+    """Heads of 12 values: the run says in a line why the native runtime cannot take the model and answers on the
+    PyTorch backend, as --torch does; --native is an error naming the reason. Nothing is written beside the model."""
+    model = _odd_heads_model(tmp_path)
     args = ("generate", "-m", str(model), "--raw", "--max-tokens", "6", "Once upon a time")
     before = sorted(tmp_path.rglob("*"))
     first, torch_path = runlm(*args), runlm(*args, "--torch")
     assert first.returncode == 0, first.stderr
     assert first.stdout == torch_path.stdout and first.stdout.strip()
     said = [line for line in first.stderr.splitlines() if "running on the PyTorch backend" in line]
-    assert len(said) == 1 and "cannot run on the native runtime" in said[0] and "IQ4_XS" in said[0]
+    assert len(said) == 1 and "cannot run on the native runtime" in said[0] and "12 values" in said[0]
     assert "PyTorch backend" not in torch_path.stderr
     forced = runlm(*args, "--native")
     assert forced.returncode == 1 and forced.stderr.strip().splitlines()[-1].startswith("runlm: error:")

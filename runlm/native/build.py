@@ -33,6 +33,7 @@ KERNEL_TYPES: dict[str, int] = {
     "Q6_K": 14,
     "MXFP4": 39,
     "IQ4_NL": 20,
+    "IQ4_XS": 23,
 }
 # Float weight types the kernels run in float32 (float_gemm.h), read in the file's layout.
 FLOAT_KERNEL_TYPES: dict[str, int] = {"F32": 0, "F16": 1, "BF16": 30}

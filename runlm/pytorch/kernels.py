@@ -78,6 +78,7 @@ DENSE_MIN_ROWS: dict[str, int] = {
     "Q6_K": 192,
     "MXFP4": 48,  # not measured: as the other 32-wide types
     "IQ4_NL": 48,  # not measured either
+    "IQ4_XS": 128,  # not measured: as the other K-quant-sized types
 }
 # dense_min_rows of a weight that always runs on the kernels (16-row groups: `GGUFLinear`)
 NEVER_DENSE = 1 << 62

@@ -55,8 +55,13 @@ def kernels_ready():
         pytest.skip(kernels.unavailable_reason() or "kernels unavailable")
 
 
+def super_blocks(type_name: str) -> bool:
+    """Whether the type's blocks are 256 values (the K-quants, IQ4_XS), met by 256-value activation blocks."""
+    return build.BLOCK_LAYOUTS[type_name][0] == 256
+
+
 def tol_for(type_name: str) -> float:
-    return TOL_K if type_name.endswith("_K") else TOL_32
+    return TOL_K if super_blocks(type_name) else TOL_32
 
 
 def weight_data(type_name: str, rows: int, cols: int, seed: int) -> np.ndarray:
@@ -69,7 +74,7 @@ def weight_data(type_name: str, rows: int, cols: int, seed: int) -> np.ndarray:
 
 def quantized_activation(x: torch.Tensor, type_name: str) -> torch.Tensor:
     """x (float32 [M, K]) rounded to 8 bits per block exactly like the kernel (float64 result)."""
-    block = 256 if type_name.endswith("_K") else 32
+    block = build.BLOCK_LAYOUTS[type_name][0]
     rows, cols = x.shape
     xb = x.float().reshape(rows, cols // block, block)
     amax = xb.abs().amax(dim=-1, keepdim=True)
@@ -253,7 +258,7 @@ def test_x4_layout_matches_plain_rows(type_name: str):
         out = x4(x[:m])
         # a row's result does not depend on the rows beside it (route invariance), bit for bit
         assert torch.equal(out, single[:m]), f"{type_name}: M={m} differs from the rows computed alone"
-        if type_name.endswith("_K"):  # the same integer sums per super-block and float steps as the row layout
+        if super_blocks(type_name):  # the same integer sums per super-block and float steps as the row layout
             assert torch.equal(out, plain(x[:m])), f"{type_name}: M={m} x4 differs from the row layout"
         else:  # the same integers summed in another float order: equal to float rounding
             assert rel_err(out, plain(x[:m])) < EXACT_TOL
@@ -565,7 +570,7 @@ def test_other_builds_match(variant: str, isa: str, tmp_path):
     if not build.ISA_VARIANTS.get(variant, ([], frozenset()))[1] <= set(cpu_flags().split()):
         pytest.skip(f"this CPU cannot run the {variant} build")
     expected = {}
-    for type_name in (name for name in TYPES if name.endswith("_K")):
+    for type_name in (name for name in TYPES if super_blocks(name)):
         shape, x = variant_case(type_name)
         expected[type_name] = kernel_module(type_name, weight_data(type_name, *shape, seed=7), shape)(x)
     for type_name in WIDE32_TYPES if variant != "scalar" else ():  # 16-row groups on AVX-512 builds, 4 on AVX2: alike

@@ -237,6 +237,7 @@ enum : int64_t {
   T_Q5_K = 13,
   T_Q6_K = 14,
   T_IQ4_NL = 20,
+  T_IQ4_XS = 23,
   T_BF16 = 30,
   T_MXFP4 = 39,
 };

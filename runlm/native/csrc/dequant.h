@@ -193,6 +193,7 @@ bool type_info(int64_t type, TypeInfo* info) {
     case T_Q6_K: *info = {Q6_K::QK, Q6_K::SIZE}; return true;
     case T_MXFP4: *info = {MXFP4::QK, MXFP4::SIZE}; return true;
     case T_IQ4_NL: *info = {IQ4_NL::QK, IQ4_NL::SIZE}; return true;
+    case T_IQ4_XS: *info = {IQ4_XS::QK, IQ4_XS::SIZE}; return true;
     case T_Q4_0 + X4: *info = {Q4_0::QK, Q4_0::SIZE}; return true;
     case T_Q4_1 + X4: *info = {Q4_1::QK, Q4_1::SIZE}; return true;
     case T_Q5_0 + X4: *info = {Q5_0::QK, Q5_0::SIZE}; return true;
@@ -237,6 +238,7 @@ int64_t group_rows(int64_t type) {
     case T_Q6_K: FN<Q6_K>(__VA_ARGS__); break;          \
     case T_MXFP4: FN<MXFP4>(__VA_ARGS__); break;        \
     case T_IQ4_NL: FN<IQ4_NL>(__VA_ARGS__); break;      \
+    case T_IQ4_XS: FN<IQ4_XS>(__VA_ARGS__); break;      \
     case T_Q4_0 + X4: FN<X4Layout<Q4_0>>(__VA_ARGS__); break; \
     case T_Q4_1 + X4: FN<X4Layout<Q4_1>>(__VA_ARGS__); break; \
     case T_Q5_0 + X4: FN<X4Layout<Q5_0>>(__VA_ARGS__); break; \

@@ -166,6 +166,54 @@ inline float f16_scale(const uint8_t* b) { return f16(b); }
 using MXFP4 = TableType<kMxfp4Values, mxfp4_scale, 17>;
 using IQ4_NL = TableType<kIq4NlValues, f16_scale, 18>;
 
+// IQ4_XS: IQ4_NL's levels in 256-value super-blocks: one f16 scale d, then for each 32 values a 6-bit scale stored
+// with an offset of 32 (low 4 bits in scales_l, high 2 in scales_h), then the codes, 16 bytes per 32 values as
+// IQ4_NL lays them out. Run as a K-quant: per-32 integer scales times signed level x activation sums.
+struct IQ4_XS {
+  static constexpr int QK = QK_K, SIZE = 136, G = 32, D_AT = 0;
+  static constexpr bool kMins = false;
+  using Act = AK;
+  static int sub_scale(const uint8_t* b, int ib) {  // the signed scale of values 32 ib .. 32 ib + 31
+    const int low = (b[4 + ib / 2] >> (4 * (ib % 2))) & 0x0F;
+    const int high = ((b[2] | (b[3] << 8)) >> (2 * ib)) & 3;
+    return (low | (high << 4)) - 32;
+  }
+  static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
+    for (int ib = 0; ib < 8; ++ib) {
+      const uint8_t* codes = b + 8 + 16 * ib;
+      for (int j = 0; j < 16; ++j) {
+        q[32 * ib + j] = kIq4NlValues[codes[j] & 0x0F];
+        q[32 * ib + 16 + j] = kIq4NlValues[codes[j] >> 4];
+      }
+      isc[ib] = sub_scale(b, ib);
+      imn[ib] = 0;
+    }
+    *d = f16(b), *dm = 0.f;
+  }
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+#if RUNLM_AVX2
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues)));
+    kquant_dot<IQ4_XS, RW, R>(w, a, nb, out, [&](const uint8_t* blk, int64_t b, __m256i* sums, __m256i* /*mins*/) {
+      __m256i sumi[R];  // kept here, not in *sums, so it can stay in registers
+      for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+      for (int c = 0; c < 8; ++c) {
+        const __m256i q = _mm256_shuffle_epi8(table, nibbles32(blk + 8 + 16 * c));
+        const __m256i scv = _mm256_set1_epi16(static_cast<int16_t>(sub_scale(blk, c)));
+        const __m256i mag = _mm256_sign_epi8(q, q);  // |level| <= 127: pair sums stay within int16
+        for (int r = 0; r < R; ++r) {
+          const __m256i av = _mm256_sign_epi8(load256(a[r][b].qs + 32 * c), q);
+          sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, av), scv));
+        }
+      }
+      for (int r = 0; r < R; ++r) sums[r] = sumi[r];
+    });
+#else
+    scalar_dot<IQ4_XS, RW, R>(w, a, nb, out);
+#endif
+  }
+};
+
 struct Q2_K {
   static constexpr int QK = QK_K, SIZE = 84, G = 16, D_AT = 80;  // D_AT: f16 d, then dmin
   static constexpr bool kMins = true;
