@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from runlm.engine.tools import tool_call_schema
 from runlm.errors import InvalidInputError, RunlmError
 
 
@@ -96,27 +97,53 @@ def _json_options(schema: dict[str, Any] | bool) -> dict[str, Any] | bool:
     return {**schema, "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
 
 
+def _marker(text: str, specials: set[str]) -> str:
+    """A format's marker in a Lark grammar: the special token where the vocabulary has it as one, else its text."""
+    return text if text in specials else json.dumps(text)
+
+
+def _functions(tools: list[dict[str, Any]], name: str | None) -> list[tuple[str, dict[str, Any] | bool]]:
+    """(name, arguments schema) of `name`, or of every tool."""
+    found = [(fn.get("name"), fn.get("parameters") or {"type": "object"})
+             for fn in (tool.get("function", {}) for tool in tools) if name is None or fn.get("name") == name]
+    if not found:
+        raise InvalidInputError("a forced tool call needs a function to call")
+    return found
+
+
+def _lark(alternatives: list[str]) -> str:
+    """A Lark grammar whose start is one of `alternatives` (rule bodies), compiled by llguidance."""
+    lark = "start: " + " | ".join(f"call_{i}" for i in range(len(alternatives))) + "\n"
+    lark += "".join(f"call_{i}: {body}\n" for i, body in enumerate(alternatives))
+    return _llguidance().LLMatcher.grammar_from_lark(lark)
+
+
 def grammar_for_harmony_call(tools: list[dict[str, Any]], specials: set[str], name: str | None = None) -> str:
     """An llguidance grammar for the rest of a harmony call whose header the prompt wrote up to `to=functions.`:
     a function's name (`name`, or any of `tools`), the JSON content type, and its arguments under its schema.
     `specials`: the marker texts that are special tokens in the vocabulary (referenced as tokens; any other is
     spelled as text)."""
-    def marker(text: str) -> str:
-        return text if text in specials else json.dumps(text)
+    return _lark([f"{json.dumps(fn)} \" \" {_marker('<|constrain|>', specials)} \"json\" "
+                  f"{_marker('<|message|>', specials)} %json {json.dumps(_json_options(schema))}"
+                  for fn, schema in _functions(tools, name)])
 
-    rules = []
-    for tool in tools:
-        fn = tool.get("function", {})
-        if name is not None and fn.get("name") != name:
-            continue
-        schema = _json_options(fn.get("parameters") or {"type": "object"})
-        rules.append(f"{json.dumps(fn.get('name'))} \" \" {marker('<|constrain|>')} \"json\" {marker('<|message|>')} "
-                     f"%json {json.dumps(schema)}")
-    if not rules:
-        raise InvalidInputError("a forced harmony call needs a function to call")
-    lark = "start: " + " | ".join(f"call_{i}" for i in range(len(rules))) + "\n"
-    lark += "".join(f"call_{i}: {rule}\n" for i, rule in enumerate(rules))
-    return _llguidance().LLMatcher.grammar_from_lark(lark)
+
+def grammar_for_forced_call(call_format: str, tools: list[dict[str, Any]], specials: set[str],
+                            name: str | None = None) -> str:
+    """An llguidance grammar for one call to `name` (or any of `tools`) in `call_format` (engine.tools'
+    FORCED_CALL_FORMATS): Hermes / Qwen `<tool_call>` JSON, Mistral's `[TOOL_CALLS]NAME[ARGS]{...}` or its older
+    `[TOOL_CALLS][{...}]`, or a bare JSON call."""
+    if call_format == "mistral-args":
+        return _lark([f"{_marker('[TOOL_CALLS]', specials)} {json.dumps(fn)} {_marker('[ARGS]', specials)} "
+                      f"%json {json.dumps(_json_options(schema))}" for fn, schema in _functions(tools, name)])
+    call = tool_call_schema(tools, name)
+    if call_format == "hermes":
+        return _lark([f"{_marker('<tool_call>', specials)} \"\\n\" %json {json.dumps(_json_options(call))} "
+                      f"\"\\n\" {_marker('</tool_call>', specials)}"])
+    if call_format == "mistral":
+        listed = {"type": "array", "items": call, "minItems": 1, "maxItems": 1}
+        return _lark([f"{_marker('[TOOL_CALLS]', specials)} %json {json.dumps(_json_options(listed))}"])
+    return grammar_for_json_schema(call)
 
 
 class GrammarConstraint:

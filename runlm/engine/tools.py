@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runlm.engine.stops import partial_suffix
-from runlm.engine.tool_formats import FUNCTION_OPEN, MISTRAL_CALLS, RawCall, mistral_calls, pythonic_calls, xml_calls
+from runlm.engine.tool_formats import (
+    FUNCTION_OPEN,
+    MISTRAL_ARGS,
+    MISTRAL_CALLS,
+    RawCall,
+    mistral_calls,
+    pythonic_calls,
+    xml_calls,
+)
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -165,6 +173,21 @@ def might_be_tool_call(text: str) -> bool:
     return True
 
 
+# How a forced call is written, by what the chat template writes: Hermes / Qwen `<tool_call>` JSON (Qwen3-Coder's
+# templates too: its parser reads JSON inside the tags), Mistral's `[TOOL_CALLS]NAME[ARGS]{...}` or older
+# `[TOOL_CALLS][{...}]`, else a bare JSON call (harmony's is the reasoning parser's: engine.harmony).
+FORCED_CALL_FORMATS = ("hermes", "mistral-args", "mistral", "json")
+# the markers each format writes, which a vocabulary may hold as special tokens
+FORMAT_MARKERS = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, MISTRAL_CALLS, MISTRAL_ARGS)
+
+
+def forced_call_format(template_source: str) -> str:
+    """The format a forced call is written in, read from the chat template's source."""
+    if MISTRAL_CALLS in template_source:
+        return "mistral-args" if MISTRAL_ARGS in template_source else "mistral"
+    return "hermes" if TOOL_CALL_OPEN in template_source else "json"
+
+
 def tool_call_schema(tools: list[dict[str, Any]], name: str | None = None) -> dict[str, Any]:
     """JSON schema of one call `{"name": ..., "arguments": {...}}` to `name` (or any of `tools`)."""
     variants = []
@@ -198,8 +221,11 @@ def tools_system_prompt(tools: list[dict[str, Any]]) -> str:
 MARKER_SPAN = max(len(marker) for marker in CALL_MARKERS)
 
 
-# the head of a Hermes / Qwen call, up to where its arguments' JSON object starts
-_HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]{1,256})"\s*,\s*"arguments"\s*:\s*')
+# the head of a call, up to where its arguments' JSON object starts: after `<tool_call>` a Hermes / Qwen call's
+# (the name, no id), after `[TOOL_CALLS]` a Mistral call's (the name, then the id its newest templates write)
+_HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]{1,256})"\s*,\s*"arguments"\s*:\s*()')
+_MISTRAL_HEAD = re.compile(r"\s*([^\s\[\]{}]{1,256})\s*(?:\[CALL_ID\]\s*([^\s\[\]{}]{1,256})\s*)?\[ARGS\]\s*")
+_STREAMED_HEADS = {TOOL_CALL_OPEN: _HERMES_HEAD, MISTRAL_CALLS: _MISTRAL_HEAD}
 _HEAD_WAIT = 300  # characters of a block after which a head that has not matched never will
 
 
@@ -266,9 +292,10 @@ class ToolCallStreamFilter:
 
     Text before a call marker (`<tool_call>`, `[TOOL_CALLS]`, `<function=`) streams, minus a tail that could be
     the start of one; output that opens with `{` or `[` is held whole, since it may be a bare JSON or pythonic call.
-    Calls in Hermes / Qwen JSON (`<tool_call>{"name": ..., "arguments": {...}}`) to a known tool stream as they are
-    written (`take_deltas`): the name once read, then the arguments' JSON text piece by piece; the call `finish`
-    returns carries that text as its arguments, so the pieces add up to them. `finish` parses what was held: calls
+    Calls in Hermes / Qwen JSON (`<tool_call>{"name": ..., "arguments": {...}}`) and Mistral's
+    `[TOOL_CALLS]NAME[ARGS]{...}` to a known tool stream as they are written (`take_deltas`): the name once read,
+    then the arguments' JSON text piece by piece; the call `finish` returns carries that text as its arguments, so
+    the pieces add up to them. `finish` parses what was held: calls
     come back as ToolCall objects, anything else is released as content.
     """
 
@@ -290,16 +317,17 @@ class ToolCallStreamFilter:
         if not self.active:
             out, self.emitted = self.text[self.emitted:], len(self.text)
             return out
-        if might_be_tool_call(self.text):
-            return ""
+        if might_be_tool_call(self.text) and not self.text.lstrip().startswith(MISTRAL_CALLS):
+            return ""  # held whole (a `[TOOL_CALLS]` reply is not: its calls may stream)
         if self.open_at == -1:
             self.open_at = first_marker(self.text, max(0, self.searched - MARKER_SPAN + 1))
             self.searched = len(self.text)
         i = self.open_at
         if i != -1:
             end = i
-            if self._streaming and self.text.startswith(TOOL_CALL_OPEN, i):
-                self._stream_calls(max(i, self._next_block))
+            marker = next((m for m in _STREAMED_HEADS if self.text.startswith(m, i)), None)
+            if self._streaming and marker is not None:
+                self._stream_calls(marker, max(i, self._next_block))
         else:
             end = len(self.text) - partial_suffix(self.text, CALL_MARKERS)
         end = max(end, self.emitted)
@@ -311,28 +339,31 @@ class ToolCallStreamFilter:
         deltas, self._deltas = self._deltas, []
         return deltas
 
-    def _stream_calls(self, search_from: int) -> None:
-        """Send what can be sent of the <tool_call> blocks from `search_from` on, one call at a time."""
+    def _stream_calls(self, marker: str, search_from: int) -> None:
+        """Send what can be sent of the calls `marker` opens (`<tool_call>` blocks, Mistral's `[TOOL_CALLS]NAME[ARGS]`)
+        from `search_from` on, one call at a time."""
         text = self.text
         while True:
             call = self.streamed[-1] if self.streamed and not self.streamed[-1].done else None
             if call is None:
-                start = text.find(TOOL_CALL_OPEN, search_from)
+                start = text.find(marker, search_from)
                 if start == -1:
                     return
-                body = start + len(TOOL_CALL_OPEN)
-                head = _HERMES_HEAD.match(text, body)
+                body = start + len(marker)
+                head = _STREAMED_HEADS[marker].match(text, body)
                 if head is None or head.end() == len(text):
-                    closed = text.find(TOOL_CALL_CLOSE, body) != -1
-                    if closed or head is not None and text[head.end():].strip() or len(text) - body > _HEAD_WAIT:
+                    # a block closed without a head, or Mistral's older JSON list: not one that streams
+                    cannot = (text.find(TOOL_CALL_CLOSE, body) != -1 if marker == TOOL_CALL_OPEN
+                              else text[body:].lstrip()[:1] in ("[", "{"))
+                    if cannot or len(text) - body > _HEAD_WAIT:
                         self._streaming = False  # not a call that streams: this one and the rest go out whole
                     return
                 name = head.group(1)
                 if (self.known is not None and name not in self.known) or text[head.end()] != "{":
                     self._streaming = False
                     return
-                call = _StreamedCall(len(self.streamed), "call_" + uuid.uuid4().hex[:24], name, head.end(),
-                                     head.end())
+                call = _StreamedCall(len(self.streamed), head.group(2) or "call_" + uuid.uuid4().hex[:24], name,
+                                     head.end(), head.end())
                 self.streamed.append(call)
                 self._deltas.append(CallDelta(call.index, "", call.id, name))
             fresh = text[call.end:]

@@ -12,11 +12,16 @@ from typing import Any
 
 from runlm.engine import Completion, GenerationRequest, StreamRecord, Usage
 from runlm.engine.core import merged_usage
-from runlm.engine.grammar import GrammarConstraint, grammar_for_harmony_call, grammar_for_json_schema
+from runlm.engine.grammar import (
+    GrammarConstraint,
+    grammar_for_forced_call,
+    grammar_for_harmony_call,
+    grammar_for_json_schema,
+)
 from runlm.engine.harmony import CHANNEL, CONSTRAIN, FORCED_CALL_HEAD, MESSAGE, harmony_effort
 from runlm.engine.reasoning import THINK_CLOSE, THINK_OPEN, ThinkingBudget, ThinkingPlan, thinking_switch
 from runlm.engine.speculative import Speculation
-from runlm.engine.tools import tool_call_schema
+from runlm.engine.tools import FORMAT_MARKERS, forced_call_format
 from runlm.errors import RunlmError
 from runlm.runner import ImageInput
 from runlm.sampling import SamplingParams, TokenLogprob
@@ -178,19 +183,35 @@ def schema_from_format(fmt: ResponseFormat | None) -> tuple[bool, Any]:
     return True, schema if schema is not None else {}
 
 
-def json_grammar(state: ServerState, schema: Any) -> GrammarConstraint:
+def constraint(state: ServerState, grammar: str) -> GrammarConstraint:
+    """A request's matcher for `grammar` on the model's vocabulary, ended by its end-of-turn tokens."""
     tok = state.tokenizer
     eos = sorted(tok.stop_ids or ([tok.eos_id] if tok.eos_id is not None else []))
-    return GrammarConstraint(grammar_for_json_schema(schema), tok, state.engine.vocab_size, eos)
+    return GrammarConstraint(grammar, tok, state.engine.vocab_size, eos)
+
+
+def json_grammar(state: ServerState, schema: Any) -> GrammarConstraint:
+    return constraint(state, grammar_for_json_schema(schema))
+
+
+def special_markers(state: ServerState, markers: tuple[str, ...]) -> set[str]:
+    """Which of a format's markers are special tokens in the model's vocabulary."""
+    tok = state.tokenizer
+    return {marker for marker in markers if tok.backend.token_to_id(marker) in tok.special_ids}
+
+
+def forced_call_grammar(state: ServerState, tools: ToolPlan, template: Any) -> GrammarConstraint:
+    """A forced call in the format the chat template writes (a template that knows no tools was told to write
+    bare JSON)."""
+    call_format = forced_call_format(template_source(template)) if tools.template_aware else "json"
+    return constraint(state, grammar_for_forced_call(call_format, tools.tools, special_markers(state, FORMAT_MARKERS),
+                                                     tools.forced))
 
 
 def harmony_call_grammar(state: ServerState, tools: ToolPlan) -> GrammarConstraint:
     """The grammar of a forced harmony call after the header the prompt wrote: a name, then its JSON arguments."""
-    tok = state.tokenizer
-    specials = {marker for marker in (CONSTRAIN, MESSAGE) if tok.backend.token_to_id(marker) in tok.special_ids}
-    eos = sorted(tok.stop_ids or ([tok.eos_id] if tok.eos_id is not None else []))
-    return GrammarConstraint(grammar_for_harmony_call(tools.tools, specials, tools.forced), tok,
-                             state.engine.vocab_size, eos)
+    return constraint(state, grammar_for_harmony_call(tools.tools, special_markers(state, (CONSTRAIN, MESSAGE)),
+                                                      tools.forced))
 
 
 def message_text(state: ServerState, message: ChatMessage, index: int, images: list[ImageInput],
@@ -278,8 +299,6 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
         raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)}",
                        param="chat_template_kwargs", code="invalid_value")
     constrained, schema = schema_from_format(body.response_format)
-    if tools.forced is not None or tools.required:
-        constrained, schema = True, tool_call_schema(tools.tools, tools.forced)
     harmony = CHANNEL in template_source(template)
     if body.reasoning_effort is not None:  # gpt-oss's template takes low, medium or high
         extra.setdefault("reasoning_effort", harmony_effort(body.reasoning_effort) if harmony else
@@ -312,8 +331,8 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
         prompt += FORCED_CALL_HEAD
         thinking = ThinkingPlan("harmony", written=FORCED_CALL_HEAD)
         grammar = harmony_call_grammar(state, tools)
-    elif constrained:  # the grammar holds the answer, from the thinking's end (the engine gates it on the thinking)
-        grammar = json_grammar(state, schema)
+    elif constrained or forced_call:  # the grammar holds the answer, from the thinking's end (the engine gates it)
+        grammar = forced_call_grammar(state, tools, template) if forced_call else json_grammar(state, schema)
         if thinking.parser == "harmony":
             pass  # the final channel's body is the answer; the analysis before it runs free
         elif thinking.active and not thinking_off and not thinking.opened:  # open it here, as the model would

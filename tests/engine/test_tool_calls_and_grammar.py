@@ -132,6 +132,21 @@ def test_hermes_calls_stream_their_arguments_in_pieces_that_add_up(step):
         assert calls[0]["pieces"] > 20
 
 
+@pytest.mark.parametrize("step", [1, 2, 5, 64])
+def test_mistral_calls_stream_their_arguments_and_keep_their_ids(step):
+    text = ('[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{"city": "Pa\\"ris", "days": [1, {"a": "]"}]}'
+            '[TOOL_CALLS]get_time[ARGS]{}')
+    content, calls, final = streamed_calls(text, step, {"get_weather", "get_time"})
+    assert content == ""
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
+        ("get_weather", {"city": 'Pa"ris', "days": [1, {"a": "]"}]}), ("get_time", {})]
+    assert calls[0]["id"] == "a1b2c3d4e" and calls[1]["id"].startswith("call_")
+    assert [(c.id, c.arguments) for c in final] == [(c["id"], c["arguments"]) for c in calls.values()]
+    listed = '[TOOL_CALLS][{"name": "get_time", "arguments": {}}]'  # the older JSON list goes out whole
+    _, calls, final = streamed_calls(listed, step, {"get_time"})
+    assert calls == {} and [c.name for c in final] == ["get_time"]
+
+
 def test_calls_that_do_not_stream_go_out_whole_at_the_end():
     unknown = '<tool_call>{"name": "rm_rf", "arguments": {"path": "/"}}</tool_call>'
     assert streamed_calls(unknown, 3, {"get_time"})[1] == {}

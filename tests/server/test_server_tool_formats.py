@@ -19,6 +19,7 @@ REPLIES = {
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}
 EXPECTED = ("get_weather", {"city": "Paris", "days": 2})
+STREAMED = {"hermes", "mistral"}  # the formats whose arguments stream in pieces as they are written
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def test_each_format_is_a_tool_call_on_every_api(server, fmt):
         entry["arguments"] += d.function.arguments or ""
     assert [(c["name"], json.loads(c["arguments"])) for c in streamed.values()] == [EXPECTED]
     assert all(c["id"] for c in streamed.values())
-    if fmt == "hermes":  # written as JSON: the arguments stream in pieces, which add up to the whole reply's
+    if fmt in STREAMED:  # arguments written as JSON stream in pieces, which add up to the whole reply's
         assert len(deltas) > 2
         assert streamed[0]["arguments"] == choice.message.tool_calls[0].function.arguments
     else:
@@ -67,11 +68,54 @@ def test_each_format_is_a_tool_call_on_every_api(server, fmt):
     assert final.stop_reason == "tool_use"
     assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == [EXPECTED]
     pieces = [e for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
-    assert (len(pieces) > 1) == (fmt == "hermes")  # a JSON call's input streams as it is written
+    assert (len(pieces) > 1) == (fmt in STREAMED)  # a JSON call's input streams as it is written
 
     events = list(client.responses.create(model="scripted-model", input=fmt, tools=[{
         "type": "function", "name": "get_weather", "parameters": TOOL["function"]["parameters"]}], stream=True))
     deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
     (item,) = [o for o in events[-1].response.output if o.type == "function_call"]
     assert (item.name, json.loads(item.arguments)) == EXPECTED and "".join(deltas) == item.arguments
-    assert (len(deltas) > 1) == (fmt == "hermes")
+    assert (len(deltas) > 1) == (fmt in STREAMED)
+
+
+# Tool-aware templates that write calls in each format (the markers where a real template writes them), and the
+# call the model completes once the grammar has begun it.
+CHATML_TURNS = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                "{# tools and tool_calls are written as: MARKERS #}{{ '<|im_start|>assistant\\n' }}")
+FORCED = {
+    "hermes": ("<tool_call> </tool_call>",
+               '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'),
+    "mistral-args": ("[TOOL_CALLS] [ARGS]", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 2}'),
+    "mistral": ("[TOOL_CALLS]", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}]'),
+}
+
+
+@pytest.mark.parametrize("call_format", sorted(FORCED))
+def test_a_forced_call_is_written_in_the_templates_format(smollm2_loaded, call_format):
+    """The model would answer in prose; the grammar begins the call in the template's format, and what the model
+    writes from there is held to it."""
+    from runlm.engine.tools import forced_call_format
+    from runlm.text.chat import ChatTemplate
+
+    markers, call = FORCED[call_format]
+    template = CHATML_TURNS.replace("MARKERS", markers)
+    assert forced_call_format(template) == call_format
+
+    def reply(text: str, n: int) -> str:
+        done = text.rsplit("<|im_start|>assistant\n", 1)[1]
+        return call[len(done):] if done and call.startswith(done) else "It is sunny."
+
+    live = scripted_server(smollm2_loaded, reply, api_key="", chat_template=ChatTemplate(template))
+    try:
+        client = openai_client(live.base_url)
+        messages = [{"role": "user", "content": "Weather?"}]
+        free = client.chat.completions.create(model="scripted-model", messages=messages, tools=[TOOL])
+        assert free.choices[0].message.content == "It is sunny." and not free.choices[0].message.tool_calls
+        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+            forced = client.chat.completions.create(model="scripted-model", messages=messages, tools=[TOOL],
+                                                    tool_choice=choice).choices[0]
+            assert forced.finish_reason == "tool_calls" and not forced.message.content
+            assert [(c.function.name, json.loads(c.function.arguments))
+                    for c in forced.message.tool_calls] == [EXPECTED]
+    finally:
+        live.stop()
