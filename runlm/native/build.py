@@ -89,7 +89,15 @@ ISA_VARIANTS: dict[str, tuple[list[str], frozenset[str]]] = {
              frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe"})),
     "scalar": (["-DRUNLM_SCALAR", "-mtune=native"], frozenset()),
 }
-# elsewhere than x86-64 (ARM): the compiler's own choice for this CPU, and the portable scalar path
+# 64-bit ARM: NEON integer dots, with SDOT where the CPU has the dotprod extension ("asimddp" in /proc/cpuinfo's
+# Features: Apple M1 on, Graviton 2 on, Cortex-A76 on), plain NEON widening multiplies otherwise; the same bits as the
+# scalar path (tests/native/test_arm_kernels.py runs them under qemu-user).
+ARM_VARIANTS: dict[str, tuple[list[str], frozenset[str]]] = {
+    "dotprod": (["-march=armv8.2-a+dotprod"], frozenset({"asimd", "asimddp"})),
+    "neon": (["-march=armv8-a"], frozenset({"asimd"})),
+    "scalar": (["-DRUNLM_SCALAR"], frozenset()),
+}
+# elsewhere: the compiler's own choice for this CPU, and the portable scalar path
 OTHER_VARIANTS: dict[str, list[str]] = {"native": ["-march=native"], "scalar": ["-DRUNLM_SCALAR"]}
 ENV_VAR = "RUNLM_GGUF_KERNELS"
 WALK_ENV_VAR = "RUNLM_DECODE_WALK"
@@ -113,19 +121,28 @@ def x86_64() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
+def aarch64() -> bool:
+    return platform.machine().lower() in ("aarch64", "arm64")
+
+
+def _dispatched() -> dict[str, tuple[list[str], frozenset[str]]] | None:
+    """This architecture's variants chosen by CPU flags (None: the compiler's own choice)."""
+    return ISA_VARIANTS if x86_64() else ARM_VARIANTS if aarch64() else None
+
+
 def variants() -> dict[str, list[str]]:
     """Every variant of this architecture and its compiler flags (on top of CFLAGS)."""
-    if x86_64():
-        return {name: flags for name, (flags, _) in ISA_VARIANTS.items()}
-    return dict(OTHER_VARIANTS)
+    table = _dispatched()
+    return dict(OTHER_VARIANTS) if table is None else {name: flags for name, (flags, _) in table.items()}
 
 
 def best_variant(flags: str | None = None) -> str:
     """The best variant a CPU with these /proc/cpuinfo `flags` (default: this one's) runs."""
-    if not x86_64():
+    table = _dispatched()
+    if table is None:
         return "native"
     have = set((cpu_flags() if flags is None else flags).split())
-    return next(name for name, (_, needs) in ISA_VARIANTS.items() if needs <= have)
+    return next(name for name, (_, needs) in table.items() if needs <= have)
 
 
 def variant() -> str:
@@ -203,8 +220,8 @@ def amx_absence() -> str:
 
 
 __all__ = [
-    "BLOCK_LAYOUTS", "CFLAGS", "DECODE_WALKS", "ENV_VAR", "FLOAT_KERNEL_TYPES", "ISA_VARIANTS", "KERNEL_TYPES",
-    "Q8_0_BYTES", "Q8_0_VALUES", "QK_K", "SOURCE", "SOURCES", "STANDALONE_FLAGS", "WALK_ENV_VAR", "X4", "X4_TYPES",
-    "amx_absence", "best_variant", "build_key", "decode_walk_name", "decode_walk_summary", "source_key", "variant",
-    "variant_cflags", "variants",
+    "ARM_VARIANTS", "BLOCK_LAYOUTS", "CFLAGS", "DECODE_WALKS", "ENV_VAR", "FLOAT_KERNEL_TYPES", "ISA_VARIANTS",
+    "KERNEL_TYPES", "Q8_0_BYTES", "Q8_0_VALUES", "QK_K", "SOURCE", "SOURCES", "STANDALONE_FLAGS", "WALK_ENV_VAR",
+    "X4", "X4_TYPES", "aarch64", "amx_absence", "best_variant", "build_key", "decode_walk_name",
+    "decode_walk_summary", "source_key", "variant", "variant_cflags", "variants",
 ]

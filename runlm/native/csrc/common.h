@@ -66,6 +66,14 @@
 #define RUNLM_AVX2 0
 #endif
 
+// ARM: NEON integer dot products (SDOT where the target has the dotprod extension) under the scalar path's decode.
+#if defined(__ARM_NEON) && defined(__aarch64__) && !defined(RUNLM_SCALAR)
+#define RUNLM_NEON 1
+#include <arm_neon.h>
+#else
+#define RUNLM_NEON 0
+#endif
+
 // VNNI on 256-bit vectors: one vpdpbusd does a byte dot product's multiply, pair sums and int32 accumulation; the
 // integer results are exactly those of the AVX2 maddubs / madd sequence it replaces. Two encodings: AVX-512 VNNI with
 // VL (EVEX), and AVX-VNNI (VEX: Intel since Alder Lake, AMD since Zen 5, on CPUs without AVX-512 too), the avxvnni

@@ -46,10 +46,14 @@ struct DecodeWalk {
 };
 DecodeWalk g_walk;
 
-template <class T, int RW, int R>
-void scalar_dot(const uint8_t* const* w, const typename T::Act* const* a, int64_t nb, float* out) {
+// The scalar path's body: decode each weight block, then per group `group_dot(codes, activation codes, G)` (the exact
+// integer dot of G values), summed with the group scales and mins as below. Every build's result for a type is the
+// same bits whatever `group_dot` computes them with.
+template <class T, int RW, int R, class GroupDot>
+inline void decoded_dot(const uint8_t* const* w, const typename T::Act* const* a, int64_t nb, float* out,
+                        GroupDot group_dot) {
   constexpr int QK = T::QK, G = T::G, NG = QK / G;
-  int8_t q[QK];
+  alignas(16) int8_t q[QK];
   int isc[NG], imn[NG];
   float d, dm;
   float acc[RW * R] = {};
@@ -59,11 +63,7 @@ void scalar_dot(const uint8_t* const* w, const typename T::Act* const* a, int64_
       for (int r = 0; r < R; ++r) {
         const auto& ab = a[r][b];
         int isum = 0;  // sum over groups of scale * (codes . activation codes), exact
-        for (int g = 0; g < NG; ++g) {
-          int s = 0;
-          for (int j = g * G; j < g * G + G; ++j) s += static_cast<int>(q[j]) * static_cast<int>(ab.qs[j]);
-          isum += isc[g] * s;
-        }
+        for (int g = 0; g < NG; ++g) isum += isc[g] * group_dot(q + g * G, ab.qs + g * G);
         if constexpr (QK == 32) {
           acc[i * R + r] += d * ab.d * static_cast<float>(isum) + dm * ab.s;  // ab.s = d_a * sum(codes)
         } else {
@@ -79,6 +79,50 @@ void scalar_dot(const uint8_t* const* w, const typename T::Act* const* a, int64_
     }
   }
   for (int k = 0; k < RW * R; ++k) out[k] = acc[k];
+}
+
+template <class T, int RW, int R>
+void scalar_dot(const uint8_t* const* w, const typename T::Act* const* a, int64_t nb, float* out) {
+  decoded_dot<T, RW, R>(w, a, nb, out, [](const int8_t* q, const int8_t* x) {
+    int s = 0;
+    for (int j = 0; j < T::G; ++j) s += static_cast<int>(q[j]) * static_cast<int>(x[j]);
+    return s;
+  });
+}
+
+#if RUNLM_NEON
+// The exact dot of n (a multiple of 16) int8 codes: SDOT where the target has the dotprod extension, else widening
+// multiplies whose int16 products are pairwise added into int32 lanes.
+inline int32_t neon_dot_i8(const int8_t* q, const int8_t* x, int n) {
+  int32x4_t acc = vdupq_n_s32(0);
+  for (int j = 0; j < n; j += 16) {
+    const int8x16_t u = vld1q_s8(q + j), v = vld1q_s8(x + j);
+#if defined(__ARM_FEATURE_DOTPROD)
+    acc = vdotq_s32(acc, u, v);
+#else
+    acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(u), vget_low_s8(v)));
+    acc = vpadalq_s16(acc, vmull_high_s8(u, v));
+#endif
+  }
+  return vaddvq_s32(acc);
+}
+
+// The row layout's dot on NEON: the scalar path's decode and float steps, its integer dots in vectors.
+template <class T, int RW, int R>
+void neon_dot(const uint8_t* const* w, const typename T::Act* const* a, int64_t nb, float* out) {
+  static_assert(T::G % 16 == 0, "groups of 16 values or more");
+  decoded_dot<T, RW, R>(w, a, nb, out, [](const int8_t* q, const int8_t* x) { return neon_dot_i8(q, x, T::G); });
+}
+#endif
+
+// What a type's dot runs where there is no AVX2 code for it: NEON on ARM, else the scalar path.
+template <class T, int RW, int R>
+inline void portable_dot(const uint8_t* const* w, const typename T::Act* const* a, int64_t nb, float* out) {
+#if RUNLM_NEON
+  neon_dot<T, RW, R>(w, a, nb, out);
+#else
+  scalar_dot<T, RW, R>(w, a, nb, out);
+#endif
 }
 
 #if RUNLM_AVX2

@@ -19,7 +19,7 @@ struct Q4_0 {
     dot32_avx<RW, R>(w, a, nb, out, SIZE, [](const uint8_t* blk) { return nibbles32(blk + 2); }, prod_u8s8, true, false,
                      -8.f);
 #else
-    scalar_dot<Q4_0, RW, R>(w, a, nb, out);
+    portable_dot<Q4_0, RW, R>(w, a, nb, out);
 #endif
   }
 };
@@ -40,7 +40,7 @@ struct Q4_1 {
     dot32_avx<RW, R>(w, a, nb, out, SIZE, [](const uint8_t* blk) { return nibbles32(blk + 4); }, prod_u8s8, true, true,
                      1.f);
 #else
-    scalar_dot<Q4_1, RW, R>(w, a, nb, out);
+    portable_dot<Q4_1, RW, R>(w, a, nb, out);
 #endif
   }
 };
@@ -61,7 +61,7 @@ struct Q5_0 {
 #if RUNLM_AVX2
     dot32_avx<RW, R>(w, a, nb, out, SIZE, unpack_q5_0, prod_u8s8, true, false, -16.f);
 #else
-    scalar_dot<Q5_0, RW, R>(w, a, nb, out);
+    portable_dot<Q5_0, RW, R>(w, a, nb, out);
 #endif
   }
 };
@@ -82,7 +82,7 @@ struct Q5_1 {
 #if RUNLM_AVX2
     dot32_avx<RW, R>(w, a, nb, out, SIZE, unpack_q5_1, prod_u8s8, true, true, 1.f);
 #else
-    scalar_dot<Q5_1, RW, R>(w, a, nb, out);
+    portable_dot<Q5_1, RW, R>(w, a, nb, out);
 #endif
   }
 };
@@ -100,7 +100,7 @@ struct Q8_0 {
     dot32_avx<RW, R>(w, a, nb, out, SIZE, [](const uint8_t* blk) { return load256(blk + 2); }, prod_s8s8, false, false,
                      0.f);
 #else
-    scalar_dot<Q8_0, RW, R>(w, a, nb, out);
+    portable_dot<Q8_0, RW, R>(w, a, nb, out);
 #endif
   }
 };
@@ -155,7 +155,7 @@ struct TableType {
     }
     for (int k = 0; k < RW * R; ++k) out[k] = hsum_ps(acc[k]);
 #else
-    scalar_dot<TableType, RW, R>(w, a, nb, out);
+    portable_dot<TableType, RW, R>(w, a, nb, out);
 #endif
   }
 };
@@ -209,7 +209,7 @@ struct IQ4_XS {
       for (int r = 0; r < R; ++r) sums[r] = sumi[r];
     });
 #else
-    scalar_dot<IQ4_XS, RW, R>(w, a, nb, out);
+    portable_dot<IQ4_XS, RW, R>(w, a, nb, out);
 #endif
   }
 };
@@ -251,7 +251,7 @@ struct Q2_K {
       for (int r = 0; r < R; ++r) sums[r] = sumi[r], mins[r] = min_products(mins16, a[r][b]);
     });
 #else
-    scalar_dot<Q2_K, RW, R>(w, a, nb, out);
+    portable_dot<Q2_K, RW, R>(w, a, nb, out);
 #endif
   }
 };
@@ -304,7 +304,7 @@ struct Q3_K {
       for (int r = 0; r < R; ++r) sums[r] = with_offset<2>(sumi[r], sc16, a[r][b]);  // codes are q' - 4
     });
 #else
-    scalar_dot<Q3_K, RW, R>(w, a, nb, out);
+    portable_dot<Q3_K, RW, R>(w, a, nb, out);
 #endif
   }
 };
@@ -366,7 +366,7 @@ struct QK45 {
       for (int r = 0; r < R; ++r) sums[r] = sumi[r], mins[r] = min_products(mins16, a[r][b]);
     });
 #else
-    scalar_dot<QK45<FIVE>, RW, R>(w, a, nb, out);
+    portable_dot<QK45<FIVE>, RW, R>(w, a, nb, out);
 #endif
   }
 };
@@ -420,7 +420,7 @@ struct Q6_K {
       for (int r = 0; r < R; ++r) sums[r] = with_offset<5>(sumi[r], sc16, a[r][b]);  // codes are q - 32
     });
 #else
-    scalar_dot<Q6_K, RW, R>(w, a, nb, out);
+    portable_dot<Q6_K, RW, R>(w, a, nb, out);
 #endif
   }
 };
