@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from runlm.engine.tools import tool_call_schema
+from runlm.engine.tool_formats import PARAMETER_CLOSE
+from runlm.engine.tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, tool_call_schema
 from runlm.errors import InvalidInputError, RunlmError
 
 
@@ -97,6 +98,10 @@ def _json_options(schema: dict[str, Any] | bool) -> dict[str, Any] | bool:
     return {**schema, "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
 
 
+# what ends a Qwen3-Coder parameter's value
+PARAMETER_END = "\n" + PARAMETER_CLOSE
+
+
 def _marker(text: str, specials: set[str]) -> str:
     """A format's marker in a Lark grammar: the special token where the vocabulary has it as one, else its text."""
     return text if text in specials else json.dumps(text)
@@ -111,10 +116,11 @@ def _functions(tools: list[dict[str, Any]], name: str | None) -> list[tuple[str,
     return found
 
 
-def _lark(alternatives: list[str]) -> str:
-    """A Lark grammar whose start is one of `alternatives` (rule bodies), compiled by llguidance."""
+def _lark(alternatives: list[str], rules: str = "") -> str:
+    """A Lark grammar whose start is one of `alternatives` (rule bodies; `rules`: the rules they use), compiled by
+    llguidance."""
     lark = "start: " + " | ".join(f"call_{i}" for i in range(len(alternatives))) + "\n"
-    lark += "".join(f"call_{i}: {body}\n" for i, body in enumerate(alternatives))
+    lark += "".join(f"call_{i}: {body}\n" for i, body in enumerate(alternatives)) + rules
     return _llguidance().LLMatcher.grammar_from_lark(lark)
 
 
@@ -128,6 +134,28 @@ def grammar_for_harmony_call(tools: list[dict[str, Any]], specials: set[str], na
                   for fn, schema in _functions(tools, name)])
 
 
+def _xml_call(index: int, function: str, schema: dict[str, Any] | bool, specials: set[str]) -> tuple[str, str]:
+    """One Qwen3-Coder call as Lark: (its rule body, the rules it uses). `<tool_call>\\n<function=NAME>\\n`, then each
+    of the schema's parameters in its order (the required ones always) as `<parameter=KEY>\\nVALUE\\n</parameter>\\n`,
+    a string's value any text up to the closing tag, any other value JSON under its schema; then the closings."""
+    properties = (schema.get("properties") or {}) if isinstance(schema, dict) else {}
+    required = set(schema.get("required") or ()) if isinstance(schema, dict) else set()
+    body = [_marker(TOOL_CALL_OPEN, specials), json.dumps(f"\n<function={function}>\n")]
+    rules = ""
+    for k, (key, prop) in enumerate(properties.items()):
+        kind = prop.get("type") if isinstance(prop, dict) else None
+        head = json.dumps(f"<parameter={key}>\n")
+        if kind in (None, "string") or (isinstance(kind, list) and "string" in kind):
+            rule = f"text_{index}_{k}"  # any text, ended by the closing tag (which it takes)
+            rules += f'{rule}[stop={json.dumps(PARAMETER_END)}]: /(?s:.*)/\n'
+            value = rule
+        else:
+            value = f"%json {json.dumps(_json_options(prop))} {json.dumps(PARAMETER_END)}"
+        body.append(f"({head} {value} \"\\n\")" + ("" if key in required else "?"))
+    body += [json.dumps("</function>\n"), _marker(TOOL_CALL_CLOSE, specials)]
+    return " ".join(body), rules
+
+
 def grammar_for_forced_call(call_format: str, tools: list[dict[str, Any]], specials: set[str],
                             name: str | None = None) -> str:
     """An llguidance grammar for one call to `name` (or any of `tools`) in `call_format` (engine.tools'
@@ -136,6 +164,9 @@ def grammar_for_forced_call(call_format: str, tools: list[dict[str, Any]], speci
     if call_format == "mistral-args":
         return _lark([f"{_marker('[TOOL_CALLS]', specials)} {json.dumps(fn)} {_marker('[ARGS]', specials)} "
                       f"%json {json.dumps(_json_options(schema))}" for fn, schema in _functions(tools, name)])
+    if call_format == "qwen3-coder":
+        calls = [_xml_call(i, fn, schema, specials) for i, (fn, schema) in enumerate(_functions(tools, name))]
+        return _lark([body for body, _ in calls], "".join(rules for _, rules in calls))
     call = tool_call_schema(tools, name)
     if call_format == "hermes":
         return _lark([f"{_marker('<tool_call>', specials)} \"\\n\" %json {json.dumps(_json_options(call))} "

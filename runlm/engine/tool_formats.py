@@ -26,7 +26,7 @@ MISTRAL_CALLS, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_
 RawCall = tuple[str, dict[str, Any], str]
 
 
-def _typed(value: str, schema: Any) -> Any:
+def typed_value(value: str, schema: Any) -> Any:
     """A Qwen3-Coder parameter's text as its schema's type: JSON where the schema says it is not a string."""
     kind = schema.get("type") if isinstance(schema, dict) else None
     if kind in (None, "string") or (isinstance(kind, list) and "string" in kind):
@@ -56,7 +56,7 @@ def xml_calls(text: str, parameters: dict[str, Any] | None = None) -> list[RawCa
     calls: list[RawCall] = []
     for name, body in _named_blocks(text, FUNCTION_OPEN, FUNCTION_CLOSE):
         properties = ((parameters or {}).get(name) or {}).get("properties") or {}
-        arguments = {key: _typed(value.removeprefix("\n").removesuffix("\n"), properties.get(key))
+        arguments = {key: typed_value(value.removeprefix("\n").removesuffix("\n"), properties.get(key))
                      for key, value in _named_blocks(body, PARAMETER_OPEN, PARAMETER_CLOSE)}
         calls.append((name, arguments, ""))
     return calls

@@ -15,12 +15,16 @@ from typing import Any
 
 from runlm.engine.stops import partial_suffix
 from runlm.engine.tool_formats import (
+    FUNCTION_CLOSE,
     FUNCTION_OPEN,
     MISTRAL_ARGS,
     MISTRAL_CALLS,
+    PARAMETER_CLOSE,
+    PARAMETER_OPEN,
     RawCall,
     mistral_calls,
     pythonic_calls,
+    typed_value,
     xml_calls,
 )
 
@@ -173,10 +177,10 @@ def might_be_tool_call(text: str) -> bool:
     return True
 
 
-# How a forced call is written, by what the chat template writes: Hermes / Qwen `<tool_call>` JSON (Qwen3-Coder's
-# templates too: its parser reads JSON inside the tags), Mistral's `[TOOL_CALLS]NAME[ARGS]{...}` or older
-# `[TOOL_CALLS][{...}]`, else a bare JSON call (harmony's is the reasoning parser's: engine.harmony).
-FORCED_CALL_FORMATS = ("hermes", "mistral-args", "mistral", "json")
+# How a forced call is written, by what the chat template writes: Qwen3-Coder's `<function=NAME>` XML, Hermes / Qwen
+# `<tool_call>` JSON, Mistral's `[TOOL_CALLS]NAME[ARGS]{...}` or older `[TOOL_CALLS][{...}]`, else a bare JSON call
+# (harmony's is the reasoning parser's: engine.harmony).
+FORCED_CALL_FORMATS = ("qwen3-coder", "hermes", "mistral-args", "mistral", "json")
 # the markers each format writes, which a vocabulary may hold as special tokens
 FORMAT_MARKERS = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, MISTRAL_CALLS, MISTRAL_ARGS)
 
@@ -185,6 +189,8 @@ def forced_call_format(template_source: str) -> str:
     """The format a forced call is written in, read from the chat template's source."""
     if MISTRAL_CALLS in template_source:
         return "mistral-args" if MISTRAL_ARGS in template_source else "mistral"
+    if FUNCTION_OPEN in template_source:
+        return "qwen3-coder"
     return "hermes" if TOOL_CALL_OPEN in template_source else "json"
 
 
@@ -225,7 +231,9 @@ MARKER_SPAN = max(len(marker) for marker in CALL_MARKERS)
 # (the name, no id), after `[TOOL_CALLS]` a Mistral call's (the name, then the id its newest templates write)
 _HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]{1,256})"\s*,\s*"arguments"\s*:\s*()')
 _MISTRAL_HEAD = re.compile(r"\s*([^\s\[\]{}]{1,256})\s*(?:\[CALL_ID\]\s*([^\s\[\]{}]{1,256})\s*)?\[ARGS\]\s*")
-_STREAMED_HEADS = {TOOL_CALL_OPEN: _HERMES_HEAD, MISTRAL_CALLS: _MISTRAL_HEAD}
+# a Qwen3-Coder call's head, `<function=NAME>`, after `<tool_call>` or alone
+_XML_HEAD = re.compile(r"\s*<function=\s*([^>\s]{1,256})\s*>()")
+_STREAMED_HEADS = {TOOL_CALL_OPEN: _HERMES_HEAD, MISTRAL_CALLS: _MISTRAL_HEAD, FUNCTION_OPEN: _XML_HEAD}
 _HEAD_WAIT = 300  # characters of a block after which a head that has not matched never will
 
 
@@ -276,6 +284,63 @@ class JsonObjectEnd:
         return len(text)
 
 
+class XmlArguments:
+    """A Qwen3-Coder call's `<parameter=KEY>\\nVALUE\\n</parameter>` list read as it is written, given out as the
+    JSON object xml_calls makes of it: a string's value in pieces as it comes, any other value (typed by the tool's
+    schema) once its closing tag is read, the closing brace at `</function>`."""
+
+    def __init__(self, properties: dict[str, Any]):
+        self.properties = properties
+        self.state = "between"  # or "string" / "typed": inside a value
+        self.key = ""
+        self.keys = 0  # parameters opened so far
+        self.broken = False  # not the format: the call goes out whole at the end
+
+    def feed(self, text: str, at: int) -> tuple[str, int, bool]:
+        """(JSON text to send, how far `text` is read, whether the call is complete) from position `at` on."""
+        out = ""
+        while True:
+            rest = text[at:]
+            if self.state == "between":
+                body = rest.lstrip()
+                skipped = len(rest) - len(body)
+                if body.startswith(FUNCTION_CLOSE):
+                    return out + ("}" if self.keys else "{}"), at + skipped + len(FUNCTION_CLOSE), True
+                if body.startswith(PARAMETER_OPEN):
+                    close = body.find(">")
+                    if close == -1 or close + 1 == len(body):  # the name, then whether a newline opens the value
+                        return out, at, False
+                    self.key = body[len(PARAMETER_OPEN):close].strip()
+                    at += skipped + close + 1 + (body[close + 1] == "\n")
+                    out += ("{" if not self.keys else ", ") + json.dumps(self.key, ensure_ascii=False) + ": "
+                    self.keys += 1
+                    self.state = "string" if self._textual() else "typed"
+                    out += '"' if self.state == "string" else ""
+                    continue
+                if not any(marker.startswith(body) for marker in (FUNCTION_CLOSE, PARAMETER_OPEN)):
+                    self.broken = True
+                return out, at, False
+            end = rest.find(PARAMETER_CLOSE)
+            if end == -1:
+                if self.state == "string":  # the value so far, less what may still be its closing
+                    ready = rest[: len(rest) - partial_suffix(rest, ("\n" + PARAMETER_CLOSE,))]
+                    out += json.dumps(ready, ensure_ascii=False)[1:-1]
+                    at += len(ready)
+                return out, at, False
+            value = rest[:end].removesuffix("\n")
+            if self.state == "string":
+                out += json.dumps(value, ensure_ascii=False)[1:-1] + '"'
+            else:
+                out += json.dumps(typed_value(value, self.properties.get(self.key)), ensure_ascii=False)
+            at += end + len(PARAMETER_CLOSE)
+            self.state = "between"
+
+    def _textual(self) -> bool:
+        schema = self.properties.get(self.key)
+        kind = schema.get("type") if isinstance(schema, dict) else None
+        return kind in (None, "string") or (isinstance(kind, list) and "string" in kind)
+
+
 @dataclass
 class _StreamedCall:
     index: int
@@ -285,6 +350,8 @@ class _StreamedCall:
     end: int  # how far they were sent
     scan: JsonObjectEnd = field(default_factory=JsonObjectEnd)
     done: bool = False
+    xml: XmlArguments | None = None  # a Qwen3-Coder call's parameters, read into JSON
+    sent: str = ""  # the arguments' text as sent
 
 
 class ToolCallStreamFilter:
@@ -292,10 +359,11 @@ class ToolCallStreamFilter:
 
     Text before a call marker (`<tool_call>`, `[TOOL_CALLS]`, `<function=`) streams, minus a tail that could be
     the start of one; output that opens with `{` or `[` is held whole, since it may be a bare JSON or pythonic call.
-    Calls in Hermes / Qwen JSON (`<tool_call>{"name": ..., "arguments": {...}}`) and Mistral's
-    `[TOOL_CALLS]NAME[ARGS]{...}` to a known tool stream as they are written (`take_deltas`): the name once read,
-    then the arguments' JSON text piece by piece; the call `finish` returns carries that text as its arguments, so
-    the pieces add up to them. `finish` parses what was held: calls
+    Calls in Hermes / Qwen JSON (`<tool_call>{"name": ..., "arguments": {...}}`), Mistral's
+    `[TOOL_CALLS]NAME[ARGS]{...}` and Qwen3-Coder's XML (`<function=NAME><parameter=KEY>...`, given out as the JSON
+    object it reads as) to a known tool stream as they are written (`take_deltas`): the name once read, then the
+    arguments' JSON text piece by piece; the call `finish` returns carries that text as its arguments, so the pieces
+    add up to them. `finish` parses what was held: calls
     come back as ToolCall objects, anything else is released as content.
     """
 
@@ -340,8 +408,8 @@ class ToolCallStreamFilter:
         return deltas
 
     def _stream_calls(self, marker: str, search_from: int) -> None:
-        """Send what can be sent of the calls `marker` opens (`<tool_call>` blocks, Mistral's `[TOOL_CALLS]NAME[ARGS]`)
-        from `search_from` on, one call at a time."""
+        """Send what can be sent of the calls `marker` opens (`<tool_call>` blocks of JSON or of Qwen3-Coder's XML,
+        `<function=` alone, Mistral's `[TOOL_CALLS]NAME[ARGS]`) from `search_from` on, one call at a time."""
         text = self.text
         while True:
             call = self.streamed[-1] if self.streamed and not self.streamed[-1].done else None
@@ -349,29 +417,40 @@ class ToolCallStreamFilter:
                 start = text.find(marker, search_from)
                 if start == -1:
                     return
-                body = start + len(marker)
-                head = _STREAMED_HEADS[marker].match(text, body)
-                if head is None or head.end() == len(text):
+                body = start if marker == FUNCTION_OPEN else start + len(marker)
+                xml = text[body:].lstrip().startswith(FUNCTION_OPEN)
+                head = (_XML_HEAD if xml else _STREAMED_HEADS[marker]).match(text, body)
+                if head is None or (head.end() == len(text) and not xml):
                     # a block closed without a head, or Mistral's older JSON list: not one that streams
                     cannot = (text.find(TOOL_CALL_CLOSE, body) != -1 if marker == TOOL_CALL_OPEN
+                              else text.find(FUNCTION_CLOSE, body) != -1 if marker == FUNCTION_OPEN
                               else text[body:].lstrip()[:1] in ("[", "{"))
                     if cannot or len(text) - body > _HEAD_WAIT:
                         self._streaming = False  # not a call that streams: this one and the rest go out whole
                     return
                 name = head.group(1)
-                if (self.known is not None and name not in self.known) or text[head.end()] != "{":
+                if (self.known is not None and name not in self.known) or (not xml and text[head.end()] != "{"):
                     self._streaming = False
                     return
+                arguments = XmlArguments(((self.parameters or {}).get(name) or {}).get("properties") or {})
                 call = _StreamedCall(len(self.streamed), head.group(2) or "call_" + uuid.uuid4().hex[:24], name,
-                                     head.end(), head.end())
+                                     head.end(), head.end(), xml=arguments if xml else None)
                 self.streamed.append(call)
                 self._deltas.append(CallDelta(call.index, "", call.id, name))
-            fresh = text[call.end:]
-            taken = call.scan.feed(fresh)
-            if taken:
-                self._deltas.append(CallDelta(call.index, fresh[:taken]))
-                call.end += taken
-            if call.scan.depth > 0 or not taken and call.end == call.start:
+            if call.xml is not None:
+                piece, call.end, complete = call.xml.feed(text, call.end)
+                if call.xml.broken:
+                    self._streaming = False
+                    return
+            else:
+                fresh = text[call.end:]
+                taken = call.scan.feed(fresh)
+                piece, call.end = fresh[:taken], call.end + taken
+                complete = call.scan.depth == 0 and call.end > call.start
+            if piece:
+                self._deltas.append(CallDelta(call.index, piece))
+                call.sent += piece
+            if not complete:
                 return
             call.done = True
             search_from = self._next_block = call.end
@@ -383,7 +462,7 @@ class ToolCallStreamFilter:
             content, calls = parse_tool_calls(self.text, self.known, self.parameters)
             for call, sent in zip(calls, self.streamed):
                 if sent.done and call.name == sent.name:
-                    call.id, call.arguments = sent.id, self.text[sent.start : sent.end]
+                    call.id, call.arguments = sent.id, sent.sent
             if calls:
                 i = first_marker(self.text)
                 rest = self.text[self.emitted:i] if i != -1 else ""

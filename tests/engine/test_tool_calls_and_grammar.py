@@ -105,9 +105,10 @@ def test_tool_call_parsing_is_linear_on_long_whitespace_runs():
     assert time.perf_counter() - started < 2.0
 
 
-def streamed_calls(text: str, step: int, known: set[str] | None) -> tuple[str, dict[int, dict], list]:
+def streamed_calls(text: str, step: int, known: set[str] | None,
+                   parameters: dict | None = None) -> tuple[str, dict[int, dict], list]:
     """`text` pushed `step` characters at a time: (content, the calls put together from their pieces, finish's)."""
-    stream = ToolCallStreamFilter(True, known)
+    stream = ToolCallStreamFilter(True, known, parameters)
     content, calls = "", {}
     for i in range(0, len(text), step):
         content += stream.push(text[i : i + step])
@@ -145,6 +146,31 @@ def test_mistral_calls_stream_their_arguments_and_keep_their_ids(step):
     listed = '[TOOL_CALLS][{"name": "get_time", "arguments": {}}]'  # the older JSON list goes out whole
     _, calls, final = streamed_calls(listed, step, {"get_time"})
     assert calls == {} and [c.name for c in final] == ["get_time"]
+
+
+WEATHER_SCHEMAS = {"get_weather": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "units": {"type": ["string", "null"]}}}}
+
+
+@pytest.mark.parametrize("step", [1, 2, 5, 64])
+def test_qwen3_coder_calls_stream_as_the_json_they_read_as(step):
+    """String values stream as they are written, typed ones once closed; the pieces are the JSON object the whole
+    reply parses into, call by call, with or without the <tool_call> wrapper."""
+    text = ('Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan "Fran"\ncisco </b>\n'
+            '</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n'
+            '<tool_call>\n<function=get_time>\n</function>\n</tool_call>')
+    content, calls, final = streamed_calls(text, step, {"get_weather", "get_time"}, WEATHER_SCHEMAS)
+    assert content.strip() == "Let me check."
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
+        ("get_weather", {"city": 'San "Fran"\ncisco </b>', "days": 3}), ("get_time", {})]
+    assert [(c.name, c.id, c.arguments) for c in final] == [
+        (c["name"], c["id"], c["arguments"]) for c in calls.values()]
+    if step == 1:
+        assert calls[0]["pieces"] > 10  # the string came in pieces
+    alone = "<function=get_weather>\n<parameter=units>\nC\n</parameter>\n</function>"
+    _, calls, final = streamed_calls(alone, step, {"get_weather"}, WEATHER_SCHEMAS)
+    assert [json.loads(c["arguments"]) for c in calls.values()] == [{"units": "C"}] == [
+        json.loads(c.arguments) for c in final]
 
 
 def test_calls_that_do_not_stream_go_out_whole_at_the_end():

@@ -19,7 +19,7 @@ REPLIES = {
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}
 EXPECTED = ("get_weather", {"city": "Paris", "days": 2})
-STREAMED = {"hermes", "mistral"}  # the formats whose arguments stream in pieces as they are written
+STREAMED = {"hermes", "mistral", "qwen3-coder"}  # the formats whose arguments stream in pieces as they are written
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +87,7 @@ FORCED = {
                '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'),
     "mistral-args": ("[TOOL_CALLS] [ARGS]", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 2}'),
     "mistral": ("[TOOL_CALLS]", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}]'),
+    "qwen3-coder": ("<tool_call> <function= </function>", REPLIES["qwen3-coder"]),
 }
 
 
