@@ -103,7 +103,12 @@ def attention_factor(scaling: dict | None, max_position: int) -> float:
     original = float(scaling["original_max_position_embeddings"])
     factor = float(scaling.get("factor") or max_position / original)
     if kind == "yarn":
-        return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+        def mscale(m: float) -> float:
+            return 0.1 * m * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+        if scaling.get("mscale") and scaling.get("mscale_all_dim"):  # DeepSeek's and Ministral 3's form
+            return mscale(float(scaling["mscale"])) / mscale(float(scaling["mscale_all_dim"]))
+        return mscale(1.0)
     return math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
 
 

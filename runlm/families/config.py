@@ -51,6 +51,9 @@ class ModelConfig:
     expert_ffn: int = 0
     expert_normalize: bool = False
     shared_expert_ffn: int = 0  # a shared expert's hidden width (Qwen2-MoE), 0 for none
+    # Llama 4's attention temperature (Ministral 3): queries scaled by 1 + t * log(1 + floor(position / length))
+    attn_temperature: float = 0.0
+    attn_temperature_length: int = 0
 
     def is_sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
@@ -118,7 +121,7 @@ ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
 }
 # optional entries: a positive number where present
 ROPE_OPTIONAL: dict[str, tuple[str, ...]] = {
-    "yarn": ("beta_fast", "beta_slow", "attention_factor"),
+    "yarn": ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim"),
     "longrope": ("factor", "attention_factor"),
 }
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -342,9 +345,11 @@ def gguf_rope_scaling(gguf) -> dict | None:
         scaling = {"rope_type": "yarn", "factor": gguf_float(gguf, "rope.scaling.factor"),
                    "original_max_position_embeddings": gguf_int(gguf, "rope.scaling.original_context_length")}
         for entry, key in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow"),
-                           ("attention_factor", "yarn_attn_factor")):
+                           ("attention_factor", "yarn_attn_factor"), ("mscale_all_dim", "yarn_log_multiplier")):
             if (value := gguf_float(gguf, f"rope.scaling.{key}")) is not None:
                 scaling[entry] = value
+        if "mscale_all_dim" in scaling:  # llama.cpp stores only it: the mscale it divides is 1
+            scaling["mscale"] = 1.0
         if gguf.arch_value("rope.scaling.yarn_ext_factor") not in (None, 1.0):
             raise ModelLoadError(f"{where}: yarn_ext_factor {gguf.arch_value('rope.scaling.yarn_ext_factor')} is not "
                                  f"supported (runlm implements 1)")

@@ -152,6 +152,9 @@ class FamilySpec:
         attention = f"sliding window {config.sliding_window} in {sliding} of {layers} layers" if sliding else "full"
         if config.attn_softcap is not None:
             attention += f", soft cap {config.attn_softcap:g}"
+        if config.attn_temperature:
+            attention += (f", query temperature 1 + {config.attn_temperature:g} log(1 + position // "
+                          f"{config.attn_temperature_length})")
         mlp = f"{self.activation} MLP"
         if self.experts and config.num_experts:
             mlp = (f"{self.activation} mixture of {config.num_experts} experts of {config.expert_ffn}, "

@@ -69,6 +69,7 @@ class Block(ctypes.Structure):
         ("expert_gating", _i64), ("expert_normalize", _i64), ("o_bias", _ptr), ("sinks", _ptr), ("gate_up_bias", _ptr),
         ("down_bias", _ptr), ("router_bias", _ptr), ("expert_gate_up_bias", _ptr), ("expert_down_bias", _ptr),
         ("shared_gate_up", Weight * 2), ("n_shared_gate_up", _i64), ("shared_down", Weight), ("shared_gate", Weight),
+        ("attn_temp_scale", _f64), ("attn_temp_length", _i64),
     ]  # fmt: skip
 
 

@@ -147,6 +147,7 @@ class NativeModel:
             qkv_bias=self._address(qkv_bias),
             qk_norm_whole=int(spec.qk_norm_whole), residual_scale=config.residual_scale,
             attn_softcap=config.attn_softcap or 0.0, o_bias=self._address(o_bias), sinks=self._address(sinks),
+            attn_temp_scale=config.attn_temperature, attn_temp_length=config.attn_temperature_length,
         )  # fmt: skip
         library.check(lib.rl_stack_add_block(self.stack, ctypes.byref(block)))
         self.blocks.append(BlockShape(config.num_kv_heads, block.window, sliding))

@@ -21,6 +21,9 @@ def build_decoder(spec: FamilySpec, config: ModelConfig, weights: WeightLoader) 
     if spec.experts and config.num_experts:
         raise ModelLoadError(f"{weights.source.path}: {spec.name} is a mixture of experts, which runs on the native "
                              f"runtime only: load its GGUF file (the PyTorch backend has no experts)")
+    if config.attn_temperature:
+        raise ModelLoadError(f"{weights.source.path}: {spec.name}'s attention temperature runs on the native runtime "
+                             f"only: load a GGUF file of it (the PyTorch backend does not scale queries by position)")
     offset = 0.0 if isinstance(weights.source, GGUFSource) else spec.norm_offset  # GGUF stores 1 + w already
     eps = config.rms_eps
 

@@ -126,6 +126,11 @@ FAMILIES = {
                       "long_factor": [1.0 + 0.5 * i for i in range(24)]}),
     "smollm3": _tiny("SmolLM3Config", "SmolLM3ForCausalLM", rms_norm_eps=1e-6, tie_word_embeddings=True,
                      rope_theta=5e6, pad_token_id=0),
+    # YaRN over an original context of 8 positions, so the attention temperature steps up within the test's prompt
+    "mistral3": _tiny("Ministral3Config", "Ministral3ForCausalLM", rms_norm_eps=1e-5, tie_word_embeddings=False,
+                      rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+                                       "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
+                                       "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}),
 }  # fmt: skip
 
 # Mixture-of-experts families (tests/models/test_moe.py): 8 experts, 2 per token, expert rows 256 wide for the K-quants.

@@ -61,6 +61,10 @@ struct RlBlock {
   int64_t n_shared_gate_up;
   RlWeight shared_down;
   RlWeight shared_gate;  // [1, hidden]
+  // Llama 4's attention temperature (Ministral 3): queries scaled by 1 + temp_scale * log(1 + floor(pos / temp_length))
+  // after RoPE; temp_scale 0 for none.
+  double attn_temp_scale;
+  int64_t attn_temp_length;
 };
 
 namespace {
@@ -220,6 +224,10 @@ int rl_stack_add_block(void* stack, const RlBlock* block) {
     b.residual_scale = static_cast<float>(in.residual_scale);
     RUNLM_CHECK(in.attn_softcap >= 0 && std::isfinite(in.attn_softcap), "bad attention soft cap");
     b.attn_softcap = static_cast<float>(in.attn_softcap);
+    RUNLM_CHECK(std::isfinite(in.attn_temp_scale) && (in.attn_temp_scale == 0 || in.attn_temp_length > 0),
+                "bad attention temperature");
+    b.attn_temp_scale = static_cast<float>(in.attn_temp_scale);
+    b.attn_temp_length = in.attn_temp_length;
     RUNLM_CHECK(in.activation >= kSilu && in.activation <= kSwigluOai, "unknown activation ", in.activation);
     b.activation = in.activation, b.o_bias = in.o_bias, b.sinks = in.sinks;
     b.window = in.window, b.n_heads = in.n_heads, b.n_kv_heads = in.n_kv_heads;

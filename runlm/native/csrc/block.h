@@ -258,6 +258,8 @@ struct BlockWeights {
   float residual_scale = 1.f;
   float attn_softcap = 0.f;  // Gemma 2's cap on attention scores, 0 for none
   const float* sinks = nullptr;  // a sink logit per query head (gpt-oss), or none
+  float attn_temp_scale = 0.f;  // Llama 4's query temperature over position (0: none), in steps of attn_temp_length
+  int64_t attn_temp_length = 0;
   int64_t head_dim = 0;
   std::vector<Weight> qkv;
   Weight o;
@@ -334,7 +336,12 @@ void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, co
         for (int64_t i = half; i < D; ++i) o[i] = (in[i] * c[i] + in[i - half] * sn[i]) * mult;
       };
       const float* row = xp + r * stride;
-      for (int64_t hh = 0; hh < n_heads; ++hh) rope(row + hh * D, q.data() + r * q_width + hh * D, scale);
+      const float temperature =  // 1 + beta log(1 + floor(pos / length)), as transformers' and llama.cpp's Ministral 3
+          b.attn_temp_scale == 0.f
+              ? 1.f
+              : 1.f + b.attn_temp_scale * std::log(static_cast<float>(rpos[r] / b.attn_temp_length) + 1.f);
+      for (int64_t hh = 0; hh < n_heads; ++hh)
+        rope(row + hh * D, q.data() + r * q_width + hh * D, scale * temperature);
       for (int64_t g = 0; g < n_kv_heads; ++g) {
         rope(row + q_width + g * D, knew.data() + r * kv_width + g * D, 1.f);
         std::memcpy(vnew.data() + r * kv_width + g * D, row + q_width + kv_width + g * D, sizeof(float) * D);
