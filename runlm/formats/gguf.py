@@ -26,11 +26,21 @@ GGUF_MAGIC = b"GGUF"
 
 
 class _FileReader:
-    """A file read at offsets (pread), open for as long as a tensor read from it lives."""
+    """A file read at offsets (pread), open for as long as a tensor read from it lives; `release` lets go of the pages
+    of a byte range of its memory map `mapping` that a caller read through the map."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, mapping: mmap.mmap | None = None):
         self.path = path
         self.fd = os.open(path, os.O_RDONLY)
+        self.mapping = mapping
+
+    def release(self, offset: int, nbytes: int) -> None:
+        """Unmap the pages of bytes [offset, offset + nbytes) from the process (the page cache keeps them; a later
+        touch maps them again), so what was read through the map does not stay resident."""
+        if self.mapping is None or not hasattr(mmap, "MADV_DONTNEED") or nbytes <= 0:
+            return
+        start = offset - offset % mmap.PAGESIZE
+        self.mapping.madvise(mmap.MADV_DONTNEED, start, min(offset + nbytes, len(self.mapping)) - start)
 
     def read_into(self, offset: int, out: np.ndarray) -> None:
         view, done = memoryview(out).cast("B"), 0
@@ -50,9 +60,10 @@ class RawTensor:
     """A tensor as stored: its GGUF type name, logical shape (rows, cols...) and raw bytes.
 
     `data` is a view of the file's memory map, for weights used in place (only the pages touched become resident).
-    Copies go through `read_rows`, which reads the file with pread where the tensor is in one (`mapped`): every page
-    touched through a map stays in the process's resident memory for as long as the map lives, so a load that
-    copied weights out of `data` would hold the whole file beside its copy.
+    Copies go through `read_rows`, which reads the file with pread where the tensor is in one (`mapped`), or through
+    `mapped_rows` followed by `release_rows`: every page touched through a map stays in the process's resident
+    memory until it is released, so a load that copied weights out of `data` would hold the whole file beside its
+    copy.
     """
 
     name: str
@@ -66,6 +77,17 @@ class RawTensor:
     def mapped(self) -> bool:
         """Whether `data` is a view of a file's map (so a weight in the file's layout can be used without a copy)."""
         return self.file is not None
+
+    def mapped_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) as a view of the map (a `mapped` tensor's), for one pass over them: `release_rows`
+        lets go of the pages the pass touched."""
+        rows = math.prod(self.shape[:-1])
+        return self.data.reshape(rows, -1).view(np.uint8)[start:stop]
+
+    def release_rows(self, start: int, stop: int) -> None:
+        if self.file is not None:
+            row_bytes = self.data.nbytes // math.prod(self.shape[:-1])
+            self.file.release(self.offset + start * row_bytes, (stop - start) * row_bytes)
 
     def read_rows(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
         """The bytes of rows [start, stop) (rows: all dimensions but the last), into `out` (contiguous, writable,
@@ -127,7 +149,7 @@ class _Part:
         header_bytes = min((info.offset for info in self.tensors.values()), default=size)
         if hasattr(mmap, "MADV_DONTNEED"):  # the header is now Python objects: its pages (the vocabulary) can go
             self.mmap.madvise(mmap.MADV_DONTNEED, 0, header_bytes)
-        self.reader = _FileReader(path) if hasattr(os, "preadv") else None
+        self.reader = _FileReader(path, self.mmap) if hasattr(os, "preadv") else None
 
     def split(self) -> tuple[int, int] | None:
         """(this part's index, the number of parts) where the file is one part of a split model (llama.cpp's

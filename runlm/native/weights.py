@@ -162,8 +162,13 @@ class WeightReader:
                 step = max(group, _CHUNK_BYTES // row_bytes // group * group)
                 for start in range(0, rows, step):
                     stop = min(rows, start + step)
-                    chunk = raw.read_rows(start, stop, self._scratch_rows(stop - start, row_bytes))
-                    library.relayout(chunk, type_id, stop - start, cols, target[start:stop])
+                    if raw.mapped:  # regrouped straight from the map, whose pages then go
+                        library.relayout(raw.mapped_rows(start, stop), type_id, stop - start, cols,
+                                         target[start:stop])
+                        raw.release_rows(start, stop)
+                    else:
+                        chunk = raw.read_rows(start, stop, self._scratch_rows(stop - start, row_bytes))
+                        library.relayout(chunk, type_id, stop - start, cols, target[start:stop])
             first += rows
         return Part(out, type_id + (X4 if x4 else 0), total)
 
