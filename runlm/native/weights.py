@@ -102,8 +102,7 @@ class WeightReader:
 
     def linear(self, names: Sequence[str]) -> list[Part]:
         """One projection from weights stacked along the output dimension (q/k/v, gate/up): one part where they
-        share a type and width and are regrouped (interleaved where every one has whole groups), else one part each
-        (the file's own layout: each read in place from the map)."""
+        share a type and width (interleaved where every one has whole groups), else one part each."""
         return self._linear([self.raw(name) for name in names],
                             [self.spec.qk_rows_order(name, self.config) for name in names])
 
@@ -119,18 +118,9 @@ class WeightReader:
             if raw.type_name not in RUN_TYPES or len(raw.shape) != 2:
                 raise NativeRefusal(f"its tensor {raw.name!r} is stored as {raw.type_name}, which runlm's kernels do "
                                     f"not run")
-        # weights read in place from the map stay separate parts (stacking them would copy them); the others share
-        # one regrouped buffer where they share a type and width
-        in_place = all(raw.mapped and order is None and not self._group(raw) for raw, order in zip(raws, orders))
-        if len({(raw.type_name, raw.shape[1]) for raw in raws}) == 1 and not in_place:
+        if len({(raw.type_name, raw.shape[1]) for raw in raws}) == 1:
             return [self._part(raws, orders)]
         return [self._part([raw], [order]) for raw, order in zip(raws, orders)]
-
-    @staticmethod
-    def _group(raw: RawTensor) -> int:
-        """Rows per group of the interleaved layout `raw` is regrouped into (0: it keeps the file's layout)."""
-        group = library.group_rows(RUN_TYPES[raw.type_name]) if raw.type_name in X4_TYPES and library.simd() else 0
-        return group if group and raw.shape[0] % group == 0 else 0
 
     def _part(self, raws: list[RawTensor], orders: list[list[int] | None]) -> Part:
         type_name, cols = raws[0].type_name, raws[0].shape[1]
@@ -139,9 +129,8 @@ class WeightReader:
             raise NativeRefusal(f"its tensor {raws[0].name!r} has rows of {cols} values, not whole {type_name} blocks")
         row_bytes = cols // block_values * block_bytes
         type_id = RUN_TYPES[type_name]
-        groups = [self._group(raw) for raw in raws]
-        x4 = all(groups)
-        group = groups[0]
+        group = library.group_rows(type_id) if type_name in X4_TYPES and library.simd() else 0
+        x4 = group > 0 and all(raw.shape[0] % group == 0 for raw in raws)
         if len(raws) == 1 and orders[0] is None and raws[0].mapped and not x4:
             return Part(raws[0].data.view(np.uint8).reshape(raws[0].shape[0], row_bytes), type_id, raws[0].shape[0])
         total = sum(raw.shape[0] for raw in raws)
