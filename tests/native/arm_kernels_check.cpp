@@ -1,12 +1,17 @@
 // Every weight type's row-layout dot product as this build runs it (NEON on ARM) against the scalar path, bit for
 // bit, for the tiles the GEMM driver uses: random blocks (finite scales), random activations quantized as the
-// kernels quantize them. Built with kernels.cpp (standalone) by tests/native/test_arm_kernels.py and run under
-// qemu-user. `--corrupt`: the build's side reads one weight byte changed, which the check must report.
-#include "kernels.cpp"
-
+// kernels quantize them. Built from the kernels' first four parts (those that hold them; standalone) by
+// tests/native/test_arm_kernels.py and run under qemu-user. `--corrupt`: the build's side reads one weight byte
+// changed, which the check must report.
 #include <cstdio>
 #include <cstring>
 #include <random>
+
+#include "common.h"
+#include "act_quant.h"
+#include "dot.h"
+#include "types.h"
+}  // namespace: the one common.h opens (block.h closes it in kernels.cpp)
 
 namespace {
 
