@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from runlm.engine.tool_formats import PARAMETER_CLOSE
+from runlm.engine.tool_formats import PARAMETER_CLOSE, textual
 from runlm.engine.tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, tool_call_schema
 from runlm.errors import InvalidInputError, RunlmError
 
@@ -143,9 +143,8 @@ def _xml_call(index: int, function: str, schema: dict[str, Any] | bool, specials
     body = [_marker(TOOL_CALL_OPEN, specials), json.dumps(f"\n<function={function}>\n")]
     rules = ""
     for k, (key, prop) in enumerate(properties.items()):
-        kind = prop.get("type") if isinstance(prop, dict) else None
         head = json.dumps(f"<parameter={key}>\n")
-        if kind in (None, "string") or (isinstance(kind, list) and "string" in kind):
+        if textual(prop):
             rule = f"text_{index}_{k}"  # any text, ended by the closing tag (which it takes)
             rules += f'{rule}[stop={json.dumps(PARAMETER_END)}]: /(?s:.*)/\n'
             value = rule

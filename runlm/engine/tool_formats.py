@@ -26,10 +26,15 @@ MISTRAL_CALLS, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_
 RawCall = tuple[str, dict[str, Any], str]
 
 
+def textual(schema: Any) -> bool:
+    """Whether a parameter's JSON schema takes a string (or says no type): its value is written as bare text."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    return kind in (None, "string") or (isinstance(kind, list) and "string" in kind)
+
+
 def typed_value(value: str, schema: Any) -> Any:
     """A Qwen3-Coder parameter's text as its schema's type: JSON where the schema says it is not a string."""
-    kind = schema.get("type") if isinstance(schema, dict) else None
-    if kind in (None, "string") or (isinstance(kind, list) and "string" in kind):
+    if textual(schema):
         return value
     try:
         return json.loads(value)

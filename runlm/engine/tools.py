@@ -24,6 +24,7 @@ from runlm.engine.tool_formats import (
     RawCall,
     mistral_calls,
     pythonic_calls,
+    textual,
     typed_value,
     xml_calls,
 )
@@ -314,7 +315,7 @@ class XmlArguments:
                     at += skipped + close + 1 + (body[close + 1] == "\n")
                     out += ("{" if not self.keys else ", ") + json.dumps(self.key, ensure_ascii=False) + ": "
                     self.keys += 1
-                    self.state = "string" if self._textual() else "typed"
+                    self.state = "string" if textual(self.properties.get(self.key)) else "typed"
                     out += '"' if self.state == "string" else ""
                     continue
                 if not any(marker.startswith(body) for marker in (FUNCTION_CLOSE, PARAMETER_OPEN)):
@@ -334,11 +335,6 @@ class XmlArguments:
                 out += json.dumps(typed_value(value, self.properties.get(self.key)), ensure_ascii=False)
             at += end + len(PARAMETER_CLOSE)
             self.state = "between"
-
-    def _textual(self) -> bool:
-        schema = self.properties.get(self.key)
-        kind = schema.get("type") if isinstance(schema, dict) else None
-        return kind in (None, "string") or (isinstance(kind, list) and "string" in kind)
 
 
 @dataclass
