@@ -113,25 +113,27 @@ def attention_factor(scaling: dict | None, max_position: int) -> float:
 
 
 def rope_frequencies(config: ModelConfig, freq_factors: np.ndarray | None = None) -> list[tuple[np.ndarray, float]]:
-    """Every RoPE a model's layers use, as (inverse frequencies [head_dim / 2], cos / sin scale), in the order
-    `rope_index` numbers them: the global one, the sliding-window layers' own base where they have one, then zeros
-    for layers without RoPE (cos 1, sin 0: the rows pass unchanged, bit for bit). Partial RoPE rotates the first
-    rope_dims / 2 pairs and leaves the rest at zero frequency (FamilySpec.qk_rows_order puts each head's rotated
-    values there). LongRoPE takes its long factors where the model's context passes the original one."""
+    """Every RoPE a model's layers use, as (inverse frequencies [head dim / 2], cos / sin scale), in the order
+    `rope_index` numbers them: the global one, the sliding-window layers' own base where they have one (over their own
+    head size where it differs: Gemma 4), then zeros for layers without RoPE (cos 1, sin 0: the rows pass unchanged,
+    bit for bit). Partial RoPE rotates the first rope_dims / 2 pairs and leaves the rest at zero frequency
+    (FamilySpec.qk_rows_order puts each head's rotated values there). LongRoPE takes its long factors where the
+    model's context passes the original one. `freq_factors` (GGUF's rope_freqs) apply to the global RoPE only."""
     layers = range(config.num_layers)
-    rotated = config.rope_dims or config.head_dim
 
-    def padded(frequencies: np.ndarray) -> np.ndarray:
-        return np.concatenate([frequencies, np.zeros((config.head_dim - rotated) // 2, dtype=np.float32)])
-
-    def rope(theta: float, scaling: dict | None, factors: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+    def rope(theta: float, scaling: dict | None, width: int, rotated: int,
+             factors: np.ndarray | None = None) -> tuple[np.ndarray, float]:
         original = (scaling or {}).get("original_max_position_embeddings") or config.max_position
         frequencies = inv_freq(rotated, theta, scaling, factors, long_context=config.max_position > original)
-        return padded(frequencies), attention_factor(scaling, config.max_position)
+        padded = np.concatenate([frequencies, np.zeros((width - rotated) // 2, dtype=np.float32)])
+        return padded, attention_factor(scaling, config.max_position)
 
-    ropes = [rope(config.rope_theta, config.rope_scaling, freq_factors)]
+    rotated = config.rope_dims or config.head_dim
+    ropes = [rope(config.rope_theta, config.rope_scaling, config.head_dim, rotated, freq_factors)]
     if config.rope_local_theta is not None and any(config.is_sliding(i) for i in layers):
-        ropes.append(rope(config.rope_local_theta, config.local_rope_scaling))
+        width = config.sliding_head_dim or config.head_dim
+        ropes.append(rope(config.rope_local_theta, config.local_rope_scaling, width,
+                          width if config.sliding_head_dim else rotated))
     if not all(config.has_rope(i) for i in layers):
         ropes.append((np.zeros(config.head_dim // 2, dtype=np.float32), 1.0))
     return ropes

@@ -306,7 +306,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("vocabulary", str(cfg.vocab_size)),
         ("layers", str(cfg.num_layers)),
         ("hidden size", str(cfg.hidden_size)),
-        ("heads (q / kv)", f"{cfg.num_heads} / {cfg.num_kv_heads} of {cfg.head_dim}"),
+        ("heads (q / kv)", _heads_row(cfg)),
         *_family_rows(loaded),
         ("chat template", "yes" if loaded.chat_template is not None else "no"),
         ("runtime", loaded.runtime),
@@ -317,11 +317,19 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _heads_row(cfg) -> str:
+    """Query and KV heads and their size; sliding-window layers' own where they differ (Gemma 4)."""
+    heads = f"{cfg.num_heads} / {cfg.num_kv_heads} of {cfg.head_dim}"
+    if cfg.sliding_head_dim or cfg.sliding_kv_heads:
+        sliding = cfg.sliding_kv_heads or cfg.num_kv_heads, cfg.sliding_head_dim or cfg.head_dim
+        heads += f" (sliding-window layers: {cfg.num_heads} / {sliding[0]} of {sliding[1]})"
+    return heads
+
+
 def memory_row(path, ctx: int | None) -> tuple[str, bool] | None:
     """What a GGUF model needs in memory, read from its header before anything loads: its weights (the file, mapped
     and read in place) and its KV cache at the context (f16, sliding-window layers holding their window), against
     the memory available now; and whether it fits. None for a Hugging Face directory."""
-    from runlm.families.config import SLIDING
     from runlm.formats.gguf import GGUFFile, weights_bytes_per_token
     from runlm.native.model import model_config
 
@@ -330,9 +338,10 @@ def memory_row(path, ctx: int | None) -> tuple[str, bool] | None:
     gguf = GGUFFile(path)
     _, cfg = model_config(gguf)
     positions = min(ctx or cfg.max_position, cfg.max_position)
-    types = cfg.layer_types or ["full"] * cfg.num_layers
-    per_position = 2 * cfg.num_kv_heads * cfg.head_dim * 2  # a key and a value row, f16
-    kv = sum(per_position * (min(positions, cfg.sliding_window) if kind == SLIDING else positions) for kind in types)
+    kv = 0
+    for layer in range(cfg.num_layers):
+        per_position = 2 * cfg.layer_kv_heads(layer) * cfg.layer_head_dim(layer) * 2  # a key and a value row, f16
+        kv += per_position * (min(positions, cfg.sliding_window) if cfg.is_sliding(layer) else positions)
     weights = sum(part.stat().st_size for part in gguf.paths)
     available = meminfo_bytes("MemAvailable")
     need = weights + kv

@@ -54,9 +54,18 @@ class ModelConfig:
     # Llama 4's attention temperature (Ministral 3): queries scaled by 1 + t * log(1 + floor(position / length))
     attn_temperature: float = 0.0
     attn_temperature_length: int = 0
+    # Gemma 4's sliding-window layers' own head size and KV heads (None: head_dim and num_kv_heads, as every layer)
+    sliding_head_dim: int | None = None
+    sliding_kv_heads: int | None = None
 
     def is_sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
+
+    def layer_head_dim(self, layer: int) -> int:
+        return self.sliding_head_dim if self.sliding_head_dim and self.is_sliding(layer) else self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        return self.sliding_kv_heads if self.sliding_kv_heads and self.is_sliding(layer) else self.num_kv_heads
 
     def has_rope(self, layer: int) -> bool:
         return not self.rope_layers or self.rope_layers[layer]
@@ -74,6 +83,8 @@ LIMITS: dict[str, tuple[int, int]] = {
     "head_dim": (2, 1024),
     "max_position": (1, 1 << 24),
     "sliding_window": (1, 1 << 16),
+    "sliding_head_dim": (2, 1024),
+    "sliding_kv_heads": (1, 1024),
 }
 # Bounds of the mixture-of-experts numbers, checked where a model has experts.
 EXPERT_LIMITS: dict[str, tuple[int, int]] = {
@@ -111,6 +122,8 @@ KEY_NAMES: dict[str, tuple[str, str]] = {
     "experts_per_token": ("expert_used_count", "num_experts_per_tok"),
     "expert_ffn": ("expert_feed_forward_length", "moe_intermediate_size"),
     "shared_expert_ffn": ("expert_shared_feed_forward_length", "shared_expert_intermediate_size"),
+    "sliding_head_dim": ("attention.key_length_swa", "head_dim"),
+    "sliding_kv_heads": ("attention.head_count_kv", "num_key_value_heads"),
 }
 # rope_type -> the entries rope_inv_freq reads (runlm/pytorch/nn.py implements these and no others).
 ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
@@ -170,7 +183,7 @@ def check_config(config: ModelConfig, where: str, source: str = "gguf", arch: st
 
     for name, (low, high) in LIMITS.items():
         value = getattr(config, name)
-        if not (name == "sliding_window" and value is None):
+        if not (name in ("sliding_window", "sliding_head_dim", "sliding_kv_heads") and value is None):
             integer(value, f"{where}: {key(name)}", low, high)
     if config.num_experts:
         for name, (low, high) in EXPERT_LIMITS.items():
@@ -178,10 +191,12 @@ def check_config(config: ModelConfig, where: str, source: str = "gguf", arch: st
         if config.experts_per_token > config.num_experts:
             raise fail("experts_per_token", f"is {config.experts_per_token}, more than the {config.num_experts} "
                                             f"experts")
-    if config.num_heads % config.num_kv_heads:
-        raise fail("num_kv_heads", f"is {config.num_kv_heads}, expected a divisor of the {config.num_heads} heads")
-    if config.head_dim % 2:
-        raise fail("head_dim", f"is {config.head_dim}, expected an even head size (RoPE rotates pairs)")
+    for name in ("num_kv_heads", "sliding_kv_heads"):
+        if getattr(config, name) and config.num_heads % getattr(config, name):
+            raise fail(name, f"is {getattr(config, name)}, expected a divisor of the {config.num_heads} heads")
+    for name in ("head_dim", "sliding_head_dim"):
+        if getattr(config, name) and getattr(config, name) % 2:
+            raise fail(name, f"is {getattr(config, name)}, expected an even head size (RoPE rotates pairs)")
     if not 0 < number(config.rms_eps, f"{where}: {key('rms_eps')}") < 1:
         raise fail("rms_eps", f"is {config.rms_eps}, expected a small positive number")
     number(config.rope_theta, f"{where}: {key('rope_theta')}")
@@ -243,53 +258,59 @@ def expected_shapes(config: ModelConfig, qk_norm_whole: bool = False) -> Callabl
     """The shape each shared-layer weight must have under `config` (HF names; None: no rule), so a source can
     refuse a tensor that does not match the hyperparameters before its data is read (WeightSource.expect).
     `qk_norm_whole`: the family's q / k norms span the whole projections (FamilySpec.qk_norm_whole)."""
-    hidden, heads, kv, hd = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
-    table = {
-        "self_attn.qkv_proj.weight": ((heads + 2 * kv) * hd, hidden),
-        "mlp.gate_up_proj.weight": (2 * config.intermediate_size, hidden),
-        "self_attn.q_proj.bias": (heads * hd,),
-        "self_attn.k_proj.bias": (kv * hd,),
-        "self_attn.v_proj.bias": (kv * hd,),
-        "self_attn.q_proj.weight": (heads * hd, hidden),
-        "self_attn.k_proj.weight": (kv * hd, hidden),
-        "self_attn.v_proj.weight": (kv * hd, hidden),
-        "self_attn.o_proj.weight": (hidden, heads * hd),
-        "self_attn.q_norm.weight": (heads * hd,) if qk_norm_whole else (hd,),
-        "self_attn.k_norm.weight": (kv * hd,) if qk_norm_whole else (hd,),
-        "mlp.gate_proj.weight": (config.intermediate_size, hidden),
-        "mlp.up_proj.weight": (config.intermediate_size, hidden),
-        "mlp.down_proj.weight": (hidden, config.intermediate_size),
-        "mlp.gate.weight": (config.num_experts, hidden),
-        "mlp.gate.bias": (config.num_experts,),
-        "mlp.shared_expert.gate_proj.weight": (config.shared_expert_ffn, hidden),
-        "mlp.shared_expert.up_proj.weight": (config.shared_expert_ffn, hidden),
-        "mlp.shared_expert.down_proj.weight": (hidden, config.shared_expert_ffn),
-        "mlp.experts.gate_proj.bias": (config.num_experts, config.expert_ffn),
-        "mlp.experts.up_proj.bias": (config.num_experts, config.expert_ffn),
-        "mlp.experts.down_proj.bias": (config.num_experts, hidden),
-        "self_attn.o_proj.bias": (hidden,),
-        "self_attn.sinks.weight": (heads,),
-        "mlp.experts.gate_proj.weight": (config.num_experts, config.expert_ffn, hidden),
-        "mlp.experts.up_proj.weight": (config.num_experts, config.expert_ffn, hidden),
-        "mlp.experts.down_proj.weight": (config.num_experts, hidden, config.expert_ffn),
-        "input_layernorm.weight": (hidden,),
-        "post_attention_layernorm.weight": (hidden,),
-        "pre_feedforward_layernorm.weight": (hidden,),
-        "post_feedforward_layernorm.weight": (hidden,),
-    }
+    hidden, heads = config.hidden_size, config.num_heads
+
+    def table(layer: int) -> dict[str, tuple[int, ...]]:
+        kv, hd = config.layer_kv_heads(layer), config.layer_head_dim(layer)
+        return {
+            "self_attn.qkv_proj.weight": ((heads + 2 * kv) * hd, hidden),
+            "mlp.gate_up_proj.weight": (2 * config.intermediate_size, hidden),
+            "self_attn.q_proj.bias": (heads * hd,),
+            "self_attn.k_proj.bias": (kv * hd,),
+            "self_attn.v_proj.bias": (kv * hd,),
+            "self_attn.q_proj.weight": (heads * hd, hidden),
+            "self_attn.k_proj.weight": (kv * hd, hidden),
+            "self_attn.v_proj.weight": (kv * hd, hidden),
+            "self_attn.o_proj.weight": (hidden, heads * hd),
+            "self_attn.q_norm.weight": (heads * hd,) if qk_norm_whole else (hd,),
+            "self_attn.k_norm.weight": (kv * hd,) if qk_norm_whole else (hd,),
+            "mlp.gate_proj.weight": (config.intermediate_size, hidden),
+            "mlp.up_proj.weight": (config.intermediate_size, hidden),
+            "mlp.down_proj.weight": (hidden, config.intermediate_size),
+            "mlp.gate.weight": (config.num_experts, hidden),
+            "mlp.gate.bias": (config.num_experts,),
+            "mlp.shared_expert.gate_proj.weight": (config.shared_expert_ffn, hidden),
+            "mlp.shared_expert.up_proj.weight": (config.shared_expert_ffn, hidden),
+            "mlp.shared_expert.down_proj.weight": (hidden, config.shared_expert_ffn),
+            "mlp.experts.gate_proj.bias": (config.num_experts, config.expert_ffn),
+            "mlp.experts.up_proj.bias": (config.num_experts, config.expert_ffn),
+            "mlp.experts.down_proj.bias": (config.num_experts, hidden),
+            "self_attn.o_proj.bias": (hidden,),
+            "self_attn.sinks.weight": (heads,),
+            "mlp.experts.gate_proj.weight": (config.num_experts, config.expert_ffn, hidden),
+            "mlp.experts.up_proj.weight": (config.num_experts, config.expert_ffn, hidden),
+            "mlp.experts.down_proj.weight": (config.num_experts, hidden, config.expert_ffn),
+            "input_layernorm.weight": (hidden,),
+            "post_attention_layernorm.weight": (hidden,),
+            "pre_feedforward_layernorm.weight": (hidden,),
+            "post_feedforward_layernorm.weight": (hidden,),
+            "layer_scalar.weight": (1,),
+        }
+
     top = {
         "model.embed_tokens.weight": (config.vocab_size, hidden),
         "lm_head.weight": (config.vocab_size, hidden),
         "model.norm.weight": (hidden,),
-        "rope_freqs.weight": (hd // 2,),
+        "rope_freqs.weight": (config.head_dim // 2,),
     }
 
     def rule(name: str) -> tuple[int, ...] | None:
         if name in top:
             return top[name]
         parts = name.split(".", 3)
-        if len(parts) == 4 and parts[:2] == ["model", "layers"]:
-            return table.get(parts[3])
+        if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[2].isdigit():
+            layer = int(parts[2])
+            return table(layer).get(parts[3]) if layer < config.num_layers else None
         return None
 
     return rule
@@ -357,8 +378,9 @@ def gguf_rope_scaling(gguf) -> dict | None:
     raise ModelLoadError(f"{where}: rope scaling {_show(kind)} is not supported (runlm implements: linear, yarn)")
 
 
-def gguf_common_config(gguf) -> dict[str, Any]:
-    """The ModelConfig fields every llama.cpp architecture writes the same way (ranges: check_config)."""
+def gguf_common_config(gguf, num_kv_heads: int | None = None) -> dict[str, Any]:
+    """The ModelConfig fields every llama.cpp architecture writes the same way (ranges: check_config).
+    `num_kv_heads`: where the family reads attention.head_count_kv itself (a list per layer: Gemma 4)."""
     heads = gguf_int(gguf, "attention.head_count")
     hidden = gguf_int(gguf, "embedding_length")
     integer(heads, f"{gguf.path}: {gguf.architecture}.attention.head_count", *LIMITS["num_heads"])
@@ -381,7 +403,7 @@ def gguf_common_config(gguf) -> dict[str, Any]:
         num_layers=integer(gguf_int(gguf, "block_count"), f"{gguf.path}: {gguf.architecture}.block_count",
                            *LIMITS["num_layers"]),
         num_heads=heads,
-        num_kv_heads=gguf_int(gguf, "attention.head_count_kv", heads),
+        num_kv_heads=num_kv_heads or gguf_int(gguf, "attention.head_count_kv", heads),
         head_dim=head_dim,
         rms_eps=gguf_float(gguf, "attention.layer_norm_rms_epsilon", 1e-6),
         rope_theta=gguf_float(gguf, "rope.freq_base", 10000.0),

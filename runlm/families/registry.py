@@ -11,7 +11,7 @@ from runlm.families.spec import FamilySpec
 _SPECS: dict[str, FamilySpec] = {}
 # one module per family under runlm.families; each registers itself on import
 _FAMILY_MODULES = ("llama", "mistral", "mistral3", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3",
-                   "granite", "olmo2", "phi3", "smollm3", "gpt_oss")
+                   "gemma4", "granite", "olmo2", "phi3", "smollm3", "gpt_oss")
 
 
 def register(spec: FamilySpec) -> FamilySpec:

@@ -50,6 +50,11 @@ class FamilySpec:
       (ModelConfig.num_experts ...; none: a dense MLP).
     - `shared_expert`: beside the routed experts, one every token runs, its output scaled by a sigmoid of its own
       one-row gate (Qwen2-MoE).
+    - `values_from_keys`: a layer the file gives no value projection takes its key projection's output (before the
+      keys' norm and RoPE) as its values (Gemma 4's full-attention layers).
+    - `value_norm`: an RMSNorm without weights over each value head (Gemma 4).
+    - `layer_scalar`: each block's output, the whole residual stream, is multiplied by the block's `layer_scalar`
+      where the file has one (Gemma 4).
     Sliding-window layers, their RoPE base, layers without RoPE, soft-caps, the attention scale, a Q/K/V bias and
     Granite's multipliers are read from the file into ModelConfig or from its tensors.
     """
@@ -77,6 +82,9 @@ class FamilySpec:
     shared_expert: bool = False
     biases: bool = False
     attention_sinks: bool = False
+    values_from_keys: bool = False
+    value_norm: bool = False
+    layer_scalar: bool = False
 
     def __post_init__(self):
         if self.norms not in NORM_PLACEMENTS:

@@ -470,6 +470,7 @@ _GGUF_LAYER_NAMES = {
     "mlp.shared_expert.up_proj": "ffn_up_shexp",
     "mlp.shared_expert.down_proj": "ffn_down_shexp",
     "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+    "layer_scalar": "layer_output_scale",  # Gemma 4's scale of a block's output
 }
 
 

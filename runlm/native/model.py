@@ -46,6 +46,7 @@ class BlockShape:
     """What the Python side needs of a block: its cache's shape and kind."""
 
     n_kv_heads: int
+    head_dim: int
     window: int  # 0: full attention
     ring: bool  # its cache is a ring of the window
 
@@ -59,8 +60,9 @@ def model_config(gguf: GGUFFile) -> tuple[FamilySpec, ModelConfig]:
 def refusal(spec: FamilySpec, config: ModelConfig, path: Path) -> str | None:
     """Why a model cannot run on the native runtime, from its spec and numbers alone (None: nothing yet; its tensor
     types are checked as they are read)."""
-    if config.head_dim % 8:
-        return f"its heads have {config.head_dim} values, not a multiple of 8"
+    odd = sorted({d for d in map(config.layer_head_dim, range(config.num_layers)) if d % 8})
+    if odd:
+        return f"its heads have {odd[0]} values, not a multiple of 8"
     if spec.vision and find_mmproj(path):
         return f"a vision projector lies beside it ({find_mmproj(path)[0].name}), and its tower runs on PyTorch"
     return None
@@ -85,9 +87,11 @@ class NativeModel:
         if threads:
             library.set_threads(threads)
         self.kv_dtype, self.kv_code = KV_TYPES[kv_type]
-        self.head_dim, self.hidden = config.head_dim, config.hidden_size
-        if kv_type == "q8_0" and self.head_dim % Q8_0_VALUES:
-            raise InvalidInputError(f"kv_type q8_0 needs a head dim that is a multiple of 32, not {self.head_dim}")
+        self.hidden = config.hidden_size
+        head_dims = {config.layer_head_dim(i) for i in range(config.num_layers)}
+        if kv_type == "q8_0" and any(d % Q8_0_VALUES for d in head_dims):
+            raise InvalidInputError(f"kv_type q8_0 needs a head dim that is a multiple of 32, not "
+                                    f"{min(d for d in head_dims if d % Q8_0_VALUES)}")
         self.vocab_size, self.context = config.vocab_size, config.max_position
         try:
             self._build(lib, WeightReader(gguf, self.spec, config))
@@ -104,7 +108,8 @@ class NativeModel:
         spec, config = self.spec, self.config
         freq_factors = reader.floats("rope_freqs.weight") if reader.has("rope_freqs.weight") else None
         self.ropes = rope_frequencies(config, freq_factors)
-        self._rope_tables = [(np.empty((0, self.head_dim), np.float32),) * 2 for _ in self.ropes]
+        self._rope_widths = [2 * len(frequencies) for frequencies, _ in self.ropes]
+        self._rope_tables = [(np.empty((0, width), np.float32),) * 2 for width in self._rope_widths]
         self.stack = lib.rl_stack_new()
         weakref.finalize(self, lib.rl_stack_free, self.stack)
         self._kept: list[np.ndarray] = []
@@ -129,28 +134,38 @@ class NativeModel:
                  for name in spec.norm_names]
         q_norm = self._address(reader.floats(p + "self_attn.q_norm.weight")) if spec.qk_norm else None
         k_norm = self._address(reader.floats(p + "self_attn.k_norm.weight")) if spec.qk_norm else None
-        qkv = reader.linear(spec.qkv_names(p))
-        qkv_bias = reader.bias(spec.qkv_names(p, "bias"))
+        # Gemma 4's full-attention layers have no value projection: their keys' projection gives the values too
+        values_from_keys = spec.values_from_keys and not reader.has(p + "self_attn.v_proj.weight")
+        qkv_names = spec.qkv_names(p)[: 2 if values_from_keys else 3]
+        qkv = reader.linear(qkv_names)
+        qkv_bias = reader.bias(spec.qkv_names(p, "bias")[: len(qkv_names)])
         (o,) = reader.linear([p + "self_attn.o_proj.weight"])
         self._kept += [part.data for part in (*qkv, o)]
         o_bias = reader.bias([p + "self_attn.o_proj.bias"]) if spec.biases else None
         sinks = reader.floats(p + "self_attn.sinks.weight") if spec.attention_sinks else None
         mlp = self._experts(reader, p) if spec.experts and config.num_experts else self._dense_mlp(reader, p)
         sliding = config.is_sliding(i)
+        out_scale = 1.0
+        if spec.layer_scalar and reader.has(p + "layer_scalar.weight"):
+            (out_scale,) = reader.floats(p + "layer_scalar.weight").ravel().tolist()
+            if not (np.isfinite(out_scale) and out_scale > 0):
+                raise ModelLoadError(f"{self.path}: layer {i}'s output scale is {out_scale}, expected a positive "
+                                     f"number")
         block = library.Block(
             norms=(ctypes.c_void_p * 4)(*norms), n_norms=len(norms), hidden=self.hidden, eps=config.rms_eps,
             q_norm=q_norm, k_norm=k_norm,
             qkv=(library.Weight * 3)(*(part.weight() for part in qkv)), n_qkv=len(qkv), o=o.weight(),
             **mlp, activation=ACTIVATIONS.index(spec.activation),
             rope=rope_index(config, i), window=config.sliding_window if sliding else 0,
-            n_heads=config.num_heads, n_kv_heads=config.num_kv_heads, scale=default_attention_scale(config),
+            n_heads=config.num_heads, n_kv_heads=config.layer_kv_heads(i), scale=default_attention_scale(config),
             qkv_bias=self._address(qkv_bias),
             qk_norm_whole=int(spec.qk_norm_whole), residual_scale=config.residual_scale,
             attn_softcap=config.attn_softcap or 0.0, o_bias=self._address(o_bias), sinks=self._address(sinks),
             attn_temp_scale=config.attn_temperature, attn_temp_length=config.attn_temperature_length,
+            values_from_keys=int(values_from_keys), value_norm=int(spec.value_norm), out_scale=out_scale,
         )  # fmt: skip
         library.check(lib.rl_stack_add_block(self.stack, ctypes.byref(block)))
-        self.blocks.append(BlockShape(config.num_kv_heads, block.window, sliding))
+        self.blocks.append(BlockShape(config.layer_kv_heads(i), config.layer_head_dim(i), block.window, sliding))
 
     def _dense_mlp(self, reader: WeightReader, p: str) -> dict:
         """A dense MLP's fields of library.Block."""
@@ -258,8 +273,11 @@ class NativeModel:
 
     def _cache_shapes(self, positions: int) -> list[tuple[int, int, int, int]]:
         """Each block's key (and value) cache shape for a session of `positions`."""
-        row = self.head_dim // Q8_0_VALUES * Q8_0_BYTES if self.kv_code == 2 else self.head_dim
-        return [(1, block.n_kv_heads, block.window if block.ring else positions, row) for block in self.blocks]
+        def row(head_dim: int) -> int:
+            return head_dim // Q8_0_VALUES * Q8_0_BYTES if self.kv_code == 2 else head_dim
+
+        return [(1, block.n_kv_heads, block.window if block.ring else positions, row(block.head_dim))
+                for block in self.blocks]
 
     def reusable(self, session: NativeSession, ids: list[int]) -> int:
         """How many leading tokens of `ids` the session holds and can keep: their common prefix with its tokens, or 0
@@ -369,7 +387,7 @@ class NativeModel:
         per_block = range(len(self.blocks))
         library.check(library.library().rl_stack_run(
             self.stack, library.address(h), len(ids), library.pointers([library.address(c) for c in cos]),
-            library.pointers([library.address(s) for s in sin]), len(cos), self.head_dim,
+            library.pointers([library.address(s) for s in sin]), len(cos), library.int64s(self._rope_widths),
             library.pointers([library.address(s.keys[b]) for b in per_block for s in sessions]),
             library.pointers([library.address(s.values[b]) for b in per_block for s in sessions]),
             library.int64s([s.keys[b].shape[2] for b in per_block for s in sessions]),

@@ -365,4 +365,24 @@ _GEMMA = r"""
 {%- endif -%}
 """
 
-BUILTIN_TEMPLATES: dict[str, str] = {"gemma": _GEMMA}
+# Gemma 4's turn format (its model card), without tools: `<|turn>{system|user|model}\n{text}<turn|>\n` after BOS; a
+# reply's prompt opens a model turn with an empty thought channel (thinking off, as its template writes it).
+_GEMMA4 = r"""
+{{- bos_token -}}
+{%- for message in messages -%}
+    {%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}
+    {%- if role not in ['system', 'user', 'model'] -%}
+        {{- raise_exception('the gemma4 chat format has no role ' ~ message['role']) -}}
+    {%- endif -%}
+    {%- set content = message['content'] -%}
+    {%- if content is not string -%}
+        {%- set content = content | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('') -%}
+    {%- endif -%}
+    {{- '<|turn>' + role + '\n' + content | trim + '<turn|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|turn>model\n<|channel>thought\n<channel|>' -}}
+{%- endif -%}
+"""
+
+BUILTIN_TEMPLATES: dict[str, str] = {"gemma": _GEMMA, "gemma4": _GEMMA4}

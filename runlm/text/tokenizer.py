@@ -44,6 +44,8 @@ EOG_TOKEN_TEXTS = (
     "<EOT>",
     "<|return|>",
     "<|call|>",
+    "<turn|>",  # Gemma 4's end of turn
+    "<|tool_response>",  # Gemma 4 after its tool calls: the results are the caller's to write
 )
 
 _GEMMA_ARCHS = frozenset({"gemma", "gemma2", "gemma3", "gemma3n"})
@@ -392,7 +394,8 @@ class Tokenizer:
         stops = {i for i in extra_stop_ids if 0 <= i < self.vocab_size}
         if self.eos_id is not None:
             stops.add(self.eos_id)
-        specials = {text: i for text in EOG_TOKEN_TEXTS if (i := backend.token_to_id(text)) in self.special_ids}
+        # control or user-defined tokens (added ones, never pieces of text), as llama.cpp takes them
+        specials = {text: i for text in EOG_TOKEN_TEXTS if (i := backend.token_to_id(text)) in added}
         if "<|return|>" in specials and "<|call|>" in specials:  # harmony: <|end|> ends a message, not the turn
             specials.pop("<|end|>", None)
             stops.discard(backend.token_to_id("<|end|>"))
@@ -429,6 +432,9 @@ class Tokenizer:
             backend, pre = cls._gguf_byte_level(metadata, tokens, types)
             default_add_bos = pre.add_bos
             byte_mode, strip_mode = "byte_level", ("none", 0)
+        elif model == "gemma4":
+            backend = cls._gguf_gemma4(metadata, tokens, types)
+            default_add_bos, byte_mode, strip_mode = True, "spm", ("none", 0)
         elif model == "llama":
             backend = cls._gguf_sentencepiece(metadata, tokens, types)
             gemma, add_prefix = _spm_style(metadata)
@@ -439,7 +445,7 @@ class Tokenizer:
         else:
             raise TokenizerError(
                 f"unsupported GGUF tokenizer model {_short(model)} (supported: 'gpt2' byte-level BPE, "
-                "'llama' SentencePiece)"
+                "'llama' SentencePiece, 'gemma4')"
             )
 
         def token_id(key: str) -> int | None:
@@ -554,6 +560,29 @@ class Tokenizer:
         backend.decoder = decoders.Sequence(steps)
         # Respelled space runs are not added tokens: the text spells them with spaces, never with ▁.
         _add_gguf_special_tokens(backend, metadata, original, types, vocab)
+        return backend
+
+    @staticmethod
+    def _gguf_gemma4(metadata: Mapping[str, Any], tokens: list[str], types: list[int]) -> _Backend:
+        """Gemma 4's BPE over raw UTF-8 (as llama.cpp reads it): spaces become ▁, the text is cut only between runs
+        of newlines and the rest, a run of newlines the vocabulary holds whole is that one token, and bytes no piece
+        covers fall back to <0xNN> tokens. The file lists its merges."""
+        raw_merges = metadata.get("tokenizer.ggml.merges")
+        if not isinstance(raw_merges, list) or not raw_merges:
+            raise TokenizerError("a gemma4 tokenizer needs tokenizer.ggml.merges, and this file has none")
+        vocab = {token: index for index, token in enumerate(tokens)}
+        unk_id = metadata.get("tokenizer.ggml.unknown_token_id")
+        unk = tokens[unk_id] if isinstance(unk_id, int) and 0 <= unk_id < len(tokens) else None
+        try:
+            bpe = models.BPE(vocab=vocab, merges=[_split_merge(m, 1) for m in raw_merges], dropout=None,
+                             unk_token=unk, fuse_unk=True, byte_fallback=True)
+        except Exception as exc:
+            raise TokenizerError(f"cannot build the gemma4 BPE model: {exc}") from exc
+        backend = _Backend(bpe)
+        backend.normalizer = normalizers.Replace(" ", "▁")
+        backend.pre_tokenizer = pre_tokenizers.Split(Regex("\n+"), behavior="isolated")
+        backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+        _add_gguf_special_tokens(backend, metadata, tokens, types, vocab)
         return backend
 
     @classmethod

@@ -11,6 +11,7 @@ Q/K row order, norm offsets, metadata keys) is the converter's own.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -19,12 +20,25 @@ from pathlib import Path
 
 import torch
 
-from reference.tiny import TINY_DIMS, _randomize, _write_hf_tokenizer, tiny_tokenizer
+from reference.tiny import (
+    GEMMA4_VOCAB,
+    TINY_DIMS,
+    _randomize,
+    _write_gemma4_tokenizer,
+    _write_hf_tokenizer,
+    tiny_gemma4_tokenizer,
+    tiny_tokenizer,
+)
 from runlm.catalog import runlm_home
 
 LLAMA_CPP_PYTHON = "0.3.36"  # whose vendored llama.cpp converts the models
 _VENDOR = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
-_CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+# What the tests take from the vendored llama.cpp: the converter, and Gemma 4's vocabulary with llama.cpp's own
+# tokenizer cases for it, and its chat template.
+GEMMA4_VOCAB_FILE = "models/ggml-vocab-gemma-4.gguf"
+GEMMA4_TEMPLATE = "models/templates/google-gemma-4-31B-it.jinja"
+_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", GEMMA4_VOCAB_FILE, GEMMA4_VOCAB_FILE + ".inp",
+          GEMMA4_VOCAB_FILE + ".out", GEMMA4_TEMPLATE)
 
 # Runs the converter with the tiny tokenizer's pre-tokenizer named (see the module docstring).
 _RUN_CONVERTER = """
@@ -42,9 +56,10 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def converter_dir() -> Path:
-    """llama.cpp's converter, unpacked from the llama-cpp-python sdist (downloaded with pip the first time)."""
-    target = runlm_home() / "test-references" / f"llama.cpp-converter-{LLAMA_CPP_PYTHON}"
-    if (target / "convert_hf_to_gguf.py").is_file():
+    """The parts of llama.cpp the tests use (_PARTS: its converter first), unpacked from the llama-cpp-python sdist
+    (downloaded with pip the first time)."""
+    target = runlm_home() / "test-references" / f"llama.cpp-{LLAMA_CPP_PYTHON}"
+    if all((target / part).exists() for part in _PARTS):
         return target
     with tempfile.TemporaryDirectory() as scratch:
         subprocess.run(
@@ -56,11 +71,13 @@ def converter_dir() -> Path:
         unpacked = Path(scratch) / "unpacked"
         with tarfile.open(sdist) as archive:
             members = [m for m in archive.getmembers()
-                       if m.name.startswith(tuple(_VENDOR + part for part in _CONVERTER_PARTS)) and m.isfile()]
+                       if m.name.startswith(tuple(_VENDOR + part for part in _PARTS)) and m.isfile()]
             for member in members:
                 member.name = member.name[len(_VENDOR):]
             archive.extractall(unpacked, members=members, filter="data")
         target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists() and not all((target / part).exists() for part in _PARTS):
+            shutil.rmtree(target, ignore_errors=True)  # an older unpacking, without some part
         try:
             os.replace(unpacked, target)
         except OSError:  # another run put it there first
@@ -131,6 +148,16 @@ FAMILIES = {
                       rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
                                        "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
                                        "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}),
+    # Gemma 4's dense text model: sliding layers of 64-wide heads beside global ones of 128 (one KV head, keys as
+    # values, a quarter of each head rotated), Gemma 4's own tokenizer and its chat template
+    "gemma4": _tiny("Gemma4TextConfig", "Gemma4ForCausalLM", vocab_size=GEMMA4_VOCAB, bos_token_id=2, eos_token_id=1,
+                    pad_token_id=0, rms_norm_eps=1e-6, sliding_window=8, final_logit_softcapping=30.0,
+                    hidden_activation="gelu_pytorch_tanh", layer_types=["sliding_attention", "full_attention"] * 2,
+                    global_head_dim=128, num_global_key_value_heads=1, attention_k_eq_v=True,
+                    hidden_size_per_layer_input=0, tie_word_embeddings=True, rope_parameters={
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                           "rope_theta": 1e6}}),
 }  # fmt: skip
 
 # Mixture-of-experts families (tests/models/test_moe.py): 8 experts, 2 per token, expert rows 256 wide for the K-quants.
@@ -184,8 +211,22 @@ def build(family: str, directory: Path, seed: int = 7) -> Path:
     # Weights of 0.05: at 0.15 a 4-layer random model's top logits sit so close that the 8-bit rounding of
     # activations, which llama.cpp and runlm each do their own way, flips about one greedy step in ten.
     _randomize(model, seed, scale=0.05)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("layer_scalar"):  # Gemma 4's scale of each block's output: not 1, so it shows
+                buffer.fill_(0.5 + 0.25 * int(name.split(".")[2]))
+        if family == "gemma4":
+            # Gemma 4 does not scale its queries: q / k norm weights near 1 would give scores of up to the head
+            # size, a softmax as sharp as argmax, where a float16 cache's rounding decides. Trained ones are smaller.
+            for name, param in model.named_parameters():
+                if name.endswith(("q_norm.weight", "k_norm.weight")):
+                    param.mul_(0.3)
     model.save_pretrained(str(directory / "hf"), safe_serialization=True)
-    _write_hf_tokenizer(directory / "hf", tiny_tokenizer())
+    if family == "gemma4":
+        template = (converter_dir() / GEMMA4_TEMPLATE).read_text(encoding="utf-8")
+        _write_gemma4_tokenizer(directory / "hf", tiny_gemma4_tokenizer(), template)
+    else:
+        _write_hf_tokenizer(directory / "hf", tiny_tokenizer())
     return convert(directory / "hf", gguf)
 
 

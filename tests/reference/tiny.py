@@ -69,6 +69,40 @@ def _write_hf_tokenizer(directory: Path, tok) -> None:
     )
 
 
+# Gemma 4's control and chat tokens (as its tokenizer numbers the first five), then its turn, thinking and tool markers.
+GEMMA4_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<|turn>", "<turn|>", "<|think|>", "<|channel>",
+                   "<channel|>", "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
+                   "<tool_response|>", '<|"|>']
+GEMMA4_VOCAB = 640
+
+
+def tiny_gemma4_tokenizer(corpus: list[str] = CORPUS):
+    """A SentencePiece-style BPE shaped as Gemma 4's tokenizer.json: spaces become ▁ in the normalizer, the text splits
+    only at runs of newlines, unknown bytes fall back to <0xNN> tokens. Padded with unused tokens to 640, as Gemma's
+    vocabulary holds unused ones."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("\n+"), behavior="isolated")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=GEMMA4_VOCAB, special_tokens=GEMMA4_SPECIALS + byte_tokens,
+                                  show_progress=False)
+    tok.train_from_iterator(corpus, trainer=trainer)
+    tok.add_tokens([f"<unused{i}>" for i in range(GEMMA4_VOCAB - tok.get_vocab_size())])
+    return tok
+
+
+def _write_gemma4_tokenizer(directory: Path, tok, chat_template: str) -> None:
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>", "mask_token": "<mask>",
+        "add_bos_token": True, "chat_template": chat_template, "tokenizer_class": "GemmaTokenizer",
+        "extra_special_tokens": GEMMA4_SPECIALS[5:],
+    }))
+
+
 def _randomize(model: torch.nn.Module, seed: int, scale: float = 0.15) -> None:
     """Weights large enough that logits differ clearly between tokens."""
     gen = torch.Generator().manual_seed(seed)

@@ -65,6 +65,11 @@ struct RlBlock {
   // after RoPE; temp_scale 0 for none.
   double attn_temp_scale;
   int64_t attn_temp_length;
+  // Gemma 4: values taken from the key projection's output before its norm and RoPE (qkv then holds q and k only),
+  // an RMSNorm without weights over each value head, and the block's whole output scaled by out_scale (1 for none).
+  int64_t values_from_keys;
+  int64_t value_norm;
+  double out_scale;
 };
 
 namespace {
@@ -231,29 +236,37 @@ int rl_stack_add_block(void* stack, const RlBlock* block) {
     RUNLM_CHECK(in.activation >= kSilu && in.activation <= kSwigluOai, "unknown activation ", in.activation);
     b.activation = in.activation, b.o_bias = in.o_bias, b.sinks = in.sinks;
     b.window = in.window, b.n_heads = in.n_heads, b.n_kv_heads = in.n_kv_heads;
+    RUNLM_CHECK(in.out_scale > 0 && std::isfinite(in.out_scale), "bad output scale");
+    b.values_from_keys = in.values_from_keys != 0, b.value_norm = in.value_norm != 0;
+    b.out_scale = static_cast<float>(in.out_scale);
+    const int64_t projected_heads = in.n_heads + (b.values_from_keys ? 1 : 2) * in.n_kv_heads;
     int64_t qkv_width = 0;
     for (const Weight& w : b.qkv) qkv_width += w.rows;
-    b.head_dim = qkv_width / (in.n_heads + 2 * in.n_kv_heads);
-    RUNLM_CHECK(b.head_dim > 0 && qkv_width == (in.n_heads + 2 * in.n_kv_heads) * b.head_dim,
+    b.head_dim = qkv_width / projected_heads;
+    RUNLM_CHECK(b.head_dim > 0 && qkv_width == projected_heads * b.head_dim,
                 "qkv projection width does not match the heads");
     static_cast<RlStack*>(stack)->blocks.push_back(std::move(b));
     static_cast<RlStack*>(stack)->ropes.push_back(in.rope);
   });
 }
 
-// h [R, hidden] through every block, in place. cos / sin [R, D] per RoPE; k / v caches block-major (block b's caches
-// of the n_seqs sequences at b * n_seqs ...), capacities per sequence and rings per block.
+// h [R, hidden] through every block, in place. cos / sin [R, widths[i]] per RoPE i (a block's width is its head
+// dim); k / v caches block-major (block b's caches of the n_seqs sequences at b * n_seqs ...), capacities per
+// sequence and rings per block.
 int rl_stack_run(void* stack, float* h, int64_t R, const float* const* cos, const float* const* sin, int64_t n_ropes,
-                 int64_t D, void* const* k_caches, void* const* v_caches, const int64_t* caps, const int64_t* rings,
-                 int64_t n_seqs, int64_t kv_type, const int64_t* row_seq, const int64_t* row_pos) {
+                 const int64_t* widths, void* const* k_caches, void* const* v_caches, const int64_t* caps,
+                 const int64_t* rings, int64_t n_seqs, int64_t kv_type, const int64_t* row_seq,
+                 const int64_t* row_pos) {
   return guarded([&] {
     const RlStack& s = *static_cast<RlStack*>(stack);
-    RUNLM_CHECK(D % 8 == 0 && (kv_type != kKvQ8 || D % kQ8Values == 0), "bad head dim ", D, " for cache type ",
-                kv_type);
     const std::vector<int64_t> rseq(row_seq, row_seq + R), rpos(row_pos, row_pos + R);
     for (size_t b = 0; b < s.blocks.size(); ++b) {
       RUNLM_CHECK(s.ropes[b] >= 0 && s.ropes[b] < n_ropes, "block ", b, " has no RoPE table");
-      RUNLM_CHECK(s.blocks[b].head_dim == D, "block ", b, " has heads of ", s.blocks[b].head_dim, " values, not ", D);
+      const int64_t D = s.blocks[b].head_dim;
+      RUNLM_CHECK(widths[s.ropes[b]] == D, "block ", b, " has heads of ", D, " values, its RoPE table ",
+                  widths[s.ropes[b]]);
+      RUNLM_CHECK(D % 8 == 0 && (kv_type != kKvQ8 || D % kQ8Values == 0), "bad head dim ", D, " for cache type ",
+                  kv_type);
       const std::vector<void*> ks(k_caches + b * n_seqs, k_caches + (b + 1) * n_seqs);
       const std::vector<void*> vs(v_caches + b * n_seqs, v_caches + (b + 1) * n_seqs);
       const std::vector<int64_t> cs(caps + b * n_seqs, caps + (b + 1) * n_seqs);

@@ -214,7 +214,8 @@ void attend_and_store(const float* q, const std::vector<float>& knew, const std:
   }
 }
 
-// Rows [R, width] viewed as [R * heads, D]: RMSNorm of every head row (Qwen3 / Gemma q and k norms), in place.
+// Rows [R, width] viewed as [R * heads, D]: RMSNorm of every head row (Qwen3 / Gemma q and k norms), in place;
+// without weights where wp is null (Gemma 4's value norm).
 void norm_heads(float* x, int64_t R, int64_t stride, int64_t offset, int64_t heads, int64_t D, const float* wp,
                 double eps) {
   for (int64_t r = 0; r < R; ++r)
@@ -223,7 +224,11 @@ void norm_heads(float* x, int64_t R, int64_t stride, int64_t offset, int64_t hea
       double sum = 0.0;
       for (int64_t i = 0; i < D; ++i) sum += static_cast<double>(row[i]) * row[i];
       const float s = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(D) + eps));
-      for (int64_t i = 0; i < D; ++i) row[i] = (row[i] * s) * wp[i];
+      if (wp == nullptr) {
+        for (int64_t i = 0; i < D; ++i) row[i] *= s;
+      } else {
+        for (int64_t i = 0; i < D; ++i) row[i] = (row[i] * s) * wp[i];
+      }
     }
 }
 
@@ -260,6 +265,9 @@ struct BlockWeights {
   const float* sinks = nullptr;  // a sink logit per query head (gpt-oss), or none
   float attn_temp_scale = 0.f;  // Llama 4's query temperature over position (0: none), in steps of attn_temp_length
   int64_t attn_temp_length = 0;
+  bool values_from_keys = false;  // values are the key projection's output before its norm and RoPE (Gemma 4)
+  bool value_norm = false;  // an RMSNorm without weights over each value head (Gemma 4)
+  float out_scale = 1.f;  // the block's output (the whole residual stream) scaled by this (Gemma 4's layer scalar)
   int64_t head_dim = 0;
   std::vector<Weight> qkv;
   Weight o;
@@ -308,7 +316,8 @@ void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, co
                 const std::vector<int64_t>& rpos) {
   const bool sandwich = b.norms.size() == 4;
   const int64_t hidden = b.hidden, n_heads = b.n_heads, n_kv_heads = b.n_kv_heads;
-  const int64_t q_width = n_heads * D, kv_width = n_kv_heads * D, stride = q_width + 2 * kv_width;
+  const int64_t q_width = n_heads * D, kv_width = n_kv_heads * D;
+  const int64_t stride = q_width + (b.values_from_keys ? 1 : 2) * kv_width;
   int64_t qkv_rows = 0;
   for (const Weight& w : b.qkv) qkv_rows += w.rows;
   RUNLM_CHECK(qkv_rows == stride, "runlm block: qkv projection width does not match the heads");
@@ -317,6 +326,12 @@ void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, co
   linear_parts_rows(normed.data(), R, hidden, b.qkv, xqkv.data());
   float* xp = xqkv.data();
   if (b.qkv_bias != nullptr) add_bias_rows(xp, R, stride, b.qkv_bias);
+  // the values: their own rows of the projection, or the keys' rows before the keys' norm and RoPE
+  std::vector<float> vnew(R * kv_width);
+  const int64_t v_offset = b.values_from_keys ? q_width : q_width + kv_width;
+  for (int64_t r = 0; r < R; ++r)
+    std::memcpy(vnew.data() + r * kv_width, xp + r * stride + v_offset, sizeof(float) * kv_width);
+  if (b.value_norm) norm_heads(vnew.data(), R, kv_width, 0, n_kv_heads, D, nullptr, b.eps);
   if (b.qk_norm_whole) {
     if (b.q_norm != nullptr) norm_heads(xp, R, stride, 0, 1, q_width, b.q_norm, b.eps);
     if (b.k_norm != nullptr) norm_heads(xp, R, stride, q_width, 1, kv_width, b.k_norm, b.eps);
@@ -324,7 +339,7 @@ void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, co
     if (b.q_norm != nullptr) norm_heads(xp, R, stride, 0, n_heads, D, b.q_norm, b.eps);
     if (b.k_norm != nullptr) norm_heads(xp, R, stride, q_width, n_kv_heads, D, b.k_norm, b.eps);
   }
-  std::vector<float> q(R * q_width), knew(R * kv_width), vnew(R * kv_width);
+  std::vector<float> q(R * q_width), knew(R * kv_width);
   const int64_t half = D / 2;
   const float scale = static_cast<float>(b.scale);
   parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
@@ -342,10 +357,7 @@ void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, co
               : 1.f + b.attn_temp_scale * std::log(static_cast<float>(rpos[r] / b.attn_temp_length) + 1.f);
       for (int64_t hh = 0; hh < n_heads; ++hh)
         rope(row + hh * D, q.data() + r * q_width + hh * D, scale * temperature);
-      for (int64_t g = 0; g < n_kv_heads; ++g) {
-        rope(row + q_width + g * D, knew.data() + r * kv_width + g * D, 1.f);
-        std::memcpy(vnew.data() + r * kv_width + g * D, row + q_width + kv_width + g * D, sizeof(float) * D);
-      }
+      for (int64_t g = 0; g < n_kv_heads; ++g) rope(row + q_width + g * D, knew.data() + r * kv_width + g * D, 1.f);
     }
   });
   std::vector<float> attended(R * q_width), projected(R * hidden);
@@ -366,6 +378,8 @@ void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, co
   }
   if (sandwich) rms_norm_rows(projected.data(), R, hidden, b.norms[3], b.eps, projected.data());
   add_residual(hp, projected.data(), R * hidden, b.residual_scale);
+  if (b.out_scale != 1.f)
+    for (int64_t i = 0; i < R * hidden; ++i) hp[i] *= b.out_scale;
 }
 
 #ifndef RUNLM_STANDALONE
