@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from runlm.engine.tool_formats import PARAMETER_CLOSE, textual
+from runlm.engine.tool_formats import GEMMA4_CALL_CLOSE, GEMMA4_CALL_OPEN, PARAMETER_CLOSE, textual
 from runlm.engine.tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, tool_call_schema
 from runlm.errors import InvalidInputError, RunlmError
 
@@ -155,11 +155,63 @@ def _xml_call(index: int, function: str, schema: dict[str, Any] | bool, specials
     return " ".join(body), rules
 
 
+# Gemma 4's notation of JSON values (engine.tool_formats.Gemma4Arguments reads it): strings between quote marks (no
+# `<|` inside: one lexeme, so a token may run past the closing mark), dicts with bare keys
+_GEMMA4_VALUES = """
+g4_value: g4_string | g4_number | "true" | "false" | "null" | g4_dict | g4_array
+g4_string: /<\\|"\\|>(?:[^<]|<[^|])*<\\|"\\|>/
+g4_number: /-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][-+]?[0-9]+)?/
+g4_dict: "{" (g4_pair ("," g4_pair)*)? "}"
+g4_pair: /[A-Za-z_][A-Za-z0-9_]*/ ":" g4_value
+g4_array: "[" (g4_value ("," g4_value)*)? "]"
+g4_integer: /-?(0|[1-9][0-9]*)/
+"""
+
+
+def _gemma4_call(index: int, function: str, schema: dict[str, Any] | bool) -> tuple[str, str]:
+    """One Gemma 4 call as Lark: (its rule body, the rules it uses). `<|tool_call>call:NAME{...}<tool_call|>`, the
+    schema's parameters in its template's (sorted) order, the required ones always, each value typed by its schema's
+    type (a string, number, integer or boolean; any value otherwise). A schema without properties takes any dict.
+    The markers are spelled as text: Gemma 4's vocabulary holds them as plain added tokens, which match it."""
+    properties = (schema.get("properties") or {}) if isinstance(schema, dict) else {}
+    required = set(schema.get("required") or ()) if isinstance(schema, dict) else set()
+    head = f"{json.dumps(GEMMA4_CALL_OPEN)} {json.dumps(f'call:{function}')}"
+    tail = json.dumps(GEMMA4_CALL_CLOSE)
+    if not properties:
+        return f"{head} g4_dict {tail}", ""
+    keys = sorted(properties)
+    kinds = {"string": "g4_string", "number": "g4_number", "integer": "g4_integer", "boolean": '("true" | "false")'}
+
+    def pair(j: int) -> str:
+        """Key j and its value, then what may follow it."""
+        kind = properties[keys[j]].get("type") if isinstance(properties[keys[j]], dict) else None
+        value = kinds.get(kind, "g4_value") if isinstance(kind, str) else "g4_value"
+        return f"{json.dumps(keys[j] + ':')} {value}" + (f" rest_{index}_{j + 1}" if j + 1 < len(keys) else "")
+
+    # first_k: the arguments from key k on, the first of them written (each key skipped optional); rest_k: after a
+    # written key, the next ones (a comma and first_k: required while a required key is left)
+    rules = ""
+    for k in range(len(keys)):
+        starts = []
+        for j in range(k, len(keys)):
+            starts.append(pair(j))
+            if keys[j] in required:
+                break
+        rules += f"first_{index}_{k}: {' | '.join(starts)}\n"
+        if k:
+            more = f'"," first_{index}_{k}'
+            rules += f"rest_{index}_{k}: {more if required & set(keys[k:]) else f'({more})?'}\n"
+    return f"{head} \"{{\" first_{index}_0{'' if required else '?'} \"}}\" {tail}", rules
+
+
 def grammar_for_forced_call(call_format: str, tools: list[dict[str, Any]], specials: set[str],
                             name: str | None = None) -> str:
     """An llguidance grammar for one call to `name` (or any of `tools`) in `call_format` (engine.tools'
     FORCED_CALL_FORMATS): Hermes / Qwen `<tool_call>` JSON, Mistral's `[TOOL_CALLS]NAME[ARGS]{...}` or its older
-    `[TOOL_CALLS][{...}]`, or a bare JSON call."""
+    `[TOOL_CALLS][{...}]`, Gemma 4's `<|tool_call>call:NAME{...}`, or a bare JSON call."""
+    if call_format == "gemma4":
+        calls = [_gemma4_call(i, fn, schema) for i, (fn, schema) in enumerate(_functions(tools, name))]
+        return _lark([body for body, _ in calls], "".join(rules for _, rules in calls) + _GEMMA4_VALUES)
     if call_format == "mistral-args":
         return _lark([f"{_marker('[TOOL_CALLS]', specials)} {json.dumps(fn)} {_marker('[ARGS]', specials)} "
                       f"%json {json.dumps(_json_options(schema))}" for fn, schema in _functions(tools, name)])

@@ -1,6 +1,6 @@
 """The thinking phase of a reply kept apart from its answer: `<think>...</think>` (Qwen3, SmolLM3, the DeepSeek-R1
-distills), including templates that open the tag in the prompt so the reply starts inside it, and gpt-oss's harmony
-channels (engine.harmony).
+distills), including templates that open the tag in the prompt so the reply starts inside it, Gemma 4's
+`<|channel>thought ... <channel|>`, and gpt-oss's harmony channels (engine.harmony).
 
 ThinkSplitter streams a reply as (reasoning, content) pieces; a whole reply split in one push gives what the pieces
 of any split add up to. Whitespace around the thinking is dropped, as llama-server drops it.
@@ -16,9 +16,13 @@ from runlm.engine.stops import partial_suffix
 from runlm.errors import InvalidInputError
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+GEMMA4_THINK_OPEN, GEMMA4_THINK_CLOSE = "<|channel>thought", "<channel|>"
+# each tag parser's (opening, closing) tags
+THINK_TAGS = {"think": (THINK_OPEN, THINK_CLOSE), "gemma4": (GEMMA4_THINK_OPEN, GEMMA4_THINK_CLOSE)}
 # --reasoning-format and a request's reasoning_format: "auto" reads harmony where the chat template writes its
-# channels and splits at <think> where it writes that; "deepseek" is llama-server's name for the <think> parser.
-REASONING_FORMATS = ("auto", "none", "think", "deepseek", "harmony")
+# channels, Gemma 4's thought channel where it writes that, and splits at <think> where it writes that; "deepseek" is
+# llama-server's name for the <think> parser.
+REASONING_FORMATS = ("auto", "none", "think", "deepseek", "gemma4", "harmony")
 
 
 def check_reasoning_format(fmt: str) -> str:
@@ -36,12 +40,13 @@ def check_reasoning_budget(tokens: int) -> int:
 class ThinkSplitter:
     """`push` a reply's text as it comes, get back (reasoning, content) to send now; `finish` gives the rest.
 
-    Off (`active` False) everything is content. A reply that opens with `<think>` (after whitespace), or whose
-    prompt already opened it (`opened`), is reasoning up to `</think>`; a thinking phase never closed (the reply
-    ran out of tokens) is reasoning to the end.
+    Off (`active` False) everything is content. A reply that opens with the opening tag (`<think>`, after
+    whitespace), or whose prompt already opened it (`opened`), is reasoning up to the closing tag; a thinking phase
+    never closed (the reply ran out of tokens) is reasoning to the end. `tags`: (opening, closing).
     """
 
-    def __init__(self, active: bool, opened: bool = False):
+    def __init__(self, active: bool, opened: bool = False, tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE)):
+        self.open_tag, self.close_tag = tags
         self.state = ("thinking" if opened else "start") if active else "content"
         self.text = ""  # the reply so far
         self.at = 0  # text before this is decided (sent, or a tag / whitespace dropped)
@@ -67,11 +72,11 @@ class ThinkSplitter:
                 return reasoning, content + rest
             if self.state == "start":
                 body = rest.lstrip()
-                if body.startswith(THINK_OPEN):
-                    self.at += len(rest) - len(body) + len(THINK_OPEN)
+                if body.startswith(self.open_tag):
+                    self.at += len(rest) - len(body) + len(self.open_tag)
                     self.state = "thinking"
                     continue
-                if THINK_OPEN.startswith(body):  # whitespace, or part of the tag: wait
+                if self.open_tag.startswith(body):  # whitespace, or part of the tag: wait
                     return reasoning, content
                 self.state = "content"
                 continue
@@ -79,13 +84,13 @@ class ThinkSplitter:
                 if not self.begun:  # the thinking starts at its first non-whitespace character
                     self.at += len(rest) - len(rest.lstrip())
                     rest = rest.lstrip()
-                close = rest.find(THINK_CLOSE)
+                close = rest.find(self.close_tag)
                 if close != -1:
                     reasoning += rest[:close].rstrip()
-                    self.at += close + len(THINK_CLOSE)
+                    self.at += close + len(self.close_tag)
                     self.state = "after"
                     continue
-                ready = rest[: len(rest) - partial_suffix(rest, (THINK_CLOSE,))]
+                ready = rest[: len(rest) - partial_suffix(rest, (self.close_tag,))]
                 ready = ready[: len(ready.rstrip())]  # trailing whitespace waits: it may end the thinking
                 self.at += len(ready)
                 self.begun = self.begun or bool(ready)
@@ -110,9 +115,9 @@ class ThinkSplitter:
 
 @dataclass(frozen=True)
 class ThinkingPlan:
-    """How one request's replies split: `parser` "think" (`<think>` tags) or "harmony", None where they are not
-    split; `opened` where the prompt ends inside the thinking phase; `written`, a harmony reply's start the prompt
-    wrote (a forced call's header)."""
+    """How one request's replies split: `parser` "think" (`<think>` tags), "gemma4" (its thought channel) or
+    "harmony", None where they are not split; `opened` where the prompt ends inside the thinking phase; `written`, a
+    harmony reply's start the prompt wrote (a forced call's header)."""
 
     parser: str | None = None
     opened: bool = False
@@ -125,24 +130,40 @@ class ThinkingPlan:
     @classmethod
     def for_prompt(cls, fmt: str, template_source: str, prompt: str) -> ThinkingPlan:
         """`fmt` from --reasoning-format or the request: "auto" reads harmony where the chat template writes its
-        channels, and splits at <think> where it writes that."""
+        channels, Gemma 4's thought channel or <think> where it writes that. A prompt that ends with the closing tag
+        (the template's way of turning thinking off) has no thinking to split."""
         if fmt == "harmony" or (fmt == "auto" and CHANNEL in template_source):
             return cls("harmony")
-        if fmt in ("think", "deepseek") or (fmt == "auto" and THINK_OPEN in template_source):
-            return cls("think", prompt.rstrip().endswith(THINK_OPEN))
-        return cls()
+        parser = None
+        if fmt == "gemma4" or (fmt == "auto" and GEMMA4_THINK_OPEN in template_source):
+            parser = "gemma4"
+        elif fmt in ("think", "deepseek") or (fmt == "auto" and THINK_OPEN in template_source):
+            parser = "think"
+        if parser is None:
+            return cls()
+        opening, closing = THINK_TAGS[parser]
+        if prompt.rstrip().endswith(closing):  # the template wrote an empty thinking phase: thinking is off
+            return cls()
+        return cls(parser, prompt.rstrip().endswith(opening))
+
+    @property
+    def open_text(self) -> str:
+        """What opens a thinking phase, as the model writes it (a tag parser's)."""
+        return f"{GEMMA4_THINK_OPEN}\n" if self.parser == "gemma4" else f"{THINK_OPEN}\n"
 
     @property
     def close_text(self) -> str:
         """What ends a thinking phase whose budget is spent, and starts the answer."""
-        return HARMONY_CLOSE if self.parser == "harmony" else f"\n{THINK_CLOSE}\n\n"
+        if self.parser == "harmony":
+            return HARMONY_CLOSE
+        return GEMMA4_THINK_CLOSE if self.parser == "gemma4" else f"\n{THINK_CLOSE}\n\n"
 
     def splitter(self, tools: set[str] | None = None) -> ThinkSplitter | HarmonySplitter:
         """A reply's splitter; `tools`, the functions a harmony call may go to (other formats' calls are read from
         the answer by engine.tools)."""
         if self.parser == "harmony":
             return HarmonySplitter(tools, self.written)
-        return ThinkSplitter(self.active, self.opened)
+        return ThinkSplitter(self.active, self.opened, THINK_TAGS.get(self.parser or "think", THINK_TAGS["think"]))
 
 
 def thinking_switch(effort: Any) -> bool | None:

@@ -7,7 +7,9 @@ and builds the calls):
   typed by the tool's JSON schema;
 * Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}]`, or one `[TOOL_CALLS]NAME[ARGS]{...}` per call
   (with `[CALL_ID]ID` after the name in the newest templates);
-* pythonic (Llama 3.2 and 4): `[get_weather(city="Paris"), get_time()]`, read by Python's parser, never run.
+* pythonic (Llama 3.2 and 4): `[get_weather(city="Paris"), get_time()]`, read by Python's parser, never run;
+* Gemma 4: `<|tool_call>call:NAME{key:value,...}<tool_call|>`, its own notation of JSON: keys bare, strings between
+  `<|"|>` marks (Gemma4Arguments reads it into JSON text, whole or as it streams).
 
 Every reader is a linear scan (string search, no backtracking regex), so a hostile reply costs its length.
 """
@@ -22,6 +24,8 @@ from typing import Any
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
 PARAMETER_OPEN, PARAMETER_CLOSE = "<parameter=", "</parameter>"
 MISTRAL_CALLS, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+GEMMA4_CALL_OPEN, GEMMA4_CALL_CLOSE, GEMMA4_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
+GEMMA4_CALL_HEAD = "call:"
 # (name, arguments as a dict, the call's own id or "")
 RawCall = tuple[str, dict[str, Any], str]
 
@@ -123,3 +127,132 @@ def pythonic_calls(text: str) -> list[RawCall] | None:
                 return None
         calls.append((node.func.id, arguments, ""))
     return calls
+
+
+class Gemma4Arguments:
+    """A Gemma 4 call's arguments, `{key:value,...}` with bare keys and `<|"|>`-quoted strings, read into JSON text as
+    they are written: `feed` takes the text so far and gives the JSON for what is certain, holding back a tail that
+    may be the start of a quote mark. Fed whole or in any pieces, the JSON is the same. `broken`: not the notation
+    (the call is then read whole at the end, or not at all)."""
+
+    def __init__(self) -> None:
+        self.stack: list[str] = []  # open containers: "{" or "["
+        self.state = "value"  # "value" (a value may start), "key" (a dict key may start), "bare_key", "string",
+        # "scalar" (a number, true, false, null), "after" (after a value or key: a separator or closing next)
+        self.string_is_key = False
+        self.broken = False
+        self.done = False
+
+    def feed(self, text: str, at: int) -> tuple[str, int, bool]:
+        """(JSON text to send, how far `text` is read, whether the arguments are complete) from position `at` on."""
+        out = []
+        while at < len(text) and not self.done and not self.broken:
+            ch = text[at]
+            if self.state == "string":
+                end = text.find(GEMMA4_QUOTE, at)
+                if end == -1:
+                    ready = text[at : len(text) - _partial_quote(text, at)]
+                    out.append(json.dumps(ready, ensure_ascii=False)[1:-1])
+                    at += len(ready)
+                    break
+                out.append(json.dumps(text[at:end], ensure_ascii=False)[1:-1] + '"')
+                at = end + len(GEMMA4_QUOTE)
+                self.state = "colon" if self.string_is_key else "after"
+                continue
+            if self.state == "bare_key":
+                if ch == ":":
+                    out.append('":')
+                    self.state = "value"
+                elif ch in "{}[],\n" or ch == "<":
+                    self.broken = True
+                else:
+                    out.append(json.dumps(ch, ensure_ascii=False)[1:-1])
+                at += 1
+                continue
+            if self.state == "scalar":
+                if ch.isalnum() or ch in "+-.":
+                    out.append(ch)
+                    at += 1
+                    continue
+                self.state = "after"
+            if ch in " \t\r\n":
+                at += 1
+                continue
+            if ch == "<":  # a quote mark, or the start of one
+                if not text.startswith(GEMMA4_QUOTE, at):
+                    if GEMMA4_QUOTE.startswith(text[at:]):
+                        break  # wait for the rest
+                    self.broken = True
+                    break
+                if self.state not in ("value", "key"):
+                    self.broken = True
+                    break
+                self.string_is_key = self.state == "key"
+                out.append('"')
+                at += len(GEMMA4_QUOTE)
+                self.state = "string"
+                continue
+            if self.state == "colon":
+                if ch != ":":
+                    self.broken = True
+                    break
+                out.append(":")
+                self.state = "value"
+            elif ch in "{[" and self.state == "value":
+                self.stack.append(ch)
+                out.append(ch)
+                self.state = "key" if ch == "{" else "value"
+            elif ch in "}]" and self.stack and self.stack[-1] == "{[}]"[["}", "]"].index(ch)]:
+                if self.state == "value" and self.stack[-1] == "{":
+                    self.broken = True  # `{a:}`
+                    break
+                self.stack.pop()
+                out.append(ch)
+                self.state = "after"
+                self.done = not self.stack
+            elif ch == "," and self.state == "after" and self.stack:
+                out.append(",")
+                self.state = "key" if self.stack[-1] == "{" else "value"
+            elif self.state == "key" and ch not in ":{}[],":
+                out.append('"' + json.dumps(ch, ensure_ascii=False)[1:-1])
+                self.state = "bare_key"
+            elif self.state == "value" and self.stack and (ch.isalnum() or ch in "+-."):
+                out.append(ch)
+                self.state = "scalar"
+            else:
+                self.broken = True
+                break
+            at += 1
+        return "".join(out), at, self.done
+
+
+def _partial_quote(text: str, at: int) -> int:
+    """How many characters at the end of text[at:] may be the start of a quote mark."""
+    for n in range(min(len(GEMMA4_QUOTE) - 1, len(text) - at), 0, -1):
+        if GEMMA4_QUOTE.startswith(text[len(text) - n :]):
+            return n
+    return 0
+
+
+def gemma4_calls(text: str) -> list[RawCall] | None:
+    """The calls of the `<|tool_call>call:NAME{...}<tool_call|>` blocks in `text` (which starts at the first); None
+    where one does not read."""
+    calls: list[RawCall] = []
+    for block in text.split(GEMMA4_CALL_OPEN)[1:]:
+        block = block.split(GEMMA4_CALL_CLOSE, 1)[0].strip()
+        name, brace, _ = block.partition("{")
+        if not name.startswith(GEMMA4_CALL_HEAD) or not brace:
+            return None
+        reader = Gemma4Arguments()
+        start = len(name)
+        arguments, end, complete = reader.feed(block, start)
+        if not complete or block[end:].strip():
+            return None
+        try:
+            parsed = json.loads(arguments)
+        except (json.JSONDecodeError, RecursionError):
+            return None
+        if not isinstance(parsed, dict):
+            return None
+        calls.append((name[len(GEMMA4_CALL_HEAD):].strip(), parsed, ""))
+    return calls or None

@@ -1,5 +1,6 @@
 """Tool calls in model output, in each family's own format (engine.tool_formats reads them): Hermes / Qwen
-`<tool_call>` JSON, Qwen3-Coder's XML, Mistral's `[TOOL_CALLS]`, pythonic lists and bare JSON calls.
+`<tool_call>` JSON, Qwen3-Coder's XML, Mistral's `[TOOL_CALLS]`, Gemma 4's `<|tool_call>`, pythonic lists and bare
+JSON calls.
 
 Also the JSON schema a forced tool call must follow, so `tool_choice: "required"` or a named function
 can be enforced by the grammar sampler instead of hoped for.
@@ -17,11 +18,15 @@ from runlm.engine.stops import partial_suffix
 from runlm.engine.tool_formats import (
     FUNCTION_CLOSE,
     FUNCTION_OPEN,
+    GEMMA4_CALL_CLOSE,
+    GEMMA4_CALL_OPEN,
     MISTRAL_ARGS,
     MISTRAL_CALLS,
     PARAMETER_CLOSE,
     PARAMETER_OPEN,
+    Gemma4Arguments,
     RawCall,
+    gemma4_calls,
     mistral_calls,
     pythonic_calls,
     textual,
@@ -32,7 +37,7 @@ from runlm.engine.tool_formats import (
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 # where a reply's calls start, whatever came before them (the text before stays the answer)
-CALL_MARKERS = (TOOL_CALL_OPEN, MISTRAL_CALLS, FUNCTION_OPEN)
+CALL_MARKERS = (TOOL_CALL_OPEN, MISTRAL_CALLS, FUNCTION_OPEN, GEMMA4_CALL_OPEN)
 
 
 def first_marker(text: str, start: int = 0) -> int:
@@ -120,6 +125,8 @@ def _marked_calls(tail: str, known: set[str] | None, parameters: dict[str, Any] 
     raw: list[RawCall] = []
     if tail.startswith(MISTRAL_CALLS):
         raw = mistral_calls(tail) or []
+    elif tail.startswith(GEMMA4_CALL_OPEN):
+        raw = gemma4_calls(tail) or []
     elif tail.startswith(FUNCTION_OPEN):
         raw = xml_calls(tail, parameters)
     else:
@@ -179,15 +186,17 @@ def might_be_tool_call(text: str) -> bool:
 
 
 # How a forced call is written, by what the chat template writes: Qwen3-Coder's `<function=NAME>` XML, Hermes / Qwen
-# `<tool_call>` JSON, Mistral's `[TOOL_CALLS]NAME[ARGS]{...}` or older `[TOOL_CALLS][{...}]`, else a bare JSON call
-# (harmony's is the reasoning parser's: engine.harmony).
-FORCED_CALL_FORMATS = ("qwen3-coder", "hermes", "mistral-args", "mistral", "json")
+# `<tool_call>` JSON, Mistral's `[TOOL_CALLS]NAME[ARGS]{...}` or older `[TOOL_CALLS][{...}]`, Gemma 4's
+# `<|tool_call>call:NAME{...}`, else a bare JSON call (harmony's is the reasoning parser's: engine.harmony).
+FORCED_CALL_FORMATS = ("qwen3-coder", "hermes", "mistral-args", "mistral", "gemma4", "json")
 # the markers each format writes, which a vocabulary may hold as special tokens
 FORMAT_MARKERS = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, MISTRAL_CALLS, MISTRAL_ARGS)
 
 
 def forced_call_format(template_source: str) -> str:
     """The format a forced call is written in, read from the chat template's source."""
+    if GEMMA4_CALL_OPEN in template_source:
+        return "gemma4"
     if MISTRAL_CALLS in template_source:
         return "mistral-args" if MISTRAL_ARGS in template_source else "mistral"
     if FUNCTION_OPEN in template_source:
@@ -234,7 +243,10 @@ _HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]{1,256})"\s*,\s*"argume
 _MISTRAL_HEAD = re.compile(r"\s*([^\s\[\]{}]{1,256})\s*(?:\[CALL_ID\]\s*([^\s\[\]{}]{1,256})\s*)?\[ARGS\]\s*")
 # a Qwen3-Coder call's head, `<function=NAME>`, after `<tool_call>` or alone
 _XML_HEAD = re.compile(r"\s*<function=\s*([^>\s]{1,256})\s*>()")
-_STREAMED_HEADS = {TOOL_CALL_OPEN: _HERMES_HEAD, MISTRAL_CALLS: _MISTRAL_HEAD, FUNCTION_OPEN: _XML_HEAD}
+# a Gemma 4 call's head after `<|tool_call>`: `call:NAME`, its arguments' `{` next
+_GEMMA4_HEAD = re.compile(r"\s*call:\s*([^{}\s<]{1,256})\s*()")
+_STREAMED_HEADS = {TOOL_CALL_OPEN: _HERMES_HEAD, MISTRAL_CALLS: _MISTRAL_HEAD, FUNCTION_OPEN: _XML_HEAD,
+                   GEMMA4_CALL_OPEN: _GEMMA4_HEAD}
 _HEAD_WAIT = 300  # characters of a block after which a head that has not matched never will
 
 
@@ -346,21 +358,21 @@ class _StreamedCall:
     end: int  # how far they were sent
     scan: JsonObjectEnd = field(default_factory=JsonObjectEnd)
     done: bool = False
-    xml: XmlArguments | None = None  # a Qwen3-Coder call's parameters, read into JSON
+    reader: XmlArguments | Gemma4Arguments | None = None  # arguments not written as JSON (Qwen3-Coder's, Gemma 4's)
     sent: str = ""  # the arguments' text as sent
 
 
 class ToolCallStreamFilter:
     """Streams content while holding back anything that may turn into a tool call.
 
-    Text before a call marker (`<tool_call>`, `[TOOL_CALLS]`, `<function=`) streams, minus a tail that could be
-    the start of one; output that opens with `{` or `[` is held whole, since it may be a bare JSON or pythonic call.
-    Calls in Hermes / Qwen JSON (`<tool_call>{"name": ..., "arguments": {...}}`), Mistral's
-    `[TOOL_CALLS]NAME[ARGS]{...}` and Qwen3-Coder's XML (`<function=NAME><parameter=KEY>...`, given out as the JSON
-    object it reads as) to a known tool stream as they are written (`take_deltas`): the name once read, then the
-    arguments' JSON text piece by piece; the call `finish` returns carries that text as its arguments, so the pieces
-    add up to them. `finish` parses what was held: calls
-    come back as ToolCall objects, anything else is released as content.
+    Text before a call marker (`<tool_call>`, `[TOOL_CALLS]`, `<function=`, `<|tool_call>`) streams, minus a tail
+    that could be the start of one; output that opens with `{` or `[` is held whole, since it may be a bare JSON or
+    pythonic call. Calls in Hermes / Qwen JSON (`<tool_call>{"name": ..., "arguments": {...}}`), Mistral's
+    `[TOOL_CALLS]NAME[ARGS]{...}`, Qwen3-Coder's XML (`<function=NAME><parameter=KEY>...`) and Gemma 4's
+    `<|tool_call>call:NAME{...}` (the last two given out as the JSON object they read as) to a known tool stream as
+    they are written (`take_deltas`): the name once read, then the arguments' JSON text piece by piece; the call
+    `finish` returns carries that text as its arguments, so the pieces add up to them. `finish` parses what was
+    held: calls come back as ToolCall objects, anything else is released as content.
     """
 
     def __init__(self, active: bool, known_names: set[str] | None = None, parameters: dict[str, Any] | None = None):
@@ -420,6 +432,7 @@ class ToolCallStreamFilter:
                     # a block closed without a head, or Mistral's older JSON list: not one that streams
                     cannot = (text.find(TOOL_CALL_CLOSE, body) != -1 if marker == TOOL_CALL_OPEN
                               else text.find(FUNCTION_CLOSE, body) != -1 if marker == FUNCTION_OPEN
+                              else text.find(GEMMA4_CALL_CLOSE, body) != -1 if marker == GEMMA4_CALL_OPEN
                               else text[body:].lstrip()[:1] in ("[", "{"))
                     if cannot or len(text) - body > _HEAD_WAIT:
                         self._streaming = False  # not a call that streams: this one and the rest go out whole
@@ -428,14 +441,15 @@ class ToolCallStreamFilter:
                 if (self.known is not None and name not in self.known) or (not xml and text[head.end()] != "{"):
                     self._streaming = False
                     return
-                arguments = XmlArguments(((self.parameters or {}).get(name) or {}).get("properties") or {})
+                reader = (XmlArguments(((self.parameters or {}).get(name) or {}).get("properties") or {}) if xml
+                          else Gemma4Arguments() if marker == GEMMA4_CALL_OPEN else None)
                 call = _StreamedCall(len(self.streamed), head.group(2) or "call_" + uuid.uuid4().hex[:24], name,
-                                     head.end(), head.end(), xml=arguments if xml else None)
+                                     head.end(), head.end(), reader=reader)
                 self.streamed.append(call)
                 self._deltas.append(CallDelta(call.index, "", call.id, name))
-            if call.xml is not None:
-                piece, call.end, complete = call.xml.feed(text, call.end)
-                if call.xml.broken:
+            if call.reader is not None:
+                piece, call.end, complete = call.reader.feed(text, call.end)
+                if call.reader.broken:
                     self._streaming = False
                     return
             else:

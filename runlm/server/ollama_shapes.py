@@ -20,7 +20,7 @@ from pydantic import Field
 
 from runlm.engine import Completion, Generation, StreamRecord, ToolCall, Usage
 from runlm.engine.harmony import CHANNEL
-from runlm.engine.reasoning import THINK_OPEN, ThinkingPlan
+from runlm.engine.reasoning import GEMMA4_THINK_OPEN, THINK_OPEN, ThinkingPlan
 from runlm.formats.gguf import find_mmproj
 from runlm.server.adapters import openai_request
 from runlm.server.errors import APIError
@@ -362,7 +362,7 @@ def running_entry(state: ServerState, expires_at: float) -> dict[str, Any]:
 
 
 def _capabilities(template: str, vision: bool) -> list[str]:
-    thinks = THINK_OPEN in template or CHANNEL in template
+    thinks = any(tag in template for tag in (THINK_OPEN, GEMMA4_THINK_OPEN, CHANNEL))
     return ["completion", "tools"] + (["vision"] if vision else []) + (["thinking"] if thinks else [])
 
 

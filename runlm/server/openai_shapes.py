@@ -19,7 +19,7 @@ from runlm.engine.grammar import (
     grammar_for_json_schema,
 )
 from runlm.engine.harmony import CHANNEL, CONSTRAIN, FORCED_CALL_HEAD, MESSAGE, harmony_effort
-from runlm.engine.reasoning import THINK_CLOSE, THINK_OPEN, ThinkingBudget, ThinkingPlan, thinking_switch
+from runlm.engine.reasoning import ThinkingBudget, ThinkingPlan, thinking_switch
 from runlm.engine.speculative import Speculation
 from runlm.engine.tools import FORMAT_MARKERS, forced_call_format
 from runlm.errors import RunlmError
@@ -336,11 +336,11 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
         if thinking.parser == "harmony":
             pass  # the final channel's body is the answer; the analysis before it runs free
         elif thinking.active and not thinking_off and not thinking.opened:  # open it here, as the model would
-            prompt += f"{THINK_OPEN}\n"
-            thinking = ThinkingPlan("think", True)
+            prompt += thinking.open_text
+            thinking = ThinkingPlan(thinking.parser, True)
         elif thinking_off or not thinking.active:
             if thinking.opened:  # the template opened the thinking whatever it was told: close it empty
-                prompt += f"\n{THINK_CLOSE}\n\n"
+                prompt += thinking.close_text
             thinking = ThinkingPlan()
     top = body.top_logprobs or 0
     if top and not body.logprobs:

@@ -28,8 +28,20 @@ CASES = [
 ]
 
 
-def streamed(pieces: list[str], opened: bool) -> tuple[str, str]:
-    splitter = ThinkSplitter(True, opened)
+# Gemma 4's thought channel: (reply, opened, expected)
+GEMMA4_CASES = [
+    ("<|channel>thought\nTwo and two.<channel|>Four.", False, ("Two and two.", "Four.")),
+    ("Two and two.<channel|>Four.", True, ("Two and two.", "Four.")),
+    ("<|channel>thought\n<channel|>Four.", False, ("", "Four.")),
+    ("<|channel>thoughtless", False, ("less", "")),
+    ("<|channel>final", False, ("", "<|channel>final")),
+    ("<think>x</think>y", False, ("", "<think>x</think>y")),
+    ("Four.", False, ("", "Four.")),
+]
+
+
+def streamed(pieces: list[str], opened: bool, parser: str = "think") -> tuple[str, str]:
+    splitter = ThinkingPlan(parser, opened).splitter()
     reasoning = content = ""
     for piece in pieces:
         r, c = splitter.push(piece)
@@ -44,6 +56,12 @@ def test_every_split_of_a_reply_gives_the_whole_replys_parts(reply, opened, expe
     assert streamed(list(reply), opened) == expected
     for cut in range(len(reply) + 1):
         assert streamed([reply[:cut], reply[cut:]], opened) == expected, cut
+
+
+@pytest.mark.parametrize("reply, opened, expected", GEMMA4_CASES)
+def test_gemma4s_thought_channel_splits_in_every_split(reply, opened, expected):
+    for cut in range(len(reply) + 1):
+        assert streamed([reply[:cut], reply[cut:]], opened, "gemma4") == expected, cut
 
 
 def test_thinking_streams_before_the_reply_ends():
@@ -73,5 +91,12 @@ def test_the_plan_follows_the_format_the_template_and_the_prompt():
     for fmt in ("think", "deepseek"):
         assert ThinkingPlan.for_prompt(fmt, "", "x") == ThinkingPlan("think")
     assert ThinkingPlan.for_prompt("harmony", "", "x") == ThinkingPlan("harmony")
+    gemma4 = "{{ '<|turn>model\\n<|channel>thought\\n<channel|>' }}"
+    assert ThinkingPlan.for_prompt("auto", gemma4, "<|turn>model\n<|channel>thought\n<channel|>") == ThinkingPlan()
+    assert ThinkingPlan.for_prompt("auto", gemma4, "<|turn>model\n") == ThinkingPlan("gemma4")
+    assert ThinkingPlan.for_prompt("auto", thinking_template, "<think>\n\n</think>\n\n") == ThinkingPlan()
+    assert ThinkingPlan.for_prompt("auto", gemma4, "<|turn>model\n<|channel>thought\n") == ThinkingPlan("gemma4",
+                                                                                                       True)
+    assert ThinkingPlan("gemma4").close_text == "<channel|>"
     with pytest.raises(InvalidInputError, match="reasoning_format must be one of"):
         check_reasoning_format("channels")

@@ -38,6 +38,10 @@ CASES = {
                          [("get_weather", {"city": "Oslo"}, "x9y8z7w6v")]),
     "pythonic": ('[get_weather(city="Paris", days=2), get_time()]', "",
                  [("get_weather", {"city": "Paris", "days": 2}, None), ("get_time", {}, None)]),
+    "gemma4": ('Checking.<|tool_call>call:get_weather{city:<|"|>Paris, "FR" <|<|"|>,days:3,metric:true,zip:null,'
+               'hours:[9,-1.5e1,{at:<|"|>x\ny<|"|>}]}<tool_call|><|tool_call>call:get_time{}<tool_call|>', "Checking.",
+               [("get_weather", {"city": 'Paris, "FR" <|', "days": 3, "metric": True, "zip": None,
+                                 "hours": [9, -15.0, {"at": "x\ny"}]}, None), ("get_time", {}, None)]),
 }
 
 
@@ -80,6 +84,11 @@ def test_a_streamed_reply_gives_the_same_calls_in_every_split(case):
     "[TOOL_CALLS]get_weather[ARGS]not json",
     "[TOOL_CALLS] nothing here",
     "<function=unknown_tool>\n</function>",
+    '<|tool_call>call:unknown_tool{a:1}<tool_call|>',
+    '<|tool_call>call:get_weather{city:Paris}<tool_call|>',  # a bare word is no value
+    '<|tool_call>call:get_weather{city:}<tool_call|>',
+    '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}} trailing<tool_call|>',
+    '<|tool_call>get_weather{}<tool_call|>',
 ])
 def test_what_only_looks_like_a_call_stays_the_answer(reply):
     assert parse_tool_calls(reply, KNOWN, PARAMETERS) == (reply, [])

@@ -15,11 +15,13 @@ REPLIES = {
     "mistral": '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 2}',
     "pythonic": '[get_weather(city="Paris", days=2)]',
     "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>',
+    "gemma4": '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:2}<tool_call|>',
 }
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}
 EXPECTED = ("get_weather", {"city": "Paris", "days": 2})
-STREAMED = {"hermes", "mistral", "qwen3-coder"}  # the formats whose arguments stream in pieces as they are written
+# the formats whose arguments stream in pieces as they are written
+STREAMED = {"hermes", "mistral", "qwen3-coder", "gemma4"}
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +90,7 @@ FORCED = {
     "mistral-args": ("[TOOL_CALLS] [ARGS]", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 2}'),
     "mistral": ("[TOOL_CALLS]", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}]'),
     "qwen3-coder": ("<tool_call> <function= </function>", REPLIES["qwen3-coder"]),
+    "gemma4": ("<|tool_call>call: <tool_call|>", REPLIES["gemma4"]),
 }
 
 
