@@ -15,6 +15,7 @@ The numbers below are the published config.json values of each model (Hugging Fa
 | gemma3-1b | gemma3 | 1152 | 26 | 4/1 | 256 | 6912 | 262,144 | yes | 1e6 global, 1e4 local | 999,885,952 |
 | gpt-oss-20b-6l | gpt-oss | 2880 | 6 (d) | 64/8 | 64 | 32x2880 (e) | 201,088 | no | 1.5e5, YaRN x32 | 6.10B |
 | qwen3-30b-a3b-12l | qwen3moe | 2048 | 12 (b) | 32/4 | 128 | 128x768 (c) | 151,936 | no | 1e6 (q/k norms) | 8.10B |
+| gemma4-31b-6l | gemma4 | 5376 | 6 (f) | 32/16, 32/4 | 256, 512 | 21504 | 262,144 | yes | 1e4, 1e6 (g) | 4.34B |
 
 (a) llama3 rope scaling: factor 32, low_freq_factor 1, high_freq_factor 4, original context 8192, written as
 the `rope_freqs` tensor as llama.cpp's converter does. rms_norm_eps 1e-5 (Llama), 1e-6 (Qwen3, Gemma 3).
@@ -30,6 +31,11 @@ F32, as llama.cpp's converter and quantizer keep it.
 (d) gpt-oss-20b has 24 layers (its shape keeps 6, for the disk, as (b)); sliding windows of 128 in every other layer,
 attention sinks, biases (written as zeros) on every projection. (e) 32 experts of 2880, 4 used per token, MXFP4 in its
 released file (quantize with `MXFP4_MOE`: MXFP4 experts, Q8_0 elsewhere).
+
+(f) Gemma 4 31B has 60 layers, five sliding-window ones (window 1024, heads of 256, 16 KV heads) to each global one
+(heads of 512, 4 KV heads whose key projection gives the values too: no V weights); its shape keeps 6, one period.
+(g) The global layers rotate a quarter of each head ("proportional" RoPE), written as llama.cpp's converter writes it:
+a `rope_freqs` tensor of 1 for the rotated pairs and 1e30 for the rest. Final logits soft-capped at 30.
 
 Tokenizer: the real SmolLM2 GGUF's `tokenizer.ggml.*` metadata (a 49,152-token byte-level BPE, chat
 template included), padded to the shape's real vocabulary with `[PAD{i}]` tokens of type UNUSED, the way
@@ -95,30 +101,43 @@ class Shape:
     experts: int = 0  # a mixture of experts in every block (qwen3moe): how many, how many a token uses, their width
     experts_used: int = 0
     expert_ffn: int = 0
+    global_head_dim: int = 0  # gemma4: the global layers' heads and KV heads (the sliding ones' are head_dim, kv_heads)
+    global_kv_heads: int = 0
     scale: float = 0.02  # standard deviation of the random matrices
+
+    def is_global(self, layer: int) -> bool:
+        """gemma4: layer `layer` is a global-attention one (the sixth of each six, as llama.cpp's default pattern)."""
+        return layer % 6 == 5
 
     def tensors(self) -> Iterator[tuple[str, tuple[int, ...]]]:
         """(GGUF name, numpy shape) of every tensor, in file order."""
         yield "token_embd.weight", (self.vocab, self.hidden)
         if self.llama3_rope:
             yield "rope_freqs.weight", (self.head_dim // 2,)
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        if self.arch == "gemma4":
+            yield "rope_freqs.weight", (self.global_head_dim // 2,)
         for i in range(self.layers):
             blk = f"blk.{i}."
+            wide = self.arch == "gemma4" and self.is_global(i)
+            head_dim = self.global_head_dim if wide else self.head_dim
+            q, kv = self.heads * head_dim, (self.global_kv_heads if wide else self.kv_heads) * head_dim
             yield blk + "attn_norm.weight", (self.hidden,)
             yield blk + "attn_q.weight", (q, self.hidden)
             yield blk + "attn_k.weight", (kv, self.hidden)
-            yield blk + "attn_v.weight", (kv, self.hidden)
+            if not wide:  # Gemma 4's global layers take their values from the key projection
+                yield blk + "attn_v.weight", (kv, self.hidden)
             yield blk + "attn_output.weight", (self.hidden, q)
-            if self.arch in ("qwen3", "qwen3moe", "gemma3"):
-                yield blk + "attn_q_norm.weight", (self.head_dim,)
-                yield blk + "attn_k_norm.weight", (self.head_dim,)
+            if self.arch in ("qwen3", "qwen3moe", "gemma3", "gemma4"):
+                yield blk + "attn_q_norm.weight", (head_dim,)
+                yield blk + "attn_k_norm.weight", (head_dim,)
             if self.arch == "gpt-oss":
                 yield from self._gpt_oss_extras(blk, q, kv)
                 continue
-            if self.arch == "gemma3":
+            if self.arch in ("gemma3", "gemma4"):
                 yield blk + "post_attention_norm.weight", (self.hidden,)
                 yield blk + "post_ffw_norm.weight", (self.hidden,)
+            if self.arch == "gemma4":
+                yield blk + "layer_output_scale.weight", (1,)
             yield blk + "ffn_norm.weight", (self.hidden,)
             if self.experts:
                 yield blk + "ffn_gate_inp.weight", (self.experts, self.hidden)
@@ -153,11 +172,14 @@ class Shape:
 
     def digest(self) -> str:
         """Short hash of every number and the builder version: a changed shape never reuses a stale file."""
-        text = json.dumps([BUILDER_VERSION, dataclasses.asdict(self)], sort_keys=True)
+        numbers = {key: value for key, value in dataclasses.asdict(self).items()
+                   if not (key in _ADDED_LATER and value == 0)}  # so files built before those fields keep their names
+        text = json.dumps([BUILDER_VERSION, numbers], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 LLAMA3_2_ROPE = (32.0, 1.0, 4.0, 8192)
+_ADDED_LATER = ("global_head_dim", "global_kv_heads")  # Shape fields a digest leaves out while they are 0
 
 SHAPES: dict[str, Shape] = {
     s.name: s
@@ -179,6 +201,9 @@ SHAPES: dict[str, Shape] = {
         Shape("qwen3-30b-a3b-12l", "qwen3moe", "Qwen/Qwen3-30B-A3B", hidden=2048, layers=12, heads=32, kv_heads=4,
               head_dim=128, ffn=6144, vocab=151936, context=40960, rms_eps=1e-6, rope_theta=1000000.0, tied=False,
               experts=128, experts_used=8, expert_ffn=768),
+        Shape("gemma4-31b-6l", "gemma4", "google/gemma-4-31B-it", hidden=5376, layers=6, heads=32, kv_heads=16,
+              head_dim=256, ffn=21504, vocab=262144, context=262144, rms_eps=1e-6, rope_theta=1000000.0,
+              sliding_window=1024, global_head_dim=512, global_kv_heads=4),
     )
 }
 
@@ -305,6 +330,9 @@ def _kept_f32(name: str, dims: tuple[int, ...]) -> bool:
 
 
 def _tensor_values(shape: Shape, name: str, dims: tuple[int, ...], matrix_dtype, rng) -> np.ndarray:
+    if name == "rope_freqs.weight" and shape.arch == "gemma4":  # a quarter of each global head rotates
+        rotated = shape.global_head_dim // 8
+        return np.array([1.0] * rotated + [1e30] * (shape.global_head_dim // 2 - rotated), dtype=np.float32)
     if name == "rope_freqs.weight":
         return llama3_rope_factors(shape)
     if name.endswith(".bias"):
@@ -342,9 +370,12 @@ def _write_metadata(writer: gguf.GGUFWriter, shape: Shape, float_type: str) -> N
     writer.add_block_count(shape.layers)
     writer.add_feed_forward_length(shape.ffn)
     writer.add_head_count(shape.heads)
-    writer.add_head_count_kv(shape.kv_heads)
-    writer.add_key_length(shape.head_dim)
-    writer.add_value_length(shape.head_dim)
+    if shape.arch == "gemma4":
+        _write_gemma4_metadata(writer, shape)
+    else:
+        writer.add_head_count_kv(shape.kv_heads)
+        writer.add_key_length(shape.head_dim)
+        writer.add_value_length(shape.head_dim)
     writer.add_layer_norm_rms_eps(shape.rms_eps)
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_vocab_size(shape.vocab)
@@ -360,8 +391,24 @@ def _write_metadata(writer: gguf.GGUFWriter, shape: Shape, float_type: str) -> N
         writer.add_rope_scaling_orig_ctx_len(shape.yarn[1])
     if shape.sliding_window:
         writer.add_sliding_window(shape.sliding_window)
-        if shape.arch == "gemma3":
+        if shape.arch in ("gemma3", "gemma4"):
             writer.add_rope_freq_base_swa(10000.0)
+
+
+def _write_gemma4_metadata(writer: gguf.GGUFWriter, shape: Shape) -> None:
+    """What llama.cpp's converter writes of Gemma 4's attention: per-layer KV heads, both head sizes, the pattern."""
+    layers = range(shape.layers)
+    writer.add_head_count_kv([shape.global_kv_heads if shape.is_global(i) else shape.kv_heads for i in layers])
+    writer.add_key_length(shape.global_head_dim)
+    writer.add_value_length(shape.global_head_dim)
+    writer.add_key_length_swa(shape.head_dim)
+    writer.add_value_length_swa(shape.head_dim)
+    writer.add_rope_dimension_count(shape.global_head_dim)
+    writer.add_rope_dimension_count_swa(shape.head_dim)
+    writer.add_sliding_window_pattern([not shape.is_global(i) for i in layers])
+    writer.add_shared_kv_layers(0)
+    writer.add_embedding_length_per_layer_input(0)
+    writer.add_final_logit_softcapping(30.0)
 
 
 def _write_tokenizer(writer: gguf.GGUFWriter, metadata: dict, vocab: int) -> None:

@@ -282,6 +282,60 @@ def test_the_thinking_folds_away_above_the_answer(smollm2_loaded, open_page):
         server.stop()
 
 
+HERMES_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] or '' }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}<|im_end|>\n"
+    "{% endfor %}<|im_start|>assistant\n")
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+def test_tool_calls_show_as_cards_and_the_results_you_give_go_back(smollm2_loaded, open_page):
+    """With tools in the settings, a call streams into a card (its name, its arguments as indented JSON); the
+    result typed under it goes back as the call's tool message, and the model answers from it."""
+    from runlm.text.chat import ChatTemplate
+
+    def reply(prompt: str, n: int) -> str:
+        if "<|im_start|>tool" in prompt:
+            return "It is " + prompt.rsplit("<|im_start|>tool\n", 1)[1].split("<|im_end|>", 1)[0] + " in Paris."
+        return 'Let me check.<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+
+    server = scripted_server(smollm2_loaded, reply, chat_template=ChatTemplate(HERMES_TEMPLATE))
+    try:
+        page = open_page(server.base_url)
+        bodies = chat_bodies(page)
+        set_settings(page, tools="not json")
+        page.click("#settings-toggle")
+        expect(page.locator("#tools-error")).to_contain_text("Tools: not JSON")
+        page.fill("#set-tools", json.dumps([WEATHER_TOOL]))
+        expect(page.locator("#tools-error")).to_be_hidden()
+        page.click("#settings-toggle")
+        send(page, "Weather in Paris?")
+        answer_done(page, 1)
+        card = page.locator(f"{ANSWER} section.tool-call")
+        expect(card).to_have_count(1)
+        expect(card.locator(".tool-name")).to_have_text(exactly("get_weather()"))
+        expect(card.locator(".tool-args")).to_have_text(exactly('{\n  "city": "Paris"\n}'), use_inner_text=False)
+        expect(page.locator(ANSWER).locator("p")).to_have_text(exactly("Let me check."))
+        assert bodies[0]["tools"] == [WEATHER_TOOL]
+
+        page.fill('textarea[aria-label="Result of get_weather"]', "sunny")
+        page.click("text=Send result")
+        answer_done(page, 2)
+        expect(page.locator("article.msg.tool .tool-result")).to_have_text(exactly("sunny"))
+        expect(page.locator(ANSWER).last).to_have_text(exactly("It is sunny in Paris."))
+        call_id = bodies[1]["messages"][1]["tool_calls"][0]["id"]
+        assert call_id and bodies[1]["messages"][2] == {"role": "tool", "tool_call_id": call_id, "content": "sunny"}
+        expect(page.locator(".tool-result-form")).to_have_count(0)
+
+        page.reload()  # the calls and the result are kept with the conversation
+        expect(page.locator(f"{ANSWER} section.tool-call .tool-name")).to_have_text(exactly("get_weather()"))
+        expect(page.locator("article.msg.tool .tool-result")).to_have_text(exactly("sunny"))
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="module")
 def echo_server(smollm2_loaded):
     server = scripted_server(smollm2_loaded, lambda prompt, n: f"Reply {n} to: {last_user_text(prompt)}")

@@ -9,7 +9,7 @@
 
   const STORE_KEY = 'runlm.chat.v1';
   const API_KEY = 'runlm.apiKey';
-  const DEFAULT_SETTINGS = { system: '', temperature: 0.7, top_p: 0.95, max_tokens: null, seed: null };
+  const DEFAULT_SETTINGS = { system: '', temperature: 0.7, top_p: 0.95, max_tokens: null, seed: null, tools: '' };
   const MAX_IMAGE_SIDE = 1024;
   const md = window.RunlmMarkdown;
 
@@ -19,7 +19,7 @@
     openSidebar: $('open-sidebar'), closeSidebar: $('close-sidebar'), modelName: $('model-name'),
     modelMeta: $('model-meta'), settingsToggle: $('settings-toggle'), settings: $('settings'),
     system: $('set-system'), temperature: $('set-temperature'), topP: $('set-top-p'), maxTokens: $('set-max-tokens'),
-    seed: $('set-seed'), details: $('model-details'), messages: $('messages'), composer: $('composer'),
+    seed: $('set-seed'), tools: $('set-tools'), toolsError: $('tools-error'), details: $('model-details'), messages: $('messages'), composer: $('composer'),
     prompt: $('prompt'), send: $('send'), stop: $('stop'), attach: $('attach'), fileInput: $('file-input'),
     attachments: $('attachments'), dropHint: $('drop-hint'), keyDialog: $('key-dialog'), keyForm: $('key-form'),
     keyInput: $('api-key'), keyError: $('key-error'), keyCancel: $('key-cancel'), toast: $('toast'),
@@ -60,6 +60,7 @@
     const out = Object.assign({}, DEFAULT_SETTINGS);
     if (s && typeof s === 'object') {
       if (typeof s.system === 'string') out.system = s.system;
+      if (typeof s.tools === 'string') out.tools = s.tools;
       for (const k of ['temperature', 'top_p', 'max_tokens', 'seed']) {
         if (s[k] === null || (typeof s[k] === 'number' && isFinite(s[k]))) out[k] = s[k];
       }
@@ -82,8 +83,14 @@
         id: c.id, title: typeof c.title === 'string' ? c.title : '', titleEdited: !!c.titleEdited,
         created: c.created || Date.now(), updated: c.updated || Date.now(), settings: cleanSettings(c.settings),
         messages: c.messages.filter(function (m) {
-          return m && (m.role === 'user' || m.role === 'assistant') && typeof m.content === 'string';
+          return m && (m.role === 'user' || m.role === 'assistant' || (m.role === 'tool' &&
+            typeof m.toolCallId === 'string' && typeof m.name === 'string')) && typeof m.content === 'string';
         }).map(function (m) {
+          if (m.toolCalls !== undefined) {
+            m.toolCalls = Array.isArray(m.toolCalls) ? m.toolCalls.filter(function (t) {
+              return t && ['id', 'name', 'arguments'].every(function (k) { return typeof t[k] === 'string'; });
+            }) : [];
+          }
           m.images = Array.isArray(m.images) ? m.images.filter(function (u) {
             return typeof u === 'string' && u.startsWith('data:image/');
           }) : [];
@@ -356,6 +363,30 @@
     ui.topP.value = s.top_p === null ? '' : s.top_p;
     ui.maxTokens.value = s.max_tokens === null ? '' : s.max_tokens;
     ui.seed.value = s.seed === null ? '' : s.seed;
+    ui.tools.value = s.tools || '';
+    showToolsError(s.tools);
+  }
+
+  // The tools a conversation offers the model: a JSON list of OpenAI function tools in the settings, or none.
+  function parseTools(text) {
+    if (!text || !text.trim()) return { list: null, error: null };
+    let value;
+    try {
+      value = JSON.parse(text);
+    } catch (e) {
+      return { list: null, error: 'not JSON (' + e.message + ')' };
+    }
+    if (!Array.isArray(value)) value = [value];
+    const list = value.map(function (t) { return t && t.type === 'function' ? t : { type: 'function', function: t }; });
+    const bad = list.findIndex(function (t) { return !t.function || typeof t.function.name !== 'string'; });
+    if (bad !== -1) return { list: null, error: 'tool ' + (bad + 1) + ' has no function name' };
+    return { list: list, error: null };
+  }
+
+  function showToolsError(text) {
+    const error = parseTools(text).error;
+    ui.toolsError.textContent = error ? 'Tools: ' + error : '';
+    ui.toolsError.hidden = !error;
   }
 
   function readSettings() {
@@ -374,6 +405,8 @@
     s.top_p = num(ui.topP, 0, 1, false);
     s.max_tokens = num(ui.maxTokens, 1, null, true);
     s.seed = num(ui.seed, null, null, true);
+    s.tools = ui.tools.value;
+    showToolsError(s.tools);
     save();
   }
 
@@ -402,6 +435,7 @@
       ui.messages.appendChild(renderMessage(conv, m, i, {
         canEdit: !busy && i === lastUser && i >= conv.messages.length - 2,
         canRegenerate: !busy && i === lastAssistant && i === conv.messages.length - 1,
+        awaitsResults: !busy && i === lastAssistant && !m.pending && Boolean(m.toolCalls && m.toolCalls.length),
       }));
     });
     if (keepScroll) ui.messages.scrollTop = scrollTop;
@@ -417,7 +451,8 @@
     const article = document.createElement('article');
     article.className = 'msg ' + m.role;
     article.dataset.index = index;
-    article.setAttribute('aria-label', m.role === 'user' ? 'You said' : 'The model answered');
+    article.setAttribute('aria-label', m.role === 'user' ? 'You said' : m.role === 'tool' ? 'A tool result'
+      : 'The model answered');
     if (m.pending) article.setAttribute('aria-busy', 'true');
     const body = document.createElement('div');
     body.className = 'body';
@@ -434,8 +469,17 @@
       text.textContent = m.content;
       body.appendChild(text);
       if (m.imagesDropped) body.appendChild(note('(the attached image was removed to save space)'));
+    } else if (m.role === 'tool') {
+      const label = document.createElement('div');
+      label.className = 'tool-label';
+      label.textContent = 'Result of ' + m.name;
+      const text = document.createElement('pre');
+      text.className = 'tool-result';
+      text.textContent = m.content;
+      body.append(label, text);
     } else {
       fillAnswer(body, m);
+      if (opts.awaitsResults) body.append(...resultForms(conv, m));
     }
     article.appendChild(body);
     if (m.role === 'assistant') {
@@ -480,8 +524,63 @@
       parts.push(details);
     }
     parts.push(md.render(m.content));
-    if (m.pending && !m.content && !m.reasoning) parts.push(typing());
+    for (const call of m.toolCalls || []) parts.push(toolCard(call));
+    if (m.pending && !m.content && !m.reasoning && !(m.toolCalls && m.toolCalls.length)) parts.push(typing());
     body.replaceChildren(...parts);
+  }
+
+  // A tool call as a card: the function's name, its arguments as indented JSON (as they stream: the text so far).
+  function toolCard(call) {
+    const card = document.createElement('section');
+    card.className = 'tool-call';
+    card.setAttribute('aria-label', 'Tool call ' + call.name);
+    const name = document.createElement('div');
+    name.className = 'tool-name';
+    name.textContent = call.name + '()';
+    const args = document.createElement('pre');
+    args.className = 'tool-args';
+    try {
+      args.textContent = JSON.stringify(JSON.parse(call.arguments), null, 2);
+    } catch (e) {
+      args.textContent = call.arguments;
+    }
+    card.append(name, args);
+    return card;
+  }
+
+  // Under the last answer's tool calls: a field per call still without a result. You are the tool: what you send
+  // goes back to the model as that call's result, and once every call has one the model goes on.
+  function resultForms(conv, m) {
+    const answered = new Set(conv.messages.filter(function (x) { return x.role === 'tool'; })
+      .map(function (x) { return x.toolCallId; }));
+    return m.toolCalls.filter(function (call) { return !answered.has(call.id); }).map(function (call) {
+      const form = document.createElement('form');
+      form.className = 'tool-result-form';
+      const input = document.createElement('textarea');
+      input.rows = 1;
+      input.setAttribute('aria-label', 'Result of ' + call.name);
+      input.placeholder = 'Result of ' + call.name + ' (what the tool would return)';
+      const button = document.createElement('button');
+      button.type = 'submit';
+      button.textContent = 'Send result';
+      form.append(input, button);
+      form.addEventListener('submit', function (ev) {
+        ev.preventDefault();
+        if (busy) return;
+        conv.messages.push({ id: uid(), role: 'tool', toolCallId: call.id, name: call.name, content: input.value });
+        touch(conv);
+        const waiting = m.toolCalls.some(function (c) {
+          return !conv.messages.some(function (x) { return x.role === 'tool' && x.toolCallId === c.id; });
+        });
+        if (waiting) {
+          save();
+          renderAll();
+        } else {
+          generate(conv);
+        }
+      });
+      return form;
+    });
   }
 
   function note(text) {
@@ -649,8 +748,18 @@
     conv.messages.forEach(function (m, i) { if (m.role === 'user' && m.images && m.images.length) lastImage = i; });
     conv.messages.forEach(function (m, i) {
       if (m.role === 'assistant') {
-        if (m.pending || (m.error && !m.content)) return;
-        out.push({ role: 'assistant', content: m.content });
+        if (m.pending || (m.error && !m.content && !(m.toolCalls && m.toolCalls.length))) return;
+        const turn = { role: 'assistant', content: m.content };
+        if (m.toolCalls && m.toolCalls.length) {
+          turn.tool_calls = m.toolCalls.map(function (c) {
+            return { id: c.id, type: 'function', function: { name: c.name, arguments: c.arguments } };
+          });
+        }
+        out.push(turn);
+        return;
+      }
+      if (m.role === 'tool') {
+        out.push({ role: 'tool', tool_call_id: m.toolCallId, content: m.content });
         return;
       }
       if (m.images && m.images.length && i === lastImage) {
@@ -713,6 +822,9 @@
       if (s.top_p !== null) body.top_p = s.top_p;
       if (s.max_tokens !== null) body.max_tokens = s.max_tokens;
       if (s.seed !== null) body.seed = s.seed;
+      const tools = parseTools(s.tools);
+      if (tools.error) throw new Error('the tools in the settings: ' + tools.error);
+      if (tools.list) body.tools = tools.list;
       const res = await api('/v1/chat/completions', {
         method: 'POST', headers: { 'Content-Type': 'application/json', Accept: 'text/event-stream' },
         body: JSON.stringify(body), signal: controller.signal,
@@ -736,10 +848,18 @@
           const obj = JSON.parse(data);
           if (obj.error) throw new Error(obj.error.message || 'the generation failed');
           const choice = obj.choices && obj.choices[0];
-          if (choice && choice.delta && (choice.delta.content || choice.delta.reasoning_content)) {
+          const delta = choice && choice.delta;
+          if (delta && (delta.content || delta.reasoning_content || delta.tool_calls)) {
             if (tFirst === null) tFirst = performance.now();
-            msg.content += choice.delta.content || '';
-            if (choice.delta.reasoning_content) msg.reasoning = (msg.reasoning || '') + choice.delta.reasoning_content;
+            msg.content += delta.content || '';
+            if (delta.reasoning_content) msg.reasoning = (msg.reasoning || '') + delta.reasoning_content;
+            for (const piece of delta.tool_calls || []) { // a call's id and name first, then its arguments in pieces
+              msg.toolCalls = msg.toolCalls || [];
+              const call = msg.toolCalls[piece.index] || (msg.toolCalls[piece.index] = { id: '', name: '', arguments: '' });
+              if (piece.id) call.id = piece.id;
+              if (piece.function && piece.function.name) call.name = piece.function.name;
+              if (piece.function && piece.function.arguments) call.arguments += piece.function.arguments;
+            }
             pieces++;
           }
           if (choice && choice.finish_reason) msg.finish = choice.finish_reason;
@@ -946,7 +1066,7 @@
   ui.closeSidebar.addEventListener('click', closeSidebar);
   ui.scrim.addEventListener('click', closeSidebar);
   ui.settingsToggle.addEventListener('click', function () { toggleSettings(); });
-  for (const input of [ui.system, ui.temperature, ui.topP, ui.maxTokens, ui.seed]) {
+  for (const input of [ui.system, ui.temperature, ui.topP, ui.maxTokens, ui.seed, ui.tools]) {
     input.addEventListener('input', readSettings);
     input.addEventListener('change', function () { readSettings(); renderSettings(); });
   }
