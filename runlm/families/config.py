@@ -57,6 +57,12 @@ class ModelConfig:
     # Gemma 4's sliding-window layers' own head size and KV heads (None: head_dim and num_kv_heads, as every layer)
     sliding_head_dim: int | None = None
     sliding_kv_heads: int | None = None
+    # Gemma 4 E2B / E4B: the last `shared_kv_layers` layers compute no keys or values and attend over the cache of the
+    # last earlier layer of their kind; each layer takes a per-layer input of `per_layer_input` values (0: none);
+    # each layer's MLP width where they differ (empty: intermediate_size for all)
+    shared_kv_layers: int = 0
+    per_layer_input: int = 0
+    layer_ffn: list[int] = field(default_factory=list)
 
     def is_sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
@@ -66,6 +72,18 @@ class ModelConfig:
 
     def layer_kv_heads(self, layer: int) -> int:
         return self.sliding_kv_heads if self.sliding_kv_heads and self.is_sliding(layer) else self.num_kv_heads
+
+    def layer_intermediate(self, layer: int) -> int:
+        return self.layer_ffn[layer] if self.layer_ffn else self.intermediate_size
+
+    def kv_source(self, layer: int) -> int | None:
+        """The earlier layer whose keys and values `layer` attends over (the last one of its kind before the shared
+        ones), or None where it computes its own."""
+        first_shared = self.num_layers - self.shared_kv_layers
+        if layer < first_shared:
+            return None
+        kind = self.is_sliding(layer)
+        return next((i for i in range(first_shared - 1, -1, -1) if self.is_sliding(i) == kind), None)
 
     def has_rope(self, layer: int) -> bool:
         return not self.rope_layers or self.rope_layers[layer]
@@ -85,6 +103,8 @@ LIMITS: dict[str, tuple[int, int]] = {
     "sliding_window": (1, 1 << 16),
     "sliding_head_dim": (2, 1024),
     "sliding_kv_heads": (1, 1024),
+    "shared_kv_layers": (0, 1023),
+    "per_layer_input": (0, 1 << 14),
 }
 # Bounds of the mixture-of-experts numbers, checked where a model has experts.
 EXPERT_LIMITS: dict[str, tuple[int, int]] = {
@@ -124,6 +144,9 @@ KEY_NAMES: dict[str, tuple[str, str]] = {
     "shared_expert_ffn": ("expert_shared_feed_forward_length", "shared_expert_intermediate_size"),
     "sliding_head_dim": ("attention.key_length_swa", "head_dim"),
     "sliding_kv_heads": ("attention.head_count_kv", "num_key_value_heads"),
+    "shared_kv_layers": ("attention.shared_kv_layers", "num_kv_shared_layers"),
+    "per_layer_input": ("embedding_length_per_layer_input", "hidden_size_per_layer_input"),
+    "layer_ffn": ("feed_forward_length", "intermediate_size"),
 }
 # rope_type -> the entries rope_inv_freq reads (runlm/pytorch/nn.py implements these and no others).
 ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
@@ -221,6 +244,14 @@ def check_config(config: ModelConfig, where: str, source: str = "gguf", arch: st
                 number(value, f"{where}: {key('rope_scaling')} longrope {entry}")
     if config.rope_layers and len(config.rope_layers) != config.num_layers:
         raise fail("rope_layers", f"gives {len(config.rope_layers)} layers' RoPE for {config.num_layers} layers")
+    if config.shared_kv_layers >= config.num_layers:
+        raise fail("shared_kv_layers", f"is {config.shared_kv_layers}, leaving none of the {config.num_layers} layers "
+                                       f"to compute keys and values")
+    if config.layer_ffn:
+        if len(config.layer_ffn) != config.num_layers:
+            raise fail("layer_ffn", f"gives {len(config.layer_ffn)} widths for {config.num_layers} layers")
+        for width in config.layer_ffn:
+            integer(width, f"{where}: {key('layer_ffn')}", *LIMITS["intermediate_size"])
     if config.layer_types:
         if len(config.layer_types) != config.num_layers:
             raise fail("layer_types", f"has {len(config.layer_types)} entries for {config.num_layers} layers")
@@ -229,6 +260,9 @@ def check_config(config: ModelConfig, where: str, source: str = "gguf", arch: st
             raise fail("layer_types", f"holds {', '.join(unknown)}, expected {SLIDING!r} or {FULL!r}")
         if SLIDING in config.layer_types and config.sliding_window is None:
             raise fail("sliding_window", "is missing, but some layers use sliding-window attention")
+    for layer in range(config.num_layers - config.shared_kv_layers, config.num_layers):
+        if config.kv_source(layer) is None:
+            raise fail("shared_kv_layers", f"leaves layer {layer} no earlier layer of its kind to share keys with")
     return config
 
 
@@ -262,9 +296,10 @@ def expected_shapes(config: ModelConfig, qk_norm_whole: bool = False) -> Callabl
 
     def table(layer: int) -> dict[str, tuple[int, ...]]:
         kv, hd = config.layer_kv_heads(layer), config.layer_head_dim(layer)
+        ffn, ple = config.layer_intermediate(layer), config.per_layer_input
         return {
             "self_attn.qkv_proj.weight": ((heads + 2 * kv) * hd, hidden),
-            "mlp.gate_up_proj.weight": (2 * config.intermediate_size, hidden),
+            "mlp.gate_up_proj.weight": (2 * ffn, hidden),
             "self_attn.q_proj.bias": (heads * hd,),
             "self_attn.k_proj.bias": (kv * hd,),
             "self_attn.v_proj.bias": (kv * hd,),
@@ -274,9 +309,9 @@ def expected_shapes(config: ModelConfig, qk_norm_whole: bool = False) -> Callabl
             "self_attn.o_proj.weight": (hidden, heads * hd),
             "self_attn.q_norm.weight": (heads * hd,) if qk_norm_whole else (hd,),
             "self_attn.k_norm.weight": (kv * hd,) if qk_norm_whole else (hd,),
-            "mlp.gate_proj.weight": (config.intermediate_size, hidden),
-            "mlp.up_proj.weight": (config.intermediate_size, hidden),
-            "mlp.down_proj.weight": (hidden, config.intermediate_size),
+            "mlp.gate_proj.weight": (ffn, hidden),
+            "mlp.up_proj.weight": (ffn, hidden),
+            "mlp.down_proj.weight": (hidden, ffn),
             "mlp.gate.weight": (config.num_experts, hidden),
             "mlp.gate.bias": (config.num_experts,),
             "mlp.shared_expert.gate_proj.weight": (config.shared_expert_ffn, hidden),
@@ -295,6 +330,9 @@ def expected_shapes(config: ModelConfig, qk_norm_whole: bool = False) -> Callabl
             "pre_feedforward_layernorm.weight": (hidden,),
             "post_feedforward_layernorm.weight": (hidden,),
             "layer_scalar.weight": (1,),
+            "per_layer_input_gate.weight": (ple, hidden),
+            "per_layer_projection.weight": (hidden, ple),
+            "post_per_layer_input_norm.weight": (hidden,),
         }
 
     top = {
@@ -302,6 +340,10 @@ def expected_shapes(config: ModelConfig, qk_norm_whole: bool = False) -> Callabl
         "lm_head.weight": (config.vocab_size, hidden),
         "model.norm.weight": (hidden,),
         "rope_freqs.weight": (config.head_dim // 2,),
+        # Gemma 4's per-layer inputs, every layer's side by side (GGUF names: there are no others)
+        "per_layer_token_embd.weight": (config.vocab_size, config.num_layers * config.per_layer_input),
+        "per_layer_model_proj.weight": (config.num_layers * config.per_layer_input, hidden),
+        "per_layer_proj_norm.weight": (config.per_layer_input,),
     }
 
     def rule(name: str) -> tuple[int, ...] | None:
@@ -378,9 +420,10 @@ def gguf_rope_scaling(gguf) -> dict | None:
     raise ModelLoadError(f"{where}: rope scaling {_show(kind)} is not supported (runlm implements: linear, yarn)")
 
 
-def gguf_common_config(gguf, num_kv_heads: int | None = None) -> dict[str, Any]:
+def gguf_common_config(gguf, num_kv_heads: int | None = None, intermediate_size: int | None = None) -> dict[str, Any]:
     """The ModelConfig fields every llama.cpp architecture writes the same way (ranges: check_config).
-    `num_kv_heads`: where the family reads attention.head_count_kv itself (a list per layer: Gemma 4)."""
+    `num_kv_heads`, `intermediate_size`: where the family reads attention.head_count_kv or feed_forward_length itself
+    (lists per layer: Gemma 4)."""
     heads = gguf_int(gguf, "attention.head_count")
     hidden = gguf_int(gguf, "embedding_length")
     integer(heads, f"{gguf.path}: {gguf.architecture}.attention.head_count", *LIMITS["num_heads"])
@@ -399,7 +442,7 @@ def gguf_common_config(gguf, num_kv_heads: int | None = None) -> dict[str, Any]:
     return dict(
         vocab_size=integer(vocab, f"{gguf.path}: {gguf.architecture}.vocab_size"),
         hidden_size=hidden,
-        intermediate_size=gguf_int(gguf, "feed_forward_length"),
+        intermediate_size=intermediate_size or gguf_int(gguf, "feed_forward_length"),
         num_layers=integer(gguf_int(gguf, "block_count"), f"{gguf.path}: {gguf.architecture}.block_count",
                            *LIMITS["num_layers"]),
         num_heads=heads,

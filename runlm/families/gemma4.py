@@ -1,7 +1,9 @@
-"""Gemma 4 text models (dense: 31B): Gemma 3's sandwich block with plain RMSNorm weights, sliding-window layers with
-heads of their own size and count beside global layers whose keys double as values, an unweighted norm on the
-values, queries unscaled, partial ("proportional") RoPE on the global layers, and a scale on each block's output.
-Per-layer embeddings and shared KV layers (E2B, E4B) and the mixture of experts (26B-A4B) are refused by name."""
+"""Gemma 4 text models (dense: 31B, E2B, E4B): Gemma 3's sandwich block with plain RMSNorm weights, sliding-window
+layers with heads of their own size and count beside global layers whose keys may double as values, an unweighted
+norm on the values, queries unscaled, partial ("proportional") RoPE on the global layers, and a scale on each block's
+output. E2B and E4B add per-layer inputs (an embedding of its own per layer, mixed with a projection of the token's
+embedding) and end in layers that reuse an earlier layer's keys and values, with MLPs of their own widths. The
+mixture of experts (26B-A4B) is refused by name."""
 
 from __future__ import annotations
 
@@ -19,10 +21,8 @@ from runlm.families.config import (
 from runlm.families.registry import register
 from runlm.families.spec import FamilySpec
 
-# what the dense text model does not have, read as "absent" where the file leaves the key out: (key, what it is)
-_REFUSED = (("attention.shared_kv_layers", "layers that share another layer's keys and values (E2B, E4B)"),
-            ("embedding_length_per_layer_input", "per-layer embeddings (E2B, E4B)"),
-            ("expert_count", "a mixture of experts (26B-A4B)"))
+# what runlm does not run, read as "absent" where the file leaves the key out: (key, what it is)
+_REFUSED = (("expert_count", "a mixture of experts (26B-A4B)"),)
 
 
 def _by_layer_type(gguf, key: str, layer_types: list[str]) -> tuple[int, int | None]:
@@ -51,7 +51,10 @@ def config_from_gguf(gguf) -> ModelConfig:
         raise ModelLoadError(f"{where} is missing or not a list of booleans")
     layer_types = [SLIDING if flag else FULL for flag in pattern]
     kv_heads, sliding_kv_heads = _by_layer_type(gguf, "attention.head_count_kv", layer_types)
-    common = gguf_common_config(gguf, num_kv_heads=kv_heads)
+    ffn = gguf.arch_value("feed_forward_length")
+    layer_ffn = ffn if isinstance(ffn, list) else []  # E2B's shared layers have MLPs twice as wide
+    common = gguf_common_config(gguf, num_kv_heads=kv_heads, intermediate_size=max(layer_ffn) if layer_ffn and all(
+        type(width) is int for width in layer_ffn) else None)
     if len(layer_types) != common["num_layers"]:
         raise ModelLoadError(f"{where} has {len(layer_types)} entries for {common['num_layers']} layers")
     sliding_head_dim = gguf_int(gguf, "attention.key_length_swa", common["head_dim"])
@@ -72,6 +75,9 @@ def config_from_gguf(gguf) -> ModelConfig:
         final_softcap=softcap or None,
         sliding_head_dim=sliding_head_dim,
         sliding_kv_heads=sliding_kv_heads,
+        shared_kv_layers=gguf_int(gguf, "attention.shared_kv_layers", 0),
+        per_layer_input=gguf_int(gguf, "embedding_length_per_layer_input", 0),
+        layer_ffn=list(layer_ffn),
     )
 
 
@@ -93,6 +99,7 @@ SPEC = register(FamilySpec(
     values_from_keys=True,
     value_norm=True,
     layer_scalar=True,
-    gguf_names={"post_attention_layernorm": "post_attention_norm"},
+    gguf_names={"post_attention_layernorm": "post_attention_norm", "per_layer_input_gate": "inp_gate",
+                "per_layer_projection": "proj", "post_per_layer_input_norm": "post_norm"},
     chat_format="gemma4",
 ))

@@ -163,7 +163,13 @@ class FamilySpec:
         if config.attn_temperature:
             attention += (f", query temperature 1 + {config.attn_temperature:g} log(1 + position // "
                           f"{config.attn_temperature_length})")
+        if config.shared_kv_layers:
+            attention += f", the last {config.shared_kv_layers} layers reusing an earlier layer's keys and values"
         mlp = f"{self.activation} MLP"
+        if config.layer_ffn and len(set(config.layer_ffn)) > 1:
+            mlp += f" of {min(config.layer_ffn)} to {max(config.layer_ffn)} by layer"
+        if config.per_layer_input:
+            mlp += f", per-layer inputs of {config.per_layer_input}"
         if self.experts and config.num_experts:
             mlp = (f"{self.activation} mixture of {config.num_experts} experts of {config.expert_ffn}, "
                    f"{config.experts_per_token} per token ({self.experts}"

@@ -44,7 +44,7 @@ _SIGNATURES = {
     "rl_stack_free": ([_ptr], None),
     "rl_stack_add_block": ([_ptr, ctypes.c_void_p], ctypes.c_int),
     "rl_stack_run": (
-        [_ptr, _ptr, _i64, _PP, _PP, _i64, _PI, _PP, _PP, _PI, _PI, _i64, _i64, _PI, _PI],
+        [_ptr, _ptr, _i64, _PP, _PP, _i64, _PI, _PP, _PP, _PI, _PI, _i64, _i64, _PI, _PI, _ptr],
         ctypes.c_int,
     ),
 }
@@ -70,7 +70,8 @@ class Block(ctypes.Structure):
         ("down_bias", _ptr), ("router_bias", _ptr), ("expert_gate_up_bias", _ptr), ("expert_down_bias", _ptr),
         ("shared_gate_up", Weight * 2), ("n_shared_gate_up", _i64), ("shared_down", Weight), ("shared_gate", Weight),
         ("attn_temp_scale", _f64), ("attn_temp_length", _i64), ("values_from_keys", _i64), ("value_norm", _i64),
-        ("out_scale", _f64),
+        ("out_scale", _f64), ("kv_source", _i64), ("ple_gate", Weight), ("ple_proj", Weight), ("ple_norm", _ptr),
+        ("ple_dim", _i64),
     ]  # fmt: skip
 
 

@@ -22,7 +22,7 @@ from runlm.families.spec import ACTIVATIONS, EXPERT_GATINGS, FamilySpec
 from runlm.formats.gguf import GGUFFile, find_mmproj
 from runlm.native import build, library
 from runlm.native.build import FLOAT_KERNEL_TYPES, Q8_0_BYTES, Q8_0_VALUES
-from runlm.native.weights import NativeRefusal, WeightReader, table
+from runlm.native.weights import NativeRefusal, Rows, WeightReader, table
 from runlm.rope import rope_frequencies, rope_index, table_block
 
 PREFILL_CHUNK = 256
@@ -48,7 +48,9 @@ class BlockShape:
     n_kv_heads: int
     head_dim: int
     window: int  # 0: full attention
-    ring: bool  # its cache is a ring of the window
+    ring: bool  # its cache is a ring of the window (or longer: `slots`)
+    slots: int = 0  # a ring's length; at least the window
+    shared: bool = False  # it attends over an earlier block's cache, and has none of its own
 
 
 def model_config(gguf: GGUFFile) -> tuple[FamilySpec, ModelConfig]:
@@ -116,6 +118,7 @@ class NativeModel:
         self.blocks: list[BlockShape] = []
         for i in range(config.num_layers):
             self._add_block(lib, reader, i)
+        self.per_layer = self._per_layer_inputs(reader) if config.per_layer_input else None
         eps = config.rms_eps
         self.final_norm, self.final_eps = reader.floats("model.norm.weight"), eps
         head_name = spec.head_name(reader.has("lm_head.weight"), config)
@@ -132,11 +135,14 @@ class NativeModel:
         spec.refuse_unapplied(reader.has, i, self.path, config)
         norms = [None if name is None else self._address(reader.floats(p + name + ".weight"))
                  for name in spec.norm_names]
+        source = config.kv_source(i)
         q_norm = self._address(reader.floats(p + "self_attn.q_norm.weight")) if spec.qk_norm else None
-        k_norm = self._address(reader.floats(p + "self_attn.k_norm.weight")) if spec.qk_norm else None
-        # Gemma 4's full-attention layers have no value projection: their keys' projection gives the values too
+        k_norm = (self._address(reader.floats(p + "self_attn.k_norm.weight")) if spec.qk_norm and source is None
+                  else None)
+        # Gemma 4's full-attention layers may have no value projection: their keys' projection gives the values too;
+        # its last layers have neither, and attend over an earlier layer's cache
         values_from_keys = spec.values_from_keys and not reader.has(p + "self_attn.v_proj.weight")
-        qkv_names = spec.qkv_names(p)[: 2 if values_from_keys else 3]
+        qkv_names = spec.qkv_names(p)[: 1 if source is not None else 2 if values_from_keys else 3]
         qkv = reader.linear(qkv_names)
         qkv_bias = reader.bias(spec.qkv_names(p, "bias")[: len(qkv_names)])
         (o,) = reader.linear([p + "self_attn.o_proj.weight"])
@@ -163,9 +169,30 @@ class NativeModel:
             attn_softcap=config.attn_softcap or 0.0, o_bias=self._address(o_bias), sinks=self._address(sinks),
             attn_temp_scale=config.attn_temperature, attn_temp_length=config.attn_temperature_length,
             values_from_keys=int(values_from_keys), value_norm=int(spec.value_norm), out_scale=out_scale,
+            kv_source=-1 if source is None else source, **self._per_layer_block(reader, p),
         )  # fmt: skip
         library.check(lib.rl_stack_add_block(self.stack, ctypes.byref(block)))
-        self.blocks.append(BlockShape(config.layer_kv_heads(i), config.layer_head_dim(i), block.window, sliding))
+        # a ring that a later block reads after this one stored a call's rows keeps a prefill chunk more
+        read_later = any(config.kv_source(j) == i for j in range(i + 1, config.num_layers))
+        slots = block.window + (PREFILL_CHUNK if read_later else 0)
+        self.blocks.append(BlockShape(config.layer_kv_heads(i), config.layer_head_dim(i), block.window, sliding,
+                                      slots if sliding else 0, source is not None))
+
+    def _per_layer_block(self, reader: WeightReader, p: str) -> dict:
+        """Gemma 4's per-layer input fields of library.Block (none where the model has no per-layer inputs)."""
+        if not self.config.per_layer_input:
+            return {}
+        (gate,) = reader.linear([p + "per_layer_input_gate.weight"])
+        (proj,) = reader.linear([p + "per_layer_projection.weight"])
+        self._kept += [gate.data, proj.data]
+        return dict(ple_gate=gate.weight(), ple_proj=proj.weight(), ple_dim=self.config.per_layer_input,
+                    ple_norm=self._address(reader.floats(p + "post_per_layer_input_norm.weight")))
+
+    def _per_layer_inputs(self, reader: WeightReader) -> tuple[Rows, Rows, np.ndarray]:
+        """Gemma 4's per-layer input tables: the token's own embedding of every layer's input, the projection of the
+        token's embedding into them, and the norm of each layer's projected part."""
+        return (table(reader, "per_layer_token_embd.weight", as_head=False),
+                table(reader, "per_layer_model_proj.weight", as_head=True), reader.floats("per_layer_proj_norm.weight"))
 
     def _dense_mlp(self, reader: WeightReader, p: str) -> dict:
         """A dense MLP's fields of library.Block."""
@@ -265,7 +292,7 @@ class NativeModel:
         grown = min(session.limit, max(positions, 2 * session.capacity))
         for caches in (session.keys, session.values):
             for index, (cache, block) in enumerate(zip(caches, self.blocks)):
-                if not block.ring:
+                if not block.ring and not block.shared:
                     bigger = np.zeros((*cache.shape[:2], grown, cache.shape[3]), dtype=cache.dtype)
                     bigger[:, :, : session.capacity] = cache
                     caches[index] = bigger
@@ -276,8 +303,10 @@ class NativeModel:
         def row(head_dim: int) -> int:
             return head_dim // Q8_0_VALUES * Q8_0_BYTES if self.kv_code == 2 else head_dim
 
-        return [(1, block.n_kv_heads, block.window if block.ring else positions, row(block.head_dim))
-                for block in self.blocks]
+        def slots(block: BlockShape) -> int:
+            return 0 if block.shared else block.slots if block.ring else positions
+
+        return [(1, block.n_kv_heads, slots(block), row(block.head_dim)) for block in self.blocks]
 
     def reusable(self, session: NativeSession, ids: list[int]) -> int:
         """How many leading tokens of `ids` the session holds and can keep: their common prefix with its tokens, or 0
@@ -383,6 +412,7 @@ class NativeModel:
              row_pos: list[int]) -> np.ndarray:
         """The final hidden rows of `ids`, row i of sequence row_seq[i] at position row_pos[i] (one C call)."""
         h = np.ascontiguousarray(self._embed(ids), dtype=np.float32)
+        per_layer = None if self.per_layer is None else self._per_layer_rows(ids, h)
         cos, sin = self._tables(np.asarray(row_pos, dtype=np.int64))
         per_block = range(len(self.blocks))
         library.check(library.library().rl_stack_run(
@@ -392,9 +422,20 @@ class NativeModel:
             library.pointers([library.address(s.values[b]) for b in per_block for s in sessions]),
             library.int64s([s.keys[b].shape[2] for b in per_block for s in sessions]),
             library.int64s([int(block.ring) for block in self.blocks]), len(sessions), self.kv_code,
-            library.int64s(row_seq), library.int64s(row_pos),
+            library.int64s(row_seq), library.int64s(row_pos), None if per_layer is None else library.address(per_layer),
         ))  # fmt: skip
         return h
+
+    def _per_layer_rows(self, ids: np.ndarray, embedded: np.ndarray) -> np.ndarray:
+        """Gemma 4's per-layer inputs of these rows [R, layers * width]: the tokens' own per-layer embedding (scaled
+        by sqrt(width)) and the norm of a projection of their embedding (scaled by 1/sqrt(hidden)), averaged as
+        transformers does (their sum over sqrt(2))."""
+        own, projection, norm = self.per_layer
+        width, f32 = self.config.per_layer_input, np.float32
+        tokens = own.lookup(ids) * f32(width**0.5)
+        projected = projection.multiply(embedded) * f32(self.hidden**-0.5)
+        projected = library.rms_norm(projected.reshape(-1, width), norm, self.config.rms_eps).reshape(len(ids), -1)
+        return np.ascontiguousarray((projected + tokens) * f32(2.0**-0.5), dtype=np.float32)
 
     def _logits(self, h: np.ndarray) -> np.ndarray:
         logits = self.head.multiply(library.rms_norm(h, self.final_norm, self.final_eps))

@@ -39,7 +39,7 @@ def _logits(path, ids, **options) -> tuple[np.ndarray, str]:
 
 # families with an option only the native runtime applies: their Hugging Face directories are refused in one line
 NATIVE_ONLY = {"mistral3": "attention temperature runs on the native runtime only",
-               "gemma4": "Gemma 4 runs from GGUF files only"}
+               "gemma4": "Gemma 4 runs from GGUF files only", "gemma4-e2b": "Gemma 4 runs from GGUF files only"}
 
 
 def test_f32_logits_match_transformers(converted):
@@ -107,6 +107,8 @@ def test_info_prints_the_options_read_from_the_file(converted, capsys):
         "qwen2": ("head", "its own"),  # released Qwen2.5 0.5B ties it; this file does not
         "mistral3": ("attention", "full, query temperature 1 + 0.1 log(1 + position // 8)"),
         "gemma4": ("heads (q / kv)", "4 / 1 of 128 (sliding-window layers: 4 / 2 of 64)"),
+        "gemma4-e2b": ("attention", "sliding window 8 in 4 of 6 layers, the last 3 layers reusing an earlier "
+                                    "layer's keys and values"),
     }
     if family in expected:
         key, value = expected[family]

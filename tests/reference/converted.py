@@ -158,6 +158,18 @@ FAMILIES = {
                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                            "rope_theta": 1e6}}),
+    # Gemma 4 E2B's kind: per-layer inputs, the last three layers reusing the keys and values of the last earlier
+    # layer of their kind (one sliding, one global), with MLPs twice as wide; a window of 8 behind a 20-token prompt
+    "gemma4-e2b": _tiny("Gemma4TextConfig", "Gemma4ForCausalLM", vocab_size=GEMMA4_VOCAB,
+                        vocab_size_per_layer_input=GEMMA4_VOCAB, bos_token_id=2, eos_token_id=1, pad_token_id=0,
+                        rms_norm_eps=1e-6, sliding_window=8, final_logit_softcapping=30.0,
+                        hidden_activation="gelu_pytorch_tanh", num_hidden_layers=6,
+                        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+                        global_head_dim=128, hidden_size_per_layer_input=64, num_kv_shared_layers=3,
+                        use_double_wide_mlp=True, tie_word_embeddings=True, rope_parameters={
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                               "rope_theta": 1e6}}),
 }  # fmt: skip
 
 # Mixture-of-experts families (tests/models/test_moe.py): 8 experts, 2 per token, expert rows 256 wide for the K-quants.
@@ -187,8 +199,8 @@ MOE_FAMILIES = {
 
 
 # what each tiny model's GGUF says it is, and the runlm family that reads it, where those are not its name
-ARCHITECTURES = {"mistral": "llama", "qwen2-yarn": "qwen2", "mixtral": "llama"}
-RUNLM_FAMILIES = {"mistral": "llama32", "qwen2-yarn": "qwen2", "mixtral": "llama32"}
+ARCHITECTURES = {"mistral": "llama", "qwen2-yarn": "qwen2", "mixtral": "llama", "gemma4-e2b": "gemma4"}
+RUNLM_FAMILIES = {"mistral": "llama32", "qwen2-yarn": "qwen2", "mixtral": "llama32", "gemma4-e2b": "gemma4"}
 
 
 def transformers_logits(hf_dir: Path, ids: list[int]):
@@ -215,14 +227,14 @@ def build(family: str, directory: Path, seed: int = 7) -> Path:
         for name, buffer in model.named_buffers():
             if name.endswith("layer_scalar"):  # Gemma 4's scale of each block's output: not 1, so it shows
                 buffer.fill_(0.5 + 0.25 * int(name.split(".")[2]))
-        if family == "gemma4":
+        if family.startswith("gemma4"):
             # Gemma 4 does not scale its queries: q / k norm weights near 1 would give scores of up to the head
             # size, a softmax as sharp as argmax, where a float16 cache's rounding decides. Trained ones are smaller.
             for name, param in model.named_parameters():
                 if name.endswith(("q_norm.weight", "k_norm.weight")):
                     param.mul_(0.3)
     model.save_pretrained(str(directory / "hf"), safe_serialization=True)
-    if family == "gemma4":
+    if family.startswith("gemma4"):
         template = (converter_dir() / GEMMA4_TEMPLATE).read_text(encoding="utf-8")
         _write_gemma4_tokenizer(directory / "hf", tiny_gemma4_tokenizer(), template)
     else:

@@ -70,6 +70,13 @@ struct RlBlock {
   int64_t values_from_keys;
   int64_t value_norm;
   double out_scale;
+  // Gemma 4 E2B / E4B: the block computes no keys or values and attends over block kv_source's cache (-1: its own),
+  // and adds its per-layer input (ple_dim values per row; 0 for none) through ple_gate, ple_proj and ple_norm.
+  int64_t kv_source;
+  RlWeight ple_gate;
+  RlWeight ple_proj;
+  const float* ple_norm;
+  int64_t ple_dim;
 };
 
 namespace {
@@ -199,6 +206,8 @@ int rl_relayout(const uint8_t* src, int64_t type, int64_t N, int64_t K, uint8_t*
 struct RlStack {
   std::vector<BlockWeights> blocks;
   std::vector<int64_t> ropes;
+  std::vector<int64_t> kv_sources;  // per block: the block whose cache it attends over, or -1 (its own)
+  std::vector<int64_t> ple_dims;  // per block: its per-layer input's width (0: none)
 };
 
 void* rl_stack_new() { return new RlStack(); }
@@ -239,40 +248,67 @@ int rl_stack_add_block(void* stack, const RlBlock* block) {
     RUNLM_CHECK(in.out_scale > 0 && std::isfinite(in.out_scale), "bad output scale");
     b.values_from_keys = in.values_from_keys != 0, b.value_norm = in.value_norm != 0;
     b.out_scale = static_cast<float>(in.out_scale);
-    const int64_t projected_heads = in.n_heads + (b.values_from_keys ? 1 : 2) * in.n_kv_heads;
+    RlStack& stack_ = *static_cast<RlStack*>(stack);
+    const int64_t index = static_cast<int64_t>(stack_.blocks.size());
+    RUNLM_CHECK(in.kv_source == -1 || (0 <= in.kv_source && in.kv_source < index &&
+                                       stack_.kv_sources[in.kv_source] == -1),
+                "a block shares the cache of a block before it that has one of its own, or none");
+    b.shared_kv = in.kv_source >= 0;
+    if (b.shared_kv) {
+      const BlockWeights& source = stack_.blocks[in.kv_source];
+      RUNLM_CHECK(source.n_kv_heads == in.n_kv_heads && source.window == in.window && in.k_norm == nullptr,
+                  "a block that shares a cache must have its heads and window, and no keys of its own");
+    }
+    if (in.ple_dim > 0) {
+      RUNLM_CHECK(in.ple_norm != nullptr && in.ple_gate.rows == in.ple_dim && in.ple_proj.rows == in.hidden,
+                  "a per-layer input needs its gate (ple_dim rows), projection (hidden rows) and norm");
+      b.ple_gate = weight_parts(&in.ple_gate, 1)[0], b.ple_proj = weight_parts(&in.ple_proj, 1)[0];
+      b.ple_norm = in.ple_norm, b.ple_dim = in.ple_dim;
+    }
+    const int64_t projected_heads = in.n_heads + (b.shared_kv ? 0 : b.values_from_keys ? 1 : 2) * in.n_kv_heads;
     int64_t qkv_width = 0;
     for (const Weight& w : b.qkv) qkv_width += w.rows;
     b.head_dim = qkv_width / projected_heads;
     RUNLM_CHECK(b.head_dim > 0 && qkv_width == projected_heads * b.head_dim,
                 "qkv projection width does not match the heads");
-    static_cast<RlStack*>(stack)->blocks.push_back(std::move(b));
-    static_cast<RlStack*>(stack)->ropes.push_back(in.rope);
+    if (b.shared_kv) b.head_dim = stack_.blocks[in.kv_source].head_dim == b.head_dim ? b.head_dim : -1;
+    RUNLM_CHECK(b.head_dim > 0, "a block that shares a cache must have its heads' size");
+    stack_.blocks.push_back(std::move(b));
+    stack_.ropes.push_back(in.rope);
+    stack_.kv_sources.push_back(in.kv_source);
+    stack_.ple_dims.push_back(in.ple_dim);
   });
 }
 
 // h [R, hidden] through every block, in place. cos / sin [R, widths[i]] per RoPE i (a block's width is its head
-// dim); k / v caches block-major (block b's caches of the n_seqs sequences at b * n_seqs ...), capacities per
-// sequence and rings per block.
+// dim); k / v caches block-major (block b's caches of the n_seqs sequences at b * n_seqs ...; a block that shares
+// another's cache has none of its own: its entries are not read), capacities per sequence and rings per block.
+// per_layer: the blocks' per-layer inputs [R, sum of their widths], block by block, or null where none has one.
 int rl_stack_run(void* stack, float* h, int64_t R, const float* const* cos, const float* const* sin, int64_t n_ropes,
                  const int64_t* widths, void* const* k_caches, void* const* v_caches, const int64_t* caps,
                  const int64_t* rings, int64_t n_seqs, int64_t kv_type, const int64_t* row_seq,
-                 const int64_t* row_pos) {
+                 const int64_t* row_pos, const float* per_layer) {
   return guarded([&] {
     const RlStack& s = *static_cast<RlStack*>(stack);
     const std::vector<int64_t> rseq(row_seq, row_seq + R), rpos(row_pos, row_pos + R);
-    for (size_t b = 0; b < s.blocks.size(); ++b) {
+    int64_t ple_stride = 0;
+    for (const int64_t dim : s.ple_dims) ple_stride += dim;
+    RUNLM_CHECK(ple_stride == 0 || per_layer != nullptr, "the blocks take per-layer inputs, and none were given");
+    for (size_t b = 0, ple_offset = 0; b < s.blocks.size(); ple_offset += s.ple_dims[b], ++b) {
       RUNLM_CHECK(s.ropes[b] >= 0 && s.ropes[b] < n_ropes, "block ", b, " has no RoPE table");
       const int64_t D = s.blocks[b].head_dim;
       RUNLM_CHECK(widths[s.ropes[b]] == D, "block ", b, " has heads of ", D, " values, its RoPE table ",
                   widths[s.ropes[b]]);
       RUNLM_CHECK(D % 8 == 0 && (kv_type != kKvQ8 || D % kQ8Values == 0), "bad head dim ", D, " for cache type ",
                   kv_type);
-      const std::vector<void*> ks(k_caches + b * n_seqs, k_caches + (b + 1) * n_seqs);
-      const std::vector<void*> vs(v_caches + b * n_seqs, v_caches + (b + 1) * n_seqs);
-      const std::vector<int64_t> cs(caps + b * n_seqs, caps + (b + 1) * n_seqs);
-      const bool ring = rings[b] != 0;
+      const size_t c = s.kv_sources[b] >= 0 ? static_cast<size_t>(s.kv_sources[b]) : b;  // whose caches
+      const std::vector<void*> ks(k_caches + c * n_seqs, k_caches + (c + 1) * n_seqs);
+      const std::vector<void*> vs(v_caches + c * n_seqs, v_caches + (c + 1) * n_seqs);
+      const std::vector<int64_t> cs(caps + c * n_seqs, caps + (c + 1) * n_seqs);
+      const bool ring = rings[c] != 0;
       const std::vector<SeqRows> seqs = seq_rows("rl_stack_run", rseq, rpos, ks, vs, cs, s.blocks[b].window, ring);
-      block_rows(s.blocks[b], h, R, cos[s.ropes[b]], sin[s.ropes[b]], D, seqs, kv_type, ring, rseq, rpos);
+      block_rows(s.blocks[b], h, R, cos[s.ropes[b]], sin[s.ropes[b]], D, seqs, kv_type, ring, rseq, rpos,
+                 s.ple_dims[b] ? per_layer + ple_offset : nullptr, ple_stride);
     }
   });
 }

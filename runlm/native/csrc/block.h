@@ -28,7 +28,9 @@ struct SeqRows {
 // softmax(q K^T) V for every row and query head over the last `window` positions (all when window is 0).
 // q: [R, n_heads, D] (roped, scaled); knew / vnew: [R, n_kv] rows of D values, this call's keys and values; older
 // positions come from the caches ([1, n_kv, cap] rows; with `ring`, a ring of `window` slots where position p sits
-// in slot p % window, else position p in row p), all with elements of type T. out: [R, n_heads * D].
+// in slot p % cap, cap at least the window, else position p in row p), all with elements of type T. out:
+// [R, n_heads * D]. A sequence whose first_pos lies past its rows reads every key from its cache (a block that
+// attends over another block's cache, which already holds this call's keys: Gemma 4's shared KV).
 template <typename T>
 void attention_rows(const float* q, const T* knew, const T* vnew, const std::vector<SeqRows>& seqs,
                     const std::vector<int64_t>& row_seq, const std::vector<int64_t>& row_pos, int64_t window,
@@ -98,7 +100,7 @@ void attention_rows(const float* q, const T* knew, const T* vnew, const std::vec
             keys[t - u0] = kv_row(knew, row * n_kv + g, D);
             values[t - u0] = kv_row(vnew, row * n_kv + g, D);
           } else {
-            const int64_t slot = ring ? t % window : t;
+            const int64_t slot = ring ? t % sq.cap : t;
             keys[t - u0] = kv_row(static_cast<const T*>(sq.k), g * sq.cap + slot, D);
             values[t - u0] = kv_row(static_cast<const T*>(sq.v), g * sq.cap + slot, D);
           }
@@ -180,7 +182,7 @@ void attention_rows(const float* q, const T* knew, const T* vnew, const std::vec
 }
 
 // attention_rows over caches of element type T, then this call's keys / values into the caches (slot p, or
-// p % window for a ring that keeps the newest). The new keys / values are first stored as T (rounded for float16,
+// p % cap for a ring that keeps the newest). The new keys / values are first stored as T (rounded for float16,
 // quantized for q8_0): the rows of this call attend over exactly the values later calls read back from the cache.
 template <typename T>
 void attend_and_store(const float* q, const std::vector<float>& knew, const std::vector<float>& vnew,
@@ -204,7 +206,7 @@ void attend_and_store(const float* q, const std::vector<float>& knew, const std:
   attention_rows(q, kt, vt, seqs, row_seq, row_pos, window, ring, n_heads, n_kv, D, out, softcap, sinks);
   for (int64_t r = 0; r < R; ++r) {
     const SeqRows& sq = seqs[row_seq[r]];
-    const int64_t slot = ring ? row_pos[r] % window : row_pos[r];
+    const int64_t slot = ring ? row_pos[r] % sq.cap : row_pos[r];
     T* kc = static_cast<T*>(sq.k);
     T* vc = static_cast<T*>(sq.v);
     for (int64_t g = 0; g < n_kv; ++g) {
@@ -268,6 +270,11 @@ struct BlockWeights {
   bool values_from_keys = false;  // values are the key projection's output before its norm and RoPE (Gemma 4)
   bool value_norm = false;  // an RMSNorm without weights over each value head (Gemma 4)
   float out_scale = 1.f;  // the block's output (the whole residual stream) scaled by this (Gemma 4's layer scalar)
+  bool shared_kv = false;  // no keys or values of its own: it attends over another block's cache (Gemma 4)
+  // Gemma 4's per-layer input: h += norm(proj(gelu(gate(h)) * input)), input the call's [R, ple_dim] rows for it
+  Weight ple_gate, ple_proj;
+  const float* ple_norm = nullptr;
+  int64_t ple_dim = 0;
   int64_t head_dim = 0;
   std::vector<Weight> qkv;
   Weight o;
@@ -300,7 +307,7 @@ std::vector<SeqRows> seq_rows(const char* op, const std::vector<int64_t>& row_se
   for (int64_t s = 0; s < n_seq; ++s) {
     SeqRows& sq = seqs[s];
     sq.k = k[s], sq.v = v[s], sq.cap = caps[s];
-    RUNLM_CHECK(ring ? window > 0 && sq.cap == window : sq.first_pos + sq.count <= sq.cap, op, ": cache ", s,
+    RUNLM_CHECK(ring ? window > 0 && sq.cap >= window : sq.first_pos + sq.count <= sq.cap, op, ": cache ", s,
                 " is too small for its positions");
   }
   return seqs;
@@ -313,10 +320,10 @@ std::vector<SeqRows> seq_rows(const char* op, const std::vector<int64_t>& row_se
 // sign in sin). The caches (elements of kv_type, all alike) take the new keys / values after attention.
 void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, const float* sp, int64_t D,
                 const std::vector<SeqRows>& seqs, int64_t kv_type, bool ring, const std::vector<int64_t>& rseq,
-                const std::vector<int64_t>& rpos) {
+                const std::vector<int64_t>& rpos, const float* ple_inputs = nullptr, int64_t ple_stride = 0) {
   const bool sandwich = b.norms.size() == 4;
   const int64_t hidden = b.hidden, n_heads = b.n_heads, n_kv_heads = b.n_kv_heads;
-  const int64_t q_width = n_heads * D, kv_width = n_kv_heads * D;
+  const int64_t q_width = n_heads * D, kv_width = b.shared_kv ? 0 : n_kv_heads * D;
   const int64_t stride = q_width + (b.values_from_keys ? 1 : 2) * kv_width;
   int64_t qkv_rows = 0;
   for (const Weight& w : b.qkv) qkv_rows += w.rows;
@@ -331,7 +338,7 @@ void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, co
   const int64_t v_offset = b.values_from_keys ? q_width : q_width + kv_width;
   for (int64_t r = 0; r < R; ++r)
     std::memcpy(vnew.data() + r * kv_width, xp + r * stride + v_offset, sizeof(float) * kv_width);
-  if (b.value_norm) norm_heads(vnew.data(), R, kv_width, 0, n_kv_heads, D, nullptr, b.eps);
+  if (b.value_norm && !b.shared_kv) norm_heads(vnew.data(), R, kv_width, 0, n_kv_heads, D, nullptr, b.eps);
   if (b.qk_norm_whole) {
     if (b.q_norm != nullptr) norm_heads(xp, R, stride, 0, 1, q_width, b.q_norm, b.eps);
     if (b.k_norm != nullptr) norm_heads(xp, R, stride, q_width, 1, kv_width, b.k_norm, b.eps);
@@ -357,13 +364,26 @@ void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, co
               : 1.f + b.attn_temp_scale * std::log(static_cast<float>(rpos[r] / b.attn_temp_length) + 1.f);
       for (int64_t hh = 0; hh < n_heads; ++hh)
         rope(row + hh * D, q.data() + r * q_width + hh * D, scale * temperature);
-      for (int64_t g = 0; g < n_kv_heads; ++g) rope(row + q_width + g * D, knew.data() + r * kv_width + g * D, 1.f);
+      for (int64_t g = 0; g < n_kv_heads && !b.shared_kv; ++g)
+        rope(row + q_width + g * D, knew.data() + r * kv_width + g * D, 1.f);
     }
   });
   std::vector<float> attended(R * q_width), projected(R * hidden);
   with_kv_type(kv_type, [&](auto element) {
-    attend_and_store<decltype(element)>(q.data(), knew, vnew, seqs, rseq, rpos, b.window, ring, n_heads, n_kv_heads,
-                                        D, attended.data(), b.attn_softcap, b.sinks);
+    using T = decltype(element);
+    if (b.shared_kv) {  // every key, this call's too, is in the other block's cache already
+      std::vector<SeqRows> cached = seqs;
+      for (SeqRows& sq : cached) {
+        RUNLM_CHECK(!ring || sq.count == 0 || sq.count + b.window - 1 <= sq.cap, "runlm block: ", sq.count,
+                    " rows of a sequence do not fit the shared ring of ", sq.cap, " beside its window of ", b.window);
+        sq.first_pos = INT64_MAX;
+      }
+      attention_rows<T>(q.data(), nullptr, nullptr, cached, rseq, rpos, b.window, ring, n_heads, b.n_kv_heads, D,
+                        attended.data(), b.attn_softcap, b.sinks);
+    } else {
+      attend_and_store<T>(q.data(), knew, vnew, seqs, rseq, rpos, b.window, ring, n_heads, n_kv_heads, D,
+                          attended.data(), b.attn_softcap, b.sinks);
+    }
   });
   linear_rows(attended.data(), R, q_width, b.o, projected.data());
   if (b.o_bias != nullptr) add_bias_rows(projected.data(), R, hidden, b.o_bias);
@@ -378,6 +398,17 @@ void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, co
   }
   if (sandwich) rms_norm_rows(projected.data(), R, hidden, b.norms[3], b.eps, projected.data());
   add_residual(hp, projected.data(), R * hidden, b.residual_scale);
+  if (b.ple_dim > 0) {
+    RUNLM_CHECK(ple_inputs != nullptr, "runlm block: a block with per-layer inputs was given none");
+    std::vector<float> gate(R * b.ple_dim), gated(R * b.ple_dim);
+    linear_rows(hp, R, hidden, b.ple_gate, gate.data());
+    for (int64_t r = 0; r < R; ++r)
+      gated_activation<true>(gate.data() + r * b.ple_dim, ple_inputs + r * ple_stride, gated.data() + r * b.ple_dim,
+                             b.ple_dim);
+    linear_rows(gated.data(), R, b.ple_dim, b.ple_proj, projected.data());
+    rms_norm_rows(projected.data(), R, hidden, b.ple_norm, b.eps, projected.data());
+    add_residual(hp, projected.data(), R * hidden, 1.f);
+  }
   if (b.out_scale != 1.f)
     for (int64_t i = 0; i < R * hidden; ++i) hp[i] *= b.out_scale;
 }
