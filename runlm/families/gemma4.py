@@ -2,8 +2,9 @@
 layers with heads of their own size and count beside global layers whose keys may double as values, an unweighted
 norm on the values, queries unscaled, partial ("proportional") RoPE on the global layers, and a scale on each block's
 output. E2B and E4B add per-layer inputs (an embedding of its own per layer, mixed with a projection of the token's
-embedding) and end in layers that reuse an earlier layer's keys and values, with MLPs of their own widths. The
-mixture of experts (26B-A4B) is refused by name."""
+embedding) and end in layers that reuse an earlier layer's keys and values, with MLPs of their own widths. 26B-A4B
+runs a mixture of experts beside each dense MLP: top-k of a softmax, renormalized, times a scale per expert, its
+router reading the block's residual."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from runlm.families.config import (
     SLIDING,
     ModelConfig,
     gguf_common_config,
+    gguf_experts,
     gguf_float,
     gguf_int,
     integer,
@@ -20,9 +22,6 @@ from runlm.families.config import (
 )
 from runlm.families.registry import register
 from runlm.families.spec import FamilySpec
-
-# what runlm does not run, read as "absent" where the file leaves the key out: (key, what it is)
-_REFUSED = (("expert_count", "a mixture of experts (26B-A4B)"),)
 
 
 def _by_layer_type(gguf, key: str, layer_types: list[str]) -> tuple[int, int | None]:
@@ -42,9 +41,6 @@ def _by_layer_type(gguf, key: str, layer_types: list[str]) -> tuple[int, int | N
 
 
 def config_from_gguf(gguf) -> ModelConfig:
-    for key, what in _REFUSED:
-        if gguf.arch_value(key) not in (None, 0):
-            raise ModelLoadError(f"{gguf.path}: this Gemma 4 has {what}, which runlm does not support yet")
     where = f"{gguf.path}: {gguf.architecture}.attention.sliding_window_pattern"
     pattern = gguf.arch_value("attention.sliding_window_pattern")
     if not isinstance(pattern, list) or not all(isinstance(flag, bool) for flag in pattern):
@@ -78,6 +74,7 @@ def config_from_gguf(gguf) -> ModelConfig:
         shared_kv_layers=gguf_int(gguf, "attention.shared_kv_layers", 0),
         per_layer_input=gguf_int(gguf, "embedding_length_per_layer_input", 0),
         layer_ffn=list(layer_ffn),
+        **gguf_experts(gguf, normalize=True, required=False),
     )
 
 
@@ -100,6 +97,9 @@ SPEC = register(FamilySpec(
     value_norm=True,
     layer_scalar=True,
     gguf_names={"post_attention_layernorm": "post_attention_norm", "per_layer_input_gate": "inp_gate",
-                "per_layer_projection": "proj", "post_per_layer_input_norm": "post_norm"},
+                "per_layer_projection": "proj", "post_per_layer_input_norm": "post_norm",
+                "pre_feedforward_layernorm_2": "pre_ffw_norm_2", "post_feedforward_layernorm_1": "post_ffw_norm_1",
+                "post_feedforward_layernorm_2": "post_ffw_norm_2"},
+    experts="softmax_topk",
     chat_format="gemma4",
 ))

@@ -466,6 +466,7 @@ _GGUF_LAYER_NAMES = {
     "mlp.experts.gate_proj": "ffn_gate_exps",  # every expert's weights in one tensor [experts, rows, cols]
     "mlp.experts.up_proj": "ffn_up_exps",
     "mlp.experts.down_proj": "ffn_down_exps",
+    "mlp.experts.gate_up_proj": "ffn_gate_up_exps",  # gate and up stacked, every expert's (Gemma 4)
     "mlp.shared_expert.gate_proj": "ffn_gate_shexp",  # a shared expert and its one-row gate
     "mlp.shared_expert.up_proj": "ffn_up_shexp",
     "mlp.shared_expert.down_proj": "ffn_down_shexp",

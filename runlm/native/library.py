@@ -71,7 +71,7 @@ class Block(ctypes.Structure):
         ("shared_gate_up", Weight * 2), ("n_shared_gate_up", _i64), ("shared_down", Weight), ("shared_gate", Weight),
         ("attn_temp_scale", _f64), ("attn_temp_length", _i64), ("values_from_keys", _i64), ("value_norm", _i64),
         ("out_scale", _f64), ("kv_source", _i64), ("ple_gate", Weight), ("ple_proj", Weight), ("ple_norm", _ptr),
-        ("ple_dim", _i64),
+        ("ple_dim", _i64), ("moe_norms", _ptr * 3), ("router_scale", _ptr), ("expert_scales", _ptr),
     ]  # fmt: skip
 
 

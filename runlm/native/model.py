@@ -149,7 +149,12 @@ class NativeModel:
         self._kept += [part.data for part in (*qkv, o)]
         o_bias = reader.bias([p + "self_attn.o_proj.bias"]) if spec.biases else None
         sinks = reader.floats(p + "self_attn.sinks.weight") if spec.attention_sinks else None
+        if spec.experts and not config.num_experts and reader.has(p + "mlp.gate.weight"):
+            raise ModelLoadError(f"{self.path}: layer {i} holds a router of experts, but the file's metadata names "
+                                 f"no experts")
         mlp = self._experts(reader, p) if spec.experts and config.num_experts else self._dense_mlp(reader, p)
+        if spec.layer_scalar and config.num_experts:  # Gemma 4: the experts beside a dense MLP, each normed
+            mlp |= self._dense_mlp(reader, p) | self._gemma4_experts(reader, p)
         sliding = config.is_sliding(i)
         out_scale = 1.0
         if spec.layer_scalar and reader.has(p + "layer_scalar.weight"):
@@ -217,6 +222,8 @@ class NativeModel:
         """A mixture of experts' fields of library.Block: the router and every expert's gate/up and down."""
         config = self.config
         router_name, gate_up_names, down_name = self.spec.expert_names(p)
+        if reader.has(p + "mlp.experts.gate_up_proj.weight"):  # every expert's gate and up in one tensor
+            gate_up_names = [p + "mlp.experts.gate_up_proj.weight"]
         (router,) = reader.linear([router_name])
         gate_ups = reader.experts(gate_up_names)
         downs = [parts[0] for parts in reader.experts([down_name])]
@@ -234,6 +241,15 @@ class NativeModel:
             **(self._expert_biases(reader, p) if self.spec.biases else {}),
             **(self._shared_expert(reader, p) if self.spec.shared_expert else {}),
         )  # fmt: skip
+
+    def _gemma4_experts(self, reader: WeightReader, p: str) -> dict:
+        """Gemma 4's fields of library.Block beside its experts: their input and output norms and the dense MLP's
+        output norm, the router's input scale and each expert's scale."""
+        norms = [self._address(reader.floats(p + name + ".weight")) for name in (
+            "pre_feedforward_layernorm_2", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2")]
+        return dict(moe_norms=(ctypes.c_void_p * 3)(*norms),
+                    router_scale=self._address(reader.floats(p + "mlp.gate.scale")),
+                    expert_scales=self._address(reader.floats(p + "mlp.experts.down_proj.scale")))
 
     def _shared_expert(self, reader: WeightReader, p: str) -> dict:
         """A shared expert's fields of library.Block: its gate/up and down, and its one-row gate."""

@@ -21,6 +21,9 @@ def build_decoder(spec: FamilySpec, config: ModelConfig, weights: WeightLoader) 
     if spec.experts and config.num_experts:
         raise ModelLoadError(f"{weights.source.path}: {spec.name} is a mixture of experts, which runs on the native "
                              f"runtime only: load its GGUF file (the PyTorch backend has no experts)")
+    if spec.values_from_keys or spec.value_norm or spec.layer_scalar:
+        raise ModelLoadError(f"{weights.source.path}: {spec.name} runs on the native runtime only: load its GGUF file "
+                             f"(the PyTorch backend has no per-kind heads, shared keys or layer scalars)")
     if config.attn_temperature:
         raise ModelLoadError(f"{weights.source.path}: {spec.name}'s attention temperature runs on the native runtime "
                              f"only: load a GGUF file of it (the PyTorch backend does not scale queries by position)")

@@ -91,6 +91,12 @@ def test_iq4_files_agree_with_llama_cpp(quant, tmp_path):
     check_greedy_agreement(ours[len(PROMPT) - 1 : -1], continuation, TIES["Q4_K_M"], quant)
 
 
+def test_gemma4_gguf_is_refused_by_the_pytorch_backend(tmp_path_factory):
+    gguf = build("gemma4-e2b", tmp_path_factory.mktemp("gemma4-e2b"))
+    with pytest.raises(ModelLoadError, match="gemma4 runs on the native runtime only"):
+        load(str(gguf), runtime="torch")
+
+
 def test_info_prints_the_options_read_from_the_file(converted, capsys):
     from runlm.cli.commands import main
 

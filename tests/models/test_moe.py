@@ -108,7 +108,7 @@ def test_info_describes_the_experts(converted, capsys):
     assert main(["info", str(gguf)]) == 0
     out = capsys.readouterr().out
     gating = {"qwen3moe": "softmax_topk, renormalized", "gpt-oss": "topk_softmax", "qwen2moe": "softmax_topk",
-              "mixtral": "softmax_topk, renormalized"}[family]
+              "mixtral": "softmax_topk, renormalized", "gemma4-26b": "softmax_topk, renormalized"}[family]
     assert "swiglu_oai mixture" in out or family != "gpt-oss"
     assert f"mixture of 8 experts of 256, 2 per token ({gating})" in out
     assert ("and a shared expert of 512" in out) == (family == "qwen2moe")
@@ -118,7 +118,8 @@ def test_experts_the_file_cannot_have_are_refused(converted):
     family, gguf = converted
     spec, config = model_config(GGUFFile(gguf))
     for change, message in (({"experts_per_token": 9}, "expert_used_count is 9, more than the 8 experts"),
-                            ({"num_experts": 0, "experts_per_token": 0}, "missing tensor .*ffn_gate.weight"),
+                            ({"num_experts": 0, "experts_per_token": 0},
+                             "missing tensor .*ffn_gate.weight|holds a router of experts, but the file's metadata"),
                             ({"expert_ffn": 1 << 20}, "expert_feed_forward_length is 1048576")):
         with pytest.raises(ModelLoadError, match=message):
             bad = replace(config, **change)
@@ -131,7 +132,7 @@ def test_the_pytorch_backend_refuses_experts_in_one_line(converted):
     for path in (gguf, gguf.parent / "hf"):
         # (a Mixtral directory's model_type names no family: refused as such)
         with pytest.raises(ModelLoadError, match="mixture of experts, which runs on the native runtime only|"
-                                                 "model_type 'mixtral'"):
+                                                 "model_type 'mixtral'|Gemma 4 runs from GGUF files only"):
             load(str(path), runtime="torch" if path == gguf else "auto")
 
 

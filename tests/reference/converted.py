@@ -195,12 +195,25 @@ MOE_FAMILIES = {
                      layer_types=["sliding_attention", "full_attention"] * 2,
                      rope_parameters={"rope_type": "yarn", "rope_theta": 2.38e5, "factor": 4.0, "beta_fast": 32.0,
                                       "beta_slow": 1.0, "original_max_position_embeddings": 64, "truncate": False}),
+    # Gemma 4 26B-A4B's kind: experts beside each dense MLP, a router on the residual with its own scales
+    "gemma4-26b": _tiny("Gemma4TextConfig", "Gemma4ForCausalLM", vocab_size=GEMMA4_VOCAB, bos_token_id=2,
+                        eos_token_id=1, pad_token_id=0, rms_norm_eps=1e-6, sliding_window=8,
+                        final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh",
+                        layer_types=["sliding_attention", "full_attention"] * 2, global_head_dim=128,
+                        num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=0,
+                        tie_word_embeddings=True, enable_moe_block=True, num_experts=8, top_k_experts=2,
+                        moe_intermediate_size=256, rope_parameters={
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                               "rope_theta": 1e6}}),
 }  # fmt: skip
 
 
 # what each tiny model's GGUF says it is, and the runlm family that reads it, where those are not its name
-ARCHITECTURES = {"mistral": "llama", "qwen2-yarn": "qwen2", "mixtral": "llama", "gemma4-e2b": "gemma4"}
-RUNLM_FAMILIES = {"mistral": "llama32", "qwen2-yarn": "qwen2", "mixtral": "llama32", "gemma4-e2b": "gemma4"}
+ARCHITECTURES = {"mistral": "llama", "qwen2-yarn": "qwen2", "mixtral": "llama", "gemma4-e2b": "gemma4",
+                 "gemma4-26b": "gemma4"}
+RUNLM_FAMILIES = {"mistral": "llama32", "qwen2-yarn": "qwen2", "mixtral": "llama32", "gemma4-e2b": "gemma4",
+                  "gemma4-26b": "gemma4"}
 
 
 def transformers_logits(hf_dir: Path, ids: list[int]):

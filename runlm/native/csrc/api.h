@@ -77,6 +77,13 @@ struct RlBlock {
   RlWeight ple_proj;
   const float* ple_norm;
   int64_t ple_dim;
+  // Gemma 4 26B-A4B: the experts beside the dense MLP (gate_up / down used too) where moe_norms[0] is set:
+  // moe_norms = the experts' input norm, the dense MLP's output norm, the experts' output norm; the router reads
+  // the block's residual, RMS-normed without weights and scaled by router_scale / sqrt(hidden); each chosen expert's
+  // weight is multiplied by its expert_scales entry. Null where the model has none.
+  const float* moe_norms[3];
+  const float* router_scale;
+  const float* expert_scales;
 };
 
 namespace {
@@ -124,6 +131,7 @@ Experts expert_weights(const RlBlock& in) {
   Experts e;
   e.used = in.n_experts_used, e.gating = in.expert_gating, e.normalize = in.expert_normalize != 0;
   e.router = weight_parts(&in.router, 1)[0], e.router_bias = in.router_bias;
+  e.router_scale = in.router_scale, e.expert_scales = in.expert_scales, e.router_eps = in.eps;
   RUNLM_CHECK(e.router.rows == in.n_experts, "the router must give one logit per expert");
   if (in.n_shared_gate_up > 0) {
     e.has_shared = true;
@@ -231,6 +239,12 @@ int rl_stack_add_block(void* stack, const RlBlock* block) {
     b.o = weight_parts(&in.o, 1)[0];
     if (in.n_experts > 0) {
       b.experts = expert_weights(in);
+      if (in.moe_norms[0] != nullptr) {  // and the dense MLP beside them
+        RUNLM_CHECK(in.moe_norms[1] != nullptr && in.moe_norms[2] != nullptr && in.n_norms == 4,
+                    "experts beside a dense MLP need their three norms, in a sandwich block");
+        b.moe_norms.assign(in.moe_norms, in.moe_norms + 3);
+        b.mlp = mlp_weights(in.gate_up, in.n_gate_up, in.down, in.hidden, in.gate_up_bias, in.down_bias);
+      }
     } else {
       b.mlp = mlp_weights(in.gate_up, in.n_gate_up, in.down, in.hidden, in.gate_up_bias, in.down_bias);
     }

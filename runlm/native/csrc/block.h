@@ -279,8 +279,10 @@ struct BlockWeights {
   std::vector<Weight> qkv;
   Weight o;
   const float* o_bias = nullptr;  // added to o's output, or none
-  MlpWeights mlp;  // the dense MLP, or none where the block has experts
+  MlpWeights mlp;  // the dense MLP, or none where the block has experts only
   Experts experts;
+  // Gemma 4 26B-A4B: experts beside the dense MLP; their input norm, the dense MLP's and the experts' output norms
+  std::vector<const float*> moe_norms;
   int64_t activation = kSilu;
   int64_t window = 0, n_heads = 0, n_kv_heads = 0;
 };
@@ -393,6 +395,14 @@ void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, co
   norm_or_copy(hp, R, hidden, b.norms[sandwich ? 2 : 1], b.eps, normed.data());
   if (b.experts.mlps.empty()) {
     mlp_rows(b.mlp, b.activation, normed.data(), R, hidden, projected.data());
+  } else if (!b.moe_norms.empty()) {  // Gemma 4: the dense MLP and the experts, each normed, summed
+    mlp_rows(b.mlp, b.activation, normed.data(), R, hidden, projected.data());
+    rms_norm_rows(projected.data(), R, hidden, b.moe_norms[1], b.eps, projected.data());
+    std::vector<float> expert_in(R * hidden), expert_out(R * hidden);
+    rms_norm_rows(hp, R, hidden, b.moe_norms[0], b.eps, expert_in.data());
+    experts_rows(b.experts, b.activation, expert_in.data(), R, hidden, expert_out.data(), hp);
+    rms_norm_rows(expert_out.data(), R, hidden, b.moe_norms[2], b.eps, expert_out.data());
+    for (int64_t i = 0; i < R * hidden; ++i) projected[i] += expert_out[i];
   } else {
     experts_rows(b.experts, b.activation, normed.data(), R, hidden, projected.data());
   }

@@ -57,6 +57,11 @@ struct Experts {
   bool has_shared = false;
   MlpWeights shared;
   Weight shared_gate;  // [1, hidden]
+  // Gemma 4: the router reads its input RMS-normed without weights, times router_scale / sqrt(hidden), and each
+  // chosen weight is multiplied by the expert's scale; null for neither
+  const float* router_scale = nullptr;
+  const float* expert_scales = nullptr;
+  double router_eps = 1e-6;  // that norm's epsilon (the block's)
 };
 
 // x [R, hidden] through one MLP into out [R, hidden].
@@ -114,13 +119,32 @@ void choose_experts(const float* logits, int64_t n, const Experts& e, int64_t* c
 // x [R, hidden] through the mixture of experts into out [R, hidden]. The experts the rows chose are tasks spread over
 // the threads (each expert's GEMMs then run on one thread): a decode step's few-row GEMMs would otherwise each pay a
 // fork and join of every thread, two per expert and layer.
-void experts_rows(const Experts& e, int64_t activation, const float* x, int64_t R, int64_t hidden, float* out) {
+// `routed`: what the router reads, where that is not x (Gemma 4's router reads the block's residual).
+void experts_rows(const Experts& e, int64_t activation, const float* x, int64_t R, int64_t hidden, float* out,
+                  const float* routed = nullptr) {
   const int64_t n = static_cast<int64_t>(e.mlps.size()), k = e.used;
   std::vector<float> logits(R * n), weights(R * k);
   std::vector<int64_t> chosen(R * k);
-  linear_rows(x, R, hidden, e.router, logits.data());
+  routed = routed != nullptr ? routed : x;
+  std::vector<float> scaled;
+  if (e.router_scale != nullptr) {
+    scaled.resize(R * hidden);
+    const double root = 1.0 / std::sqrt(static_cast<double>(hidden));
+    for (int64_t r = 0; r < R; ++r) {
+      const float* row = routed + r * hidden;
+      double sum = 0.0;
+      for (int64_t i = 0; i < hidden; ++i) sum += static_cast<double>(row[i]) * row[i];
+      const float s = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(hidden) + e.router_eps));
+      for (int64_t i = 0; i < hidden; ++i)
+        scaled[r * hidden + i] = row[i] * s * e.router_scale[i] * static_cast<float>(root);
+    }
+    routed = scaled.data();
+  }
+  linear_rows(routed, R, hidden, e.router, logits.data());
   if (e.router_bias != nullptr) add_bias_rows(logits.data(), R, n, e.router_bias);
   for (int64_t r = 0; r < R; ++r) choose_experts(logits.data() + r * n, n, e, chosen.data() + r * k, weights.data() + r * k);
+  if (e.expert_scales != nullptr)
+    for (int64_t c = 0; c < R * k; ++c) weights[c] *= e.expert_scales[chosen[c]];
   // each expert's choices (row * k + j: row's j-th choice), in row order
   std::vector<std::vector<int64_t>> choices_of(n);
   for (int64_t c = 0; c < R * k; ++c) choices_of[chosen[c]].push_back(c);
