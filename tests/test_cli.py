@@ -38,6 +38,20 @@ def test_info(smollm2_gguf):
     assert f"kernels: {kernels.isa()}" in out.stdout if kernels.available() else "kernels: off" in out.stdout
 
 
+def test_list_names_the_catalog_and_every_family_by_its_gguf_architecture(capsys):
+    from runlm import families
+
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "smollm2-135m" in out and "(default)" in out
+    rows = out.split("families runlm runs", 1)[1].splitlines()[1:]
+    listed = {line.split()[0]: line.split(None, 1)[1] for line in rows}
+    for spec in families.specs().values():
+        if spec.gguf_architectures:
+            assert listed[spec.name] == ", ".join(spec.gguf_architectures)
+    assert listed["gemma4"] == "gemma4"
+
+
 def test_info_says_whether_a_model_fits_before_loading_it(smollm2_gguf, monkeypatch, capsys):
     out = runlm("info", "smollm2-135m", "--ctx", "1024")
     memory = next(line for line in out.stdout.splitlines() if line.strip().startswith("memory:"))

@@ -389,12 +389,19 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from runlm import families
+
     for model in catalog.CATALOG.values():
         mark = "pulled" if catalog.is_pulled(model.name) else "-"
         default = " (default)" if model.name == catalog.DEFAULT_MODEL else ""
         print(f"{model.name:<16} {mark:<7} {model.description}{default}")
     for name, _, size in hub.pulled():
         print(f"{name}  {_size(size)}")
+    print("\nfamilies runlm runs, by the GGUF architecture that names them (any such file: a path, the Hub, a "
+          "models dir):")
+    for spec in families.specs().values():
+        if spec.gguf_architectures:
+            print(f"  {spec.name:<10} {', '.join(spec.gguf_architectures)}")
     return 0
 
 
