@@ -7,7 +7,8 @@ and builds the calls):
   typed by the tool's JSON schema;
 * Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}]`, or one `[TOOL_CALLS]NAME[ARGS]{...}` per call
   (with `[CALL_ID]ID` after the name in the newest templates);
-* pythonic (Llama 3.2 and 4): `[get_weather(city="Paris"), get_time()]`, read by Python's parser, never run;
+* pythonic (Llama 3.2 and 4): `[get_weather(city="Paris"), get_time()]`, read by Python's parser, never run
+  (PythonicArguments reads one call's arguments into JSON as they are written, a value at a time);
 * Gemma 4: `<|tool_call>call:NAME{key:value,...}<tool_call|>`, its own notation of JSON: keys bare, strings between
   `<|"|>` marks (Gemma4Arguments reads it into JSON text, whole or as it streams).
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -256,3 +258,101 @@ def gemma4_calls(text: str) -> list[RawCall] | None:
             return None
         calls.append((name[len(GEMMA4_CALL_HEAD):].strip(), parsed, ""))
     return calls or None
+
+
+PYTHONIC_HEAD = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_.]{0,255})\s*\(")  # a pythonic call's name and its "("
+_KEYWORD = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=(?!=)")
+_KEYWORD_SO_FAR = re.compile(r"\s*(?:[A-Za-z_][A-Za-z0-9_]*\s*)?")
+
+
+class PythonicArguments:
+    """A pythonic call's `key=value, ...)` read into the JSON object pythonic_calls makes of it, as it is written: each
+    value once it ends (a comma or the closing parenthesis outside brackets and strings), given to Python's literal
+    parser, never run. The scan is incremental, so a long value costs its length once. `broken`: not keywords with
+    literal values (the call is then read whole at the end, or not at all)."""
+
+    def __init__(self) -> None:
+        self.keys: set[str] = set()
+        self.key: str | None = None  # the keyword whose value is being read
+        self.start = self.pos = 0  # the value's start, and how far it was scanned
+        self.depth = 0
+        self.quote = ""  # the open string's quote (', ", \'\'\' or \"\"\"), or none
+        self.escaped = False
+        self.broken = False
+
+    def feed(self, text: str, at: int) -> tuple[str, int, bool]:
+        """(JSON text to send, how far `text` is read, whether the call is complete) from position `at` on."""
+        out = ""
+        while not self.broken:
+            if self.key is None:
+                rest = text[at:]
+                body = rest.lstrip()
+                if self.keys and body.startswith(","):
+                    at += len(rest) - len(body) + 1
+                    continue
+                if body.startswith(")"):
+                    return out + ("}" if self.keys else "{}"), at + len(rest) - len(body) + 1, True
+                keyword = _KEYWORD.match(rest)
+                if keyword is None:
+                    self.broken = _KEYWORD_SO_FAR.fullmatch(rest) is None
+                    return out, at, False
+                self.key = keyword.group(1)
+                if self.key in self.keys:
+                    self.broken = True  # a keyword given twice: Python itself refuses that call
+                    break
+                at += keyword.end()
+                self.start = self.pos = at
+            end = self._value_end(text)
+            if end == -1:
+                return out, at, False
+            try:
+                value = json.dumps(ast.literal_eval(text[self.start:end].strip()), ensure_ascii=False)
+            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+                self.broken = True
+                break
+            out += ("{" if not self.keys else ", ") + json.dumps(self.key, ensure_ascii=False) + ": " + value
+            self.keys.add(self.key)
+            self.key, at = None, end
+        return out, at, False
+
+    def _value_end(self, text: str) -> int:
+        """Where the value being read ends (its comma or closing parenthesis), or -1 while it has not."""
+        i = self.pos
+        while i < len(text):
+            ch = text[i]
+            if self.quote:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif text.startswith(self.quote, i):
+                    i += len(self.quote)
+                    self.quote = ""
+                    continue
+                elif len(self.quote) == 3 and ch == self.quote[0] and len(text) - i < 3:
+                    break  # perhaps the closing quotes, not all here yet
+                i += 1
+                continue
+            if ch in "'\"":
+                if text.startswith(ch * 3, i):
+                    self.quote = ch * 3
+                    i += 3
+                    continue
+                if len(text) - i < 3 and text[i:] == ch * (len(text) - i):
+                    break  # perhaps a triple quote, not all here yet
+                self.quote = ch
+            elif ch in "([{":
+                self.depth += 1
+            elif ch in ")]}":
+                if self.depth == 0:
+                    self.pos = i
+                    if ch != ")":
+                        self.broken = True
+                    return -1 if ch != ")" else i
+                self.depth -= 1
+            elif ch == "," and self.depth == 0:
+                self.pos = i
+                return i
+            i += 1
+        self.pos = i
+        return -1

@@ -24,7 +24,9 @@ from runlm.engine.tool_formats import (
     MISTRAL_CALLS,
     PARAMETER_CLOSE,
     PARAMETER_OPEN,
+    PYTHONIC_HEAD,
     Gemma4Arguments,
+    PythonicArguments,
     RawCall,
     gemma4_calls,
     mistral_calls,
@@ -358,7 +360,8 @@ class _StreamedCall:
     end: int  # how far they were sent
     scan: JsonObjectEnd = field(default_factory=JsonObjectEnd)
     done: bool = False
-    reader: XmlArguments | Gemma4Arguments | None = None  # arguments not written as JSON (Qwen3-Coder's, Gemma 4's)
+    # arguments not written as JSON (Qwen3-Coder's, Gemma 4's, pythonic ones), read into it
+    reader: XmlArguments | Gemma4Arguments | PythonicArguments | None = None
     sent: str = ""  # the arguments' text as sent
 
 
@@ -387,6 +390,7 @@ class ToolCallStreamFilter:
         self._deltas: list[CallDelta] = []
         self._next_block = 0  # where to look for the next <tool_call> block to stream
         self._streaming = True  # off for good once a block is not one that streams (its calls go out whole)
+        self._list_at: int | None = None  # in a reply that opens with "[": where the next pythonic call may start
 
     def push(self, delta: str) -> str:
         self.text += delta
@@ -394,6 +398,8 @@ class ToolCallStreamFilter:
             out, self.emitted = self.text[self.emitted:], len(self.text)
             return out
         if might_be_tool_call(self.text) and not self.text.lstrip().startswith(MISTRAL_CALLS):
+            if self._streaming and self.text.lstrip().startswith("["):
+                self._stream_pythonic()  # a pythonic list's calls stream; anything else in brackets waits whole
             return ""  # held whole (a `[TOOL_CALLS]` reply is not: its calls may stream)
         if self.open_at == -1:
             self.open_at = first_marker(self.text, max(0, self.searched - MARKER_SPAN + 1))
@@ -464,6 +470,47 @@ class ToolCallStreamFilter:
                 return
             call.done = True
             search_from = self._next_block = call.end
+
+    def _stream_pythonic(self) -> None:
+        """Send what can be sent of a pythonic list's calls, `[NAME(key=value, ...), ...]`, one call at a time: the
+        name once its parenthesis opens, then each argument as its value ends."""
+        text = self.text
+        if self._list_at is None:
+            self._list_at = text.index("[") + 1
+        while True:
+            call = self.streamed[-1] if self.streamed and not self.streamed[-1].done else None
+            if call is None:
+                rest = text[self._list_at:]
+                body = rest.lstrip()
+                if self.streamed and body.startswith(","):
+                    self._list_at += len(rest) - len(body) + 1
+                    continue
+                head = PYTHONIC_HEAD.match(text, self._list_at)
+                if head is None:
+                    # only a name so far may still become a call; anything else (JSON, a number) never streams
+                    if re.fullmatch(r"\s*[A-Za-z_][A-Za-z0-9_.]*\s*", body) is None or len(body) > _HEAD_WAIT:
+                        self._streaming = not body or (bool(self.streamed) and body.startswith("]"))
+                    return
+                name = head.group(1)
+                if self.known is not None and name not in self.known:
+                    self._streaming = False
+                    return
+                call = _StreamedCall(len(self.streamed), "call_" + uuid.uuid4().hex[:24], name, head.end(),
+                                     head.end(), reader=PythonicArguments())
+                self.streamed.append(call)
+            piece, call.end, complete = call.reader.feed(text, call.end)
+            if call.reader.broken:
+                self._streaming = False
+                return
+            if piece:  # the call's name goes out with its first argument, once that has read as a literal
+                if not call.sent:
+                    self._deltas.append(CallDelta(call.index, "", call.id, call.name))
+                self._deltas.append(CallDelta(call.index, piece))
+                call.sent += piece
+            if not complete:
+                return
+            call.done = True
+            self._list_at = call.end
 
     def finish(self) -> tuple[str, list[ToolCall]]:
         """(content not yet emitted, tool calls found in the whole output). A call whose arguments streamed keeps

@@ -96,6 +96,28 @@ def test_what_only_looks_like_a_call_stays_the_answer(reply):
     sent = stream.push(reply)
     rest, calls = stream.finish()
     assert (sent + rest, calls) == (reply, [])
+    if reply.startswith("["):  # a pythonic call that does not read never began to stream
+        assert stream.take_deltas() == []
+
+
+def test_a_pythonic_call_streams_an_argument_at_a_time():
+    """Each argument goes out once its value has read as a literal (strings with commas, quotes and brackets inside,
+    triple-quoted ones, nested lists and tuples), the name with the first; the pieces add up to the arguments."""
+    reply = ('[get_weather(city="Paris, \\"FR\\" (1]", days=2, hours=[9, (17, 18)], zip=\'\'\'7" \'5\'\'\'), '
+             'get_time()]')
+    stream = ToolCallStreamFilter(True, KNOWN, PARAMETERS)
+    pieces = []
+    for ch in reply:
+        stream.push(ch)
+        pieces += stream.take_deltas()
+    _, calls = stream.finish()
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": 'Paris, "FR" (1]', "days": 2, "hours": [9, [17, 18]], "zip": "7\" '5"}),
+        ("get_time", {})]
+    assert [(p.index, p.name) for p in pieces if p.name] == [(0, "get_weather"), (1, "get_time")]
+    assert len([p for p in pieces if p.index == 0 and p.arguments]) == 4  # the last one with the closing brace
+    for call in calls:
+        assert "".join(p.arguments for p in pieces if p.index == calls.index(call)) == call.arguments
 
 
 def test_an_unclosed_xml_call_cut_by_the_token_budget_still_reads():

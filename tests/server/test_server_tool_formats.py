@@ -21,7 +21,7 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}
 EXPECTED = ("get_weather", {"city": "Paris", "days": 2})
 # the formats whose arguments stream in pieces as they are written
-STREAMED = {"hermes", "mistral", "qwen3-coder", "gemma4"}
+STREAMED = {"hermes", "mistral", "qwen3-coder", "gemma4", "pythonic"}
 
 
 @pytest.fixture(scope="module")
