@@ -91,10 +91,39 @@ def test_iq4_files_agree_with_llama_cpp(quant, tmp_path):
     check_greedy_agreement(ours[len(PROMPT) - 1 : -1], continuation, TIES["Q4_K_M"], quant)
 
 
-def test_gemma4_gguf_is_refused_by_the_pytorch_backend(tmp_path_factory):
-    gguf = build("gemma4-e2b", tmp_path_factory.mktemp("gemma4-e2b"))
+@pytest.fixture(scope="module")
+def gemma4_e2b(tmp_path_factory):
+    return build("gemma4-e2b", tmp_path_factory.mktemp("gemma4-e2b"))
+
+
+def test_gemma4_gguf_is_refused_by_the_pytorch_backend(gemma4_e2b):
     with pytest.raises(ModelLoadError, match="gemma4 runs on the native runtime only"):
-        load(str(gguf), runtime="torch")
+        load(str(gemma4_e2b), runtime="torch")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"attention.head_count_kv": [2, 1, 2]}, "head_count_kv has 3 entries for 6 layers"),
+    ({"attention.head_count_kv": [2, 1, 2, 1, 2, 3]}, "head_count_kv differs between layers of one kind"),
+    ({"attention.sliding_window_pattern": [True, 1, True, True, True, False]}, "not a list of booleans"),
+    ({"attention.shared_kv_layers": 6}, "shared_kv_layers is 6, leaving none of the 6 layers"),
+    ({"attention.sliding_window_pattern": [True, True, True, False, False, False]},
+     "leaves layer 3 no earlier layer of its kind"),
+    ({"feed_forward_length": [512, 512, 512, 1024]}, "gives 4 widths for 6 layers"),
+    ({"embedding_length_per_layer_input": 1 << 20}, "embedding_length_per_layer_input is 1048576"),
+    ({"attention.value_length_swa": 32}, "value_length_swa is 32, runlm supports only 64"),
+])
+def test_gemma4_metadata_that_does_not_add_up_is_refused_by_name(change, message, gemma4_e2b):
+    """A Gemma 4 file whose per-layer metadata contradicts itself is refused with the key named, before a tensor
+    is read."""
+    from runlm.families import for_gguf
+
+    gguf = GGUFFile(gemma4_e2b)
+    for key, value in change.items():
+        gguf.metadata[f"gemma4.{key}"] = value
+    with pytest.raises(ModelLoadError, match=message):
+        from runlm.families.config import check_config
+
+        check_config(for_gguf("gemma4", gguf.path).config_from_gguf(gguf), str(gguf.path), "gguf", "gemma4")
 
 
 def test_info_prints_the_options_read_from_the_file(converted, capsys):
