@@ -16,6 +16,7 @@ The numbers below are the published config.json values of each model (Hugging Fa
 | gpt-oss-20b-6l | gpt-oss | 2880 | 6 (d) | 64/8 | 64 | 32x2880 (e) | 201,088 | no | 1.5e5, YaRN x32 | 6.10B |
 | qwen3-30b-a3b-12l | qwen3moe | 2048 | 12 (b) | 32/4 | 128 | 128x768 (c) | 151,936 | no | 1e6 (q/k norms) | 8.10B |
 | gemma4-31b-6l | gemma4 | 5376 | 6 (f) | 32/16, 32/4 | 256, 512 | 21504 | 262,144 | yes | 1e4, 1e6 (g) | 4.34B |
+| gemma4-26b-a4b-6l | gemma4 | 2816 | 6 (h) | 16/8, 16/2 | 256, 512 | 2112 + 128x704 | 262,144 | yes | as (g) | 5.64B |
 
 (a) llama3 rope scaling: factor 32, low_freq_factor 1, high_freq_factor 4, original context 8192, written as
 the `rope_freqs` tensor as llama.cpp's converter does. rms_norm_eps 1e-5 (Llama), 1e-6 (Qwen3, Gemma 3).
@@ -36,6 +37,9 @@ released file (quantize with `MXFP4_MOE`: MXFP4 experts, Q8_0 elsewhere).
 (heads of 512, 4 KV heads whose key projection gives the values too: no V weights); its shape keeps 6, one period.
 (g) The global layers rotate a quarter of each head ("proportional" RoPE), written as llama.cpp's converter writes it:
 a `rope_freqs` tensor of 1 for the rotated pairs and 1e30 for the rest. Final logits soft-capped at 30.
+(h) Gemma 4 26B-A4B has 30 layers (numbers from its GGUF's metadata, which llama.cpp ships as
+`models/ggml-vocab-gemma-4.gguf`); its shape keeps one period of 6. Each layer has a dense MLP of 2112 and 128
+experts of 704 beside it, 8 used per token, its router on the residual with an input scale and a scale per expert.
 
 Tokenizer: the real SmolLM2 GGUF's `tokenizer.ggml.*` metadata (a 49,152-token byte-level BPE, chat
 template included), padded to the shape's real vocabulary with `[PAD{i}]` tokens of type UNUSED, the way
@@ -139,7 +143,15 @@ class Shape:
             if self.arch == "gemma4":
                 yield blk + "layer_output_scale.weight", (1,)
             yield blk + "ffn_norm.weight", (self.hidden,)
-            if self.experts:
+            if self.experts and self.arch == "gemma4":  # the experts beside the dense MLP, each branch normed
+                yield blk + "ffn_gate_inp.weight", (self.experts, self.hidden)
+                yield blk + "ffn_gate_inp.scale", (self.hidden,)
+                yield blk + "ffn_gate_up_exps.weight", (self.experts, 2 * self.expert_ffn, self.hidden)
+                yield blk + "ffn_down_exps.weight", (self.experts, self.hidden, self.expert_ffn)
+                yield blk + "ffn_down_exps.scale", (self.experts,)
+                for norm in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+                    yield blk + f"{norm}.weight", (self.hidden,)
+            elif self.experts:
                 yield blk + "ffn_gate_inp.weight", (self.experts, self.hidden)
                 yield blk + "ffn_gate_exps.weight", (self.experts, self.expert_ffn, self.hidden)
                 yield blk + "ffn_up_exps.weight", (self.experts, self.expert_ffn, self.hidden)
@@ -204,6 +216,10 @@ SHAPES: dict[str, Shape] = {
         Shape("gemma4-31b-6l", "gemma4", "google/gemma-4-31B-it", hidden=5376, layers=6, heads=32, kv_heads=16,
               head_dim=256, ffn=21504, vocab=262144, context=262144, rms_eps=1e-6, rope_theta=1000000.0,
               sliding_window=1024, global_head_dim=512, global_kv_heads=4),
+        Shape("gemma4-26b-a4b-6l", "gemma4", "google/gemma-4-26B-A4B-it", hidden=2816, layers=6, heads=16,
+              kv_heads=8, head_dim=256, ffn=2112, vocab=262144, context=262144, rms_eps=1e-6, rope_theta=1000000.0,
+              sliding_window=1024, global_head_dim=512, global_kv_heads=2, experts=128, experts_used=8,
+              expert_ffn=704),
     )
 }
 
@@ -326,7 +342,7 @@ def write_shape(shape: Shape, path: Path, float_type: str = "F16", seed: int = 0
 
 def _kept_f32(name: str, dims: tuple[int, ...]) -> bool:
     """Vectors (norms, rope factors), biases and routers stay float32 in real files."""
-    return len(dims) == 1 or name.endswith(("ffn_gate_inp.weight", ".bias"))
+    return len(dims) == 1 or name.endswith(("ffn_gate_inp.weight", ".bias", ".scale"))
 
 
 def _tensor_values(shape: Shape, name: str, dims: tuple[int, ...], matrix_dtype, rng) -> np.ndarray:

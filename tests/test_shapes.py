@@ -176,6 +176,29 @@ def test_logits_agree_with_llama_cpp_on_the_same_file(shape_dir, name, quant):
 
 
 @needs_llama_cpp
+@pytest.mark.parametrize("name", ["gemma4-31b-6l", "gemma4-26b-a4b-6l"])
+def test_gemma4_shapes_are_files_both_runtimes_read_as_gemma4(shape_dir, name):
+    """A Gemma 4 shape at small widths (one period of six layers, the 26B's experts too) is what its numbers say, and
+    runlm and llama.cpp read it alike: the first position's logits (no attention mixing yet: with unit q / k norm
+    weights and unscaled queries, later positions' softmax is an argmax either runtime's rounding may tip)."""
+    real = SHAPES[name]
+    shape = dataclasses.replace(real, name=f"{name}-tiny", hidden=256, heads=4, kv_heads=2, global_kv_heads=1,
+                                head_dim=64, global_head_dim=128, ffn=512, vocab=49152, sliding_window=16,
+                                expert_ffn=256 if real.experts else 0, experts=8 if real.experts else 0,
+                                experts_used=2 if real.experts else 0)
+    path = ensure_shape(shape, "Q8_0", threads=2, progress=False, directory=shape_dir)
+    assert {n: GGUFFile(path).raw(n).shape for n in GGUFFile(path).tensor_names()} == dict(shape.tensors())
+    loaded = load(path)
+    config = loaded.config
+    assert (config.head_dim, config.sliding_head_dim, config.num_kv_heads, config.sliding_kv_heads) == (128, 64, 1, 2)
+    assert config.layer_types == ["sliding_attention"] * 5 + ["full_attention"] and config.num_experts == shape.experts
+    ids = loaded.tokenizer.encode(TEXT)
+    ours = as_numpy(loaded.runner.extend(loaded.runner.new_session(), ids, all_positions=True))
+    ref = _llama_cpp_logits(path, ids)
+    assert np.corrcoef(ours[0], ref[0])[0, 1] >= 0.999
+
+
+@needs_llama_cpp
 def test_quantizer_failure_is_a_typed_error_with_llama_cpps_reason(tmp_path):
     """The quantizer's per-tensor log is kept off the terminal; when it fails its last lines name the cause."""
     broken = tmp_path / "broken.gguf"
