@@ -213,6 +213,7 @@ def test_streamed_reply_on_a_terminal_shows_escapes_as_text(monkeypatch, stdout,
     (ThinkingPlan("think"), ["<think>\nTwo and", " two.\n</think>\n\nIt is", " 4."]),
     (ThinkingPlan("harmony"), ["<|channel|>analysis<|message|>Two and", " two.<|end|><|start|>assistant",
                                "<|channel|>final<|message|>It is", " 4."]),
+    (ThinkingPlan("gemma4"), ["<|channel>thought\nTwo and", " two.<channel|>It is", " 4."]),
 ])
 @pytest.mark.parametrize(("stdout", "hide", "want"), [
     (Terminal, False, f"{cli.THINKING_STYLE}Two and two.{cli.ANSWER_STYLE}\n\nIt is 4.\n"),
@@ -228,6 +229,18 @@ def test_the_thinking_prints_dimmed_before_the_answer_or_not_at_all(monkeypatch,
     monkeypatch.setattr(sys, "stdout", stdout)
     assert cli._stream_reply(engine, "prompt", args, thinking=plan) == "It is 4."
     assert stdout.getvalue() == want
+
+
+def test_think_switches_the_templates_thinking_or_leaves_it_to_the_template():
+    from runlm.cli.commands import build_parser, template_switches
+    from runlm.text.chat import ChatTemplate
+
+    template = ChatTemplate("{{ 'on' if enable_thinking is defined and enable_thinking else 'off' }}")
+    for argv, want in ((["generate", "hi"], "off"), (["generate", "--think", "hi"], "on"),
+                       (["chat", "--no-think"], "off"), (["chat", "--think"], "on")):
+        args = build_parser().parse_args(argv)
+        assert template.render([{"role": "user", "content": "hi"}], **template_switches(args)) == want, argv
+    assert template_switches(build_parser().parse_args(["chat"])) == {}
 
 
 def test_kv_type_takes_f32_f16_or_q8_0(smollm2_gguf):

@@ -101,6 +101,9 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
                      help="print the prompt and decode speeds and the drafts kept, on stderr")
     gen.add_argument("--system", default=None, help="system prompt (chat models)")
     gen.add_argument("--hide-thinking", action="store_true", help="print only the answer, not the thinking before it")
+    gen.add_argument("--think", action=argparse.BooleanOptionalAction, default=None,
+                     help="switch the model's thinking on or off (the chat template's enable_thinking; default: the "
+                          "template's own choice)")
     gen.add_argument("--image", default=None, help="an image file (PNG, JPEG...) for vision models; greedy decoding")
     gen.add_argument("--mmproj", default=None, help="llama.cpp vision projector GGUF for a GGUF model")
     _add_path_choice(gen)
@@ -112,6 +115,8 @@ def add_chat_arguments(chat: argparse.ArgumentParser) -> None:
     add_sampling_arguments(chat)
     chat.add_argument("--system", default=None)
     chat.add_argument("--hide-thinking", action="store_true", help="print only the answers, not the thinking")
+    chat.add_argument("--think", action=argparse.BooleanOptionalAction, default=None,
+                      help="switch the model's thinking on or off (default: the chat template's own choice)")
     chat.add_argument("--web", action="store_true", help="serve the chat page and open it in a browser")
     chat.add_argument("--port", type=int, default=8000)
     _add_path_choice(chat)

@@ -157,10 +157,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": prompt}
         ]
-        text = loaded.chat_template.render(messages)
+        text = loaded.chat_template.render(messages, **template_switches(args))
         thinking = ThinkingPlan.for_prompt("auto", loaded.chat_template.source, text)
     _stream_reply(_engine(loaded, args), text, args, image, thinking)
     return 0
+
+
+def template_switches(args: argparse.Namespace) -> dict:
+    """The chat template's switches the command line set: `--think` / `--no-think` as enable_thinking."""
+    think = getattr(args, "think", None)
+    return {} if think is None else {"enable_thinking": think}
 
 
 def _engine(loaded: ServedModel, args: argparse.Namespace) -> Engine:
@@ -235,7 +241,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     print(f"runlm chat: {loaded.path.name} ({loaded.family}, {loaded.runtime} runtime). Empty line or Ctrl-D to quit.",
           file=sys.stderr)
     def answer(messages: list[dict]) -> str:
-        prompt = loaded.chat_template.render(messages)
+        prompt = loaded.chat_template.render(messages, **template_switches(args))
         return _stream_reply(engine, prompt, args, thinking=ThinkingPlan.for_prompt(
             "auto", loaded.chat_template.source, prompt))
 
