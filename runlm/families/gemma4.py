@@ -1,4 +1,4 @@
-"""Gemma 4 text models (dense: 31B, E2B, E4B): Gemma 3's sandwich block with plain RMSNorm weights, sliding-window
+"""Gemma 4 text models (31B, 26B-A4B, E2B, E4B): Gemma 3's sandwich block with plain RMSNorm weights, sliding-window
 layers with heads of their own size and count beside global layers whose keys may double as values, an unweighted
 norm on the values, queries unscaled, partial ("proportional") RoPE on the global layers, and a scale on each block's
 output. E2B and E4B add per-layer inputs (an embedding of its own per layer, mixed with a projection of the token's
