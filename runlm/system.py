@@ -78,6 +78,21 @@ def steady_heap() -> None:
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD)
         mallopt(M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD)
+    no_numpy_huge_pages()
+
+
+def no_numpy_huge_pages() -> None:
+    """Stop numpy asking for transparent huge pages on its large arrays. Where the kernel grants them on request with
+    synchronous compaction (THP "madvise" for both enabled and defrag, as on these VMs), every first write to 2 MiB
+    of a fresh array stalls: a 640-token prompt's logits over Gemma 3's 262k vocabulary (670 MB, every position, as
+    perplexity and the tests read them) took 15 s, 14 of them in the kernel; 1.4 s without the request."""
+    try:
+        from numpy._core import multiarray
+    except ImportError:  # numpy 1.x
+        from numpy.core import multiarray
+    switch = getattr(multiarray, "_set_madvise_hugepage", None)
+    if switch is not None:
+        switch(False)
 
 
 def _libc_function(name: str, argtypes: list) -> ctypes._CFuncPtr | None:

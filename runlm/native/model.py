@@ -458,8 +458,10 @@ class NativeModel:
         if self.logit_scale is not None:
             logits /= np.float32(self.logit_scale)
         cap = self.final_softcap
-        if cap is not None:
-            logits = (np.tanh(logits / np.float32(cap)) * np.float32(cap)).astype(np.float32)
+        if cap is not None:  # in place: a prompt's logits over a 262k vocabulary are hundreds of MB
+            np.divide(logits, np.float32(cap), out=logits)
+            np.tanh(logits, out=logits)
+            np.multiply(logits, np.float32(cap), out=logits)
         return logits
 
 
