@@ -73,7 +73,7 @@ def steady_heap() -> None:
     up to ~16 MiB each for a 256-token chunk at 1B) are otherwise often mapped fresh and unmapped per block: without
     them, one 512-token prefill at the 1B Q4_K_M shape faulted ~250k pages (a GiB) in some processes and few in
     others; with these thresholds ~2k, and prefill ran 1.1-1.35x faster, peak RSS unchanged (1B Q4_K_M, Q8_0,
-    Gemma 3 270M)."""
+    Gemma 3 270M). numpy's large arrays go without huge pages too (no_numpy_huge_pages)."""
     mallopt = _libc_function("mallopt", [ctypes.c_int, ctypes.c_int])
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD)
