@@ -168,6 +168,31 @@ g4_integer: /-?(0|[1-9][0-9]*)/
 """
 
 
+def _keyword_rules(index: int, keys: list[str], required: set[str], pair: Any, separator: str) -> tuple[str, str]:
+    """Lark rules for keyword arguments written in the order of `keys`, the required ones always, `separator` between
+    them: (the body of the whole list, the rules it uses). `pair(j)` is key j and its value as Lark.
+    first_k: the arguments from key k on, the first of them written (each key skipped optional); rest_k: after a
+    written key, the next ones (the separator and first_k: required while a required key is left)."""
+    rules = ""
+    for k in range(len(keys)):
+        starts = []
+        for j in range(k, len(keys)):
+            starts.append(pair(j) + (f" rest_{index}_{j + 1}" if j + 1 < len(keys) else ""))
+            if keys[j] in required:
+                break
+        rules += f"first_{index}_{k}: {' | '.join(starts)}\n"
+        if k:
+            more = f"{json.dumps(separator)} first_{index}_{k}"
+            rules += f"rest_{index}_{k}: {more if required & set(keys[k:]) else f'({more})?'}\n"
+    return f"first_{index}_0{'' if required else '?'}", rules
+
+
+def _typed(schema: Any) -> str | None:
+    """A property's JSON schema type where it names one."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
 def _gemma4_call(index: int, function: str, schema: dict[str, Any] | bool) -> tuple[str, str]:
     """One Gemma 4 call as Lark: (its rule body, the rules it uses). `<|tool_call>call:NAME{...}<tool_call|>`, the
     schema's parameters in its template's (sorted) order, the required ones always, each value typed by its schema's
@@ -183,35 +208,41 @@ def _gemma4_call(index: int, function: str, schema: dict[str, Any] | bool) -> tu
     kinds = {"string": "g4_string", "number": "g4_number", "integer": "g4_integer", "boolean": '("true" | "false")'}
 
     def pair(j: int) -> str:
-        """Key j and its value, then what may follow it."""
-        kind = properties[keys[j]].get("type") if isinstance(properties[keys[j]], dict) else None
-        value = kinds.get(kind, "g4_value") if isinstance(kind, str) else "g4_value"
-        return f"{json.dumps(keys[j] + ':')} {value}" + (f" rest_{index}_{j + 1}" if j + 1 < len(keys) else "")
+        return f"{json.dumps(keys[j] + ':')} {kinds.get(_typed(properties[keys[j]]), 'g4_value')}"
 
-    # first_k: the arguments from key k on, the first of them written (each key skipped optional); rest_k: after a
-    # written key, the next ones (a comma and first_k: required while a required key is left)
-    rules = ""
-    for k in range(len(keys)):
-        starts = []
-        for j in range(k, len(keys)):
-            starts.append(pair(j))
-            if keys[j] in required:
-                break
-        rules += f"first_{index}_{k}: {' | '.join(starts)}\n"
-        if k:
-            more = f'"," first_{index}_{k}'
-            rules += f"rest_{index}_{k}: {more if required & set(keys[k:]) else f'({more})?'}\n"
-    return f"{head} \"{{\" first_{index}_0{'' if required else '?'} \"}}\" {tail}", rules
+    body, rules = _keyword_rules(index, keys, required, pair, ",")
+    return f"{head} \"{{\" {body} \"}}\" {tail}", rules
+
+
+def _pythonic_call(index: int, function: str, schema: dict[str, Any] | bool) -> tuple[str, str]:
+    """One pythonic call as Lark, `[NAME(key=value, ...)]`: the schema's parameters in its order, the required ones
+    always; strings and numbers as JSON writes them (Python reads them the same), booleans as Python's True / False,
+    other values JSON under their schema."""
+    properties = (schema.get("properties") or {}) if isinstance(schema, dict) else {}
+    required = set(schema.get("required") or ()) if isinstance(schema, dict) else set()
+    keys = list(properties)
+
+    def pair(j: int) -> str:
+        prop = properties[keys[j]]
+        value = ('("True" | "False")' if _typed(prop) == "boolean"
+                 else f"%json {json.dumps(_json_options(prop if isinstance(prop, dict) else {}))}")
+        return f"{json.dumps(keys[j] + '=')} {value}"
+
+    body, rules = _keyword_rules(index, keys, required, pair, ", ") if keys else ("", "")
+    return f"\"[\" {json.dumps(function + '(')} {body} \")]\"", rules
 
 
 def grammar_for_forced_call(call_format: str, tools: list[dict[str, Any]], specials: set[str],
                             name: str | None = None) -> str:
     """An llguidance grammar for one call to `name` (or any of `tools`) in `call_format` (engine.tools'
     FORCED_CALL_FORMATS): Hermes / Qwen `<tool_call>` JSON, Mistral's `[TOOL_CALLS]NAME[ARGS]{...}` or its older
-    `[TOOL_CALLS][{...}]`, Gemma 4's `<|tool_call>call:NAME{...}`, or a bare JSON call."""
-    if call_format == "gemma4":
-        calls = [_gemma4_call(i, fn, schema) for i, (fn, schema) in enumerate(_functions(tools, name))]
-        return _lark([body for body, _ in calls], "".join(rules for _, rules in calls) + _GEMMA4_VALUES)
+    `[TOOL_CALLS][{...}]`, Gemma 4's `<|tool_call>call:NAME{...}`, a pythonic `[NAME(key=value)]`, or a bare JSON
+    call."""
+    if call_format in ("gemma4", "pythonic"):
+        write = _gemma4_call if call_format == "gemma4" else _pythonic_call
+        calls = [write(i, fn, schema) for i, (fn, schema) in enumerate(_functions(tools, name))]
+        values = _GEMMA4_VALUES if call_format == "gemma4" else ""
+        return _lark([body for body, _ in calls], "".join(rules for _, rules in calls) + values)
     if call_format == "mistral-args":
         return _lark([f"{_marker('[TOOL_CALLS]', specials)} {json.dumps(fn)} {_marker('[ARGS]', specials)} "
                       f"%json {json.dumps(_json_options(schema))}" for fn, schema in _functions(tools, name)])

@@ -189,8 +189,10 @@ def might_be_tool_call(text: str) -> bool:
 
 # How a forced call is written, by what the chat template writes: Qwen3-Coder's `<function=NAME>` XML, Hermes / Qwen
 # `<tool_call>` JSON, Mistral's `[TOOL_CALLS]NAME[ARGS]{...}` or older `[TOOL_CALLS][{...}]`, Gemma 4's
-# `<|tool_call>call:NAME{...}`, else a bare JSON call (harmony's is the reasoning parser's: engine.harmony).
-FORCED_CALL_FORMATS = ("qwen3-coder", "hermes", "mistral-args", "mistral", "gemma4", "json")
+# `<|tool_call>call:NAME{...}`, a pythonic `[NAME(key=value)]` where the template shows one (Llama 4's writes
+# `[func_name1(params_name1=params_value1...)]`), else a bare JSON call (harmony's is the reasoning parser's).
+FORCED_CALL_FORMATS = ("qwen3-coder", "hermes", "mistral-args", "mistral", "gemma4", "pythonic", "json")
+PYTHONIC_EXAMPLE = "[func_name1("  # how a template that asks for pythonic calls shows them
 # the markers each format writes, which a vocabulary may hold as special tokens
 FORMAT_MARKERS = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, MISTRAL_CALLS, MISTRAL_ARGS)
 
@@ -203,7 +205,9 @@ def forced_call_format(template_source: str) -> str:
         return "mistral-args" if MISTRAL_ARGS in template_source else "mistral"
     if FUNCTION_OPEN in template_source:
         return "qwen3-coder"
-    return "hermes" if TOOL_CALL_OPEN in template_source else "json"
+    if TOOL_CALL_OPEN in template_source:
+        return "hermes"
+    return "pythonic" if PYTHONIC_EXAMPLE in template_source else "json"
 
 
 def tool_call_schema(tools: list[dict[str, Any]], name: str | None = None) -> dict[str, Any]:

@@ -82,6 +82,37 @@ def test_grammar_forces_valid_json_from_a_random_model(seed):
     assert set(value) == {"a"} and isinstance(value["a"], int)
 
 
+@pytest.mark.parametrize(("call_format", "good", "bad"), [
+    ("pythonic", '[f(n=3, on=True, s="ab")]', ['[f(n=3, on=true)]', '[f(on=True)]', '[f(n="3")]', '[g(n=3)]']),
+    ("gemma4", '<|tool_call>call:f{n:3,on:true,s:<|"|>ab<|"|>}<tool_call|>',
+     ['<|tool_call>call:f{on:true}<tool_call|>', '<|tool_call>call:f{n:<|"|>3<|"|>}<tool_call|>',
+      '<|tool_call>call:f{s:<|"|>ab<|"|>,n:3}<tool_call|>']),
+])
+def test_a_forced_calls_grammar_in_a_notation_that_is_not_json(smollm2_gguf, call_format, good, bad):
+    """The grammar of a forced call written pythonic or in Gemma 4's notation takes the call (its required argument
+    there, each argument of its schema's type, in the template's order) and nothing else; what it takes reads back
+    as that call."""
+    pytest.importorskip("llguidance")
+    from runlm.engine.grammar import grammar_for_forced_call
+    from runlm.text import Tokenizer
+
+    tok = Tokenizer.from_gguf(smollm2_gguf)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "n": {"type": "integer"}, "on": {"type": "boolean"}, "s": {"type": "string"}}, "required": ["n"]}}}]
+    grammar = grammar_for_forced_call(call_format, tools, set())
+
+    def takes(text: str) -> bool:
+        matcher = GrammarConstraint(grammar, tok, tok.vocab_size, sorted(tok.stop_ids))
+        return all(matcher.accept(t) for t in tok.encode(text, add_bos=False)) and matcher.done
+
+    assert takes(good)
+    content, calls = parse_tool_calls(good, {"f"})
+    assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [("f", {"n": 3, "on": True,
+                                                                                            "s": "ab"})]
+    for text in bad:
+        assert not takes(text), text
+
+
 def test_broken_schema_is_invalid_input():
     pytest.importorskip("llguidance")
     tok = MockTokenizer()

@@ -91,6 +91,7 @@ FORCED = {
     "mistral": ("[TOOL_CALLS]", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}]'),
     "qwen3-coder": ("<tool_call> <function= </function>", REPLIES["qwen3-coder"]),
     "gemma4": ("<|tool_call>call: <tool_call|>", REPLIES["gemma4"]),
+    "pythonic": ("[func_name1(params_name1=params_value1...)]", '[get_weather(city="Paris", days=2)]'),
 }
 
 
