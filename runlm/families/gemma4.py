@@ -101,5 +101,6 @@ SPEC = register(FamilySpec(
                 "pre_feedforward_layernorm_2": "pre_ffw_norm_2", "post_feedforward_layernorm_1": "post_ffw_norm_1",
                 "post_feedforward_layernorm_2": "post_ffw_norm_2"},
     experts="softmax_topk",
+    experts_beside_mlp=True,
     chat_format="gemma4",
 ))

@@ -50,6 +50,8 @@ class FamilySpec:
       (ModelConfig.num_experts ...; none: a dense MLP).
     - `shared_expert`: beside the routed experts, one every token runs, its output scaled by a sigmoid of its own
       one-row gate (Qwen2-MoE).
+    - `experts_beside_mlp`: where the file has experts, they run beside the dense MLP rather than in its place, each
+      branch normed, the router reading the block's residual with its own scales (Gemma 4 26B-A4B).
     - `values_from_keys`: a layer the file gives no value projection takes its key projection's output (before the
       keys' norm and RoPE) as its values (Gemma 4's full-attention layers).
     - `value_norm`: an RMSNorm without weights over each value head (Gemma 4).
@@ -80,6 +82,7 @@ class FamilySpec:
     vision: bool = False
     experts: str | None = None
     shared_expert: bool = False
+    experts_beside_mlp: bool = False
     biases: bool = False
     attention_sinks: bool = False
     values_from_keys: bool = False

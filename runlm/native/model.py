@@ -153,7 +153,7 @@ class NativeModel:
             raise ModelLoadError(f"{self.path}: layer {i} holds a router of experts, but the file's metadata names "
                                  f"no experts")
         mlp = self._experts(reader, p) if spec.experts and config.num_experts else self._dense_mlp(reader, p)
-        if spec.layer_scalar and config.num_experts:  # Gemma 4: the experts beside a dense MLP, each normed
+        if spec.experts_beside_mlp and config.num_experts:  # the experts beside a dense MLP, each normed
             mlp |= self._dense_mlp(reader, p) | self._gemma4_experts(reader, p)
         sliding = config.is_sliding(i)
         out_scale = 1.0
