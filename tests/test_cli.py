@@ -76,7 +76,7 @@ def test_info_system_names_the_kernels_dispatch():
     if kernels.available():
         assert fields["kernel flags"] == " ".join(build.variant_cflags())
         assert ("amx" in fields["kernels"]) == fields["AMX tiles"].startswith("used")
-        if kernels.decode_walk():  # the 16-row kernels' walk: the CPU's, unless the environment says
+        if kernels.decode_walk():  # the interleaved kernels' walk: the build's and CPU's, unless the environment says
             assert fields["decode walk"].split()[0] == kernels.decode_walk()
         burst = runlm("info", "--system", env={kernels.WALK_ENV_VAR: "burst"})
         assert "decode walk: burst (" in burst.stdout or "decode walk: none" in burst.stdout, burst.stdout

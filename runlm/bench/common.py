@@ -44,7 +44,7 @@ def machine() -> str:
         isa = library.isa()
     except RunlmError:
         isa = "off"
-    walk = f" (decode walk {build.decode_walk_name()})" if isa.startswith("avx512") else ""
+    walk = f" (decode walk {build.decode_walk_name(isa)})" if build.walks_weights(isa) else ""
     return f"{cpu_name()}, {os.cpu_count()} cores, kernels {isa}{walk}, Python {platform.python_version()}"
 
 

@@ -101,13 +101,14 @@ ARM_VARIANTS: dict[str, tuple[list[str], frozenset[str]]] = {
 OTHER_VARIANTS: dict[str, list[str]] = {"native": ["-march=native"], "scalar": ["-DRUNLM_SCALAR"]}
 ENV_VAR = "RUNLM_GGUF_KERNELS"
 WALK_ENV_VAR = "RUNLM_DECODE_WALK"
-# How the 16-row (AVX-512) kernels prefetch and walk a decode GEMV's weights: (line_ahead bytes, burst_ahead bytes,
+# How the interleaved kernels prefetch and walk a decode GEMV's weights: (line_ahead bytes, burst_ahead bytes,
 # groups per thread for the K-quants, for the 32-wide types); kernels.cpp's DecodeWalk has the measurements. The
 # results do not depend on it.
 DECODE_WALKS: dict[str, tuple[int, int, int, int]] = {
     # a prefetch 2 KiB on with each weight line, two groups per thread: Intel Xeon's best
     "line": (2048, 0, 2, 2),
     # that, and the super-block >= 2 KiB on, whole, before each decode step; one K-quant group per thread: AMD Zen 5's
+    # for its 16-row kernels (decode_walk_name)
     "burst": (2048, 2048, 1, 2),
 }
 
@@ -182,24 +183,32 @@ def build_key(*extra: str) -> str:
     return key.hexdigest()[:12]
 
 
-def decode_walk_name() -> str:
-    """RUNLM_DECODE_WALK where it names a walk, else the CPU's: "burst" on AMD (what its hardware prefetchers and
-    DRAM want), "line" elsewhere (measured on Intel)."""
+def decode_walk_name(isa: str) -> str:
+    """RUNLM_DECODE_WALK where it names a walk, else the one measured best for a build for instruction set `isa` on
+    this CPU: "burst" for the 16-row kernels (AVX-512 builds) on AMD (Zen 5: 1.46-1.59x the line walk's decode), "line"
+    everywhere else. The 4-row groups of the AVX2 builds decode faster on the line walk on every CPU measured: 1B
+    Q4_K_M decode steps 1.09-1.19x the burst walk's on an Intel Xeon, 1.7x on an AMD EPYC Zen 1 (10.2 -> 17.5 tok/s,
+    2 threads), where the burst's prefetch of each whole group before its kernel halved a GEMV's read rate."""
     asked = os.environ.get(WALK_ENV_VAR, "").strip().lower()
     if asked in DECODE_WALKS:
         return asked
     if asked not in ("", "auto"):
         log.warning("runlm: %s=%s is not a decode walk (%s, auto); using the CPU's", WALK_ENV_VAR, asked,
                     ", ".join(DECODE_WALKS))
-    return "burst" if cpu_vendor() == "AuthenticAMD" else "line"
+    return "burst" if isa.startswith("avx512") and cpu_vendor() == "AuthenticAMD" else "line"
+
+
+def walks_weights(isa: str) -> bool:
+    """Whether a build for instruction set `isa` prefetches and walks a decode GEMV's weights (the x86 SIMD builds'
+    interleaved groups), so that a decode walk applies to it."""
+    return isa.startswith(("avx512", "avx2", "avx-vnni"))
 
 
 def decode_walk_summary(isa: str) -> str:
-    """The decode walk of a build for instruction set `isa` in words (`runlm info --system`): the 16-row kernels'
-    (AVX-512 builds) walk, or none."""
-    if not isa.startswith("avx512"):
-        return "none: this build has no 16-row kernels"
-    walk = decode_walk_name()
+    """The decode walk of a build for instruction set `isa` in words (`runlm info --system`), or why it has none."""
+    if not walks_weights(isa):
+        return "none: this build has no interleaved groups"
+    walk = decode_walk_name(isa)
     line, burst, kquant_streams, wide32_streams = DECODE_WALKS[walk]
     how = f"a prefetch {line} B on with each weight line" if line else "no line prefetch"
     if burst:
@@ -223,5 +232,5 @@ __all__ = [
     "ARM_VARIANTS", "BLOCK_LAYOUTS", "CFLAGS", "DECODE_WALKS", "ENV_VAR", "FLOAT_KERNEL_TYPES", "ISA_VARIANTS",
     "KERNEL_TYPES", "Q8_0_BYTES", "Q8_0_VALUES", "QK_K", "SOURCE", "SOURCES", "STANDALONE_FLAGS", "WALK_ENV_VAR",
     "X4", "X4_TYPES", "aarch64", "amx_absence", "best_variant", "build_key", "decode_walk_name",
-    "decode_walk_summary", "source_key", "variant", "variant_cflags", "variants",
+    "decode_walk_summary", "source_key", "variant", "variant_cflags", "variants", "walks_weights",
 ]

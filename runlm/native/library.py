@@ -171,7 +171,7 @@ def library() -> ctypes.CDLL:
                 function = getattr(lib, name)
                 function.argtypes, function.restype = args, result
             _library = lib
-            check(lib.rl_set_decode_walk(*build.DECODE_WALKS[build.decode_walk_name()]))
+            check(lib.rl_set_decode_walk(*build.DECODE_WALKS[build.decode_walk_name(lib.rl_isa().decode())]))
     return _library
 
 

@@ -30,7 +30,8 @@ With many activation rows (prefill) GGUFLinear switches to dequantize + float32 
 Environment: RUNLM_GGUF_KERNELS=0 disables the kernels; RUNLM_GGUF_KERNELS=scalar builds the portable scalar
 path, RUNLM_GGUF_KERNELS=avx2 the AVX2 path without AVX-512 (what an AVX2-only CPU runs), instead of the best this
 CPU runs (for testing them; one variant per process, since all register `runlm::`). RUNLM_DECODE_WALK=line|burst picks
-how the 16-row kernels prefetch a decode GEMV's weights instead of the CPU's default (`DECODE_WALKS`).
+how the interleaved kernels prefetch a decode GEMV's weights instead of the build's and CPU's default
+(`DECODE_WALKS`).
 """
 
 from __future__ import annotations
@@ -197,10 +198,10 @@ def _load() -> None:
         except RuntimeError as exc:  # registered already (e.g. this module was reloaded)
             if "already" not in str(exc):
                 raise
-    _state["walk"] = build.decode_walk_name()
+    _state["isa"] = str(torch.ops.runlm.gguf_isa())
+    _state["walk"] = build.decode_walk_name(_state["isa"])
     torch.ops.runlm.gguf_set_decode_walk(*DECODE_WALKS[_state["walk"]])
     _state["simd"] = bool(torch.ops.runlm.gguf_simd())
-    _state["isa"] = str(torch.ops.runlm.gguf_isa())
     _state["build_s"] = time.perf_counter() - start
 
 
@@ -282,9 +283,9 @@ def isa() -> str | None:
 
 
 def decode_walk() -> str | None:
-    """How the 16-row kernels walk a decode GEMV's weights in this process ("line" or "burst", `DECODE_WALKS`; None
-    where the build has no 16-row kernels: no kernels, or no AVX-512)."""
-    return _state["walk"] if (isa() or "").startswith("avx512") else None  # type: ignore[return-value]
+    """How the interleaved kernels walk a decode GEMV's weights in this process ("line" or "burst", `DECODE_WALKS`;
+    None where the build has no interleaved groups: no kernels, or the scalar path)."""
+    return _state["walk"] if build.walks_weights(isa() or "") else None  # type: ignore[return-value]
 
 
 def decode_walk_summary() -> str:

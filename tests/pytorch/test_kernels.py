@@ -283,12 +283,12 @@ def restore_decode_walk():
 def test_decode_walks_give_the_same_bits(type_name: str, restore_decode_walk):
     """How a decode GEMV prefetches and walks its weights (kernels.DECODE_WALKS) moves no result bit: each walk, and
     prefetches reaching past the weight's end (8 KiB on), give the same outputs for 1-4 activation rows (the decode
-    walk, over five 16-row groups of three super-blocks: with two streams a pair, a pair, one alone) and for 8 (the
-    tiles, which keep the line prefetch)."""
+    walk, over five 16-row groups of three super-blocks, or twenty 4-row groups: with two streams pairs, and with
+    16 rows one alone) and for 8 (the tiles, which keep the line prefetch)."""
     shape = (80, 768)
     module = kernel_module(type_name, weight_data(type_name, *shape, seed=11), shape)
-    if kernels.group_rows(type_name) != 16:
-        pytest.skip("no 16-row kernels in this build")
+    if kernels.group_rows(type_name) not in (4, 16):
+        pytest.skip("no interleaved groups in this build")
     assert module.x4
     x = torch.randn(8, shape[1], generator=torch.Generator().manual_seed(11))
     outputs = {}
@@ -303,16 +303,17 @@ def test_decode_walks_give_the_same_bits(type_name: str, restore_decode_walk):
 
 def test_decode_walk_follows_the_cpu_or_the_environment(monkeypatch: pytest.MonkeyPatch, caplog, restore_decode_walk):
     assert kernels.build_info()["walk"] in kernels.DECODE_WALKS
-    assert kernels.decode_walk() == (kernels.build_info()["walk"] if kernels.group_rows("Q4_K") == 16 else None)
+    assert kernels.decode_walk() == (kernels.build_info()["walk"] if build.walks_weights(kernels.isa()) else None)
     monkeypatch.delenv(kernels.WALK_ENV_VAR, raising=False)
     monkeypatch.setattr(build, "cpu_vendor", lambda: "AuthenticAMD")
-    assert build.decode_walk_name() == "burst"
+    assert build.decode_walk_name("avx512-vnni") == "burst"  # the 16-row kernels on AMD
+    assert build.decode_walk_name("avx2") == "line"  # the 4-row groups, whatever the vendor
     monkeypatch.setattr(build, "cpu_vendor", lambda: "GenuineIntel")
-    assert build.decode_walk_name() == "line"
+    assert build.decode_walk_name("avx512-vnni") == build.decode_walk_name("avx-vnni") == "line"
     monkeypatch.setenv(kernels.WALK_ENV_VAR, " Burst ")
-    assert build.decode_walk_name() == "burst"
+    assert build.decode_walk_name("avx2") == "burst"
     monkeypatch.setenv(kernels.WALK_ENV_VAR, "fastest")
-    assert build.decode_walk_name() == "line"
+    assert build.decode_walk_name("avx2") == "line"
     assert "RUNLM_DECODE_WALK=fastest is not a decode walk" in caplog.text
     set_walk = torch.ops.runlm.gguf_set_decode_walk
     for bad, message in (((2048, 0, 3, 2), "streams must be 1 or 2"), ((2048, 0, 2, 0), "streams must be 1 or 2"),

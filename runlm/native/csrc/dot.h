@@ -165,8 +165,10 @@ inline __m256i load256(const void* p) { return _mm256_loadu_si256(reinterpret_ca
 // The 4-row groups' prefetch on the line walk: the `bytes` of the group's super-block (or block) at blk, line_ahead
 // bytes on, as the kernel reaches it. On the Xeon's avx2 build (decode steps, alternating rounds in one process) it
 // was 1.09-1.11x the group prefetch below at 1B Q4_K_M (1.5-3.4 KiB on alike), 1.13x at 1B Q8_0 and 1.17x at 3B
-// Q4_K_M. The burst walk (AMD) keeps the group's bytes prefetched 1 KiB on before its kernel (gemm.h's
-// prefetch_rows), what took a decode GEMV from ~14 to ~25 GB/s on the 2-core EPYC Zen 3.
+// Q4_K_M. The burst walk keeps the group's bytes prefetched 1 KiB on before its kernel (gemm.h's prefetch_rows),
+// what took a decode GEMV from ~14 to ~25 GB/s on the 2-core EPYC Zen 3 against no software prefetch; on an EPYC
+// Zen 1 the line walk read 1.5-1.9x faster than it (2 threads, 18 MB Q4_K / Q6_K / Q8_0 GEMVs), so the 4-row builds
+// take the line walk on every CPU (build.decode_walk_name).
 inline void x4_prefetch(const uint8_t* blk, int bytes) {
   if (g_walk.burst_ahead || !g_walk.line_ahead) return;
   const char* ahead = reinterpret_cast<const char*>(blk + g_walk.line_ahead);

@@ -608,6 +608,14 @@ alignas(16) const uint8_t kQ6KScaleShuffle[4][16] = {
     {8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11},
     {12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15},
 };
+
+#if !RUNLM_VNNI
+// int16 scale j of [row's 8 scales of half h | row + 1's] in all 8 lanes of each 128-bit lane: the plain AVX2 kernel
+// scales vpmaddubsw's pair sums of one sub-block directly (one vpmaddwd), where VNNI packs int32 sums of two.
+inline __m256i q6k_row_scale(__m256i sc, int j) {
+  return _mm256_shuffle_epi8(sc, _mm256_set1_epi16(static_cast<int16_t>(0x0100 * (2 * j + 1) + 2 * j)));
+}
+#endif
 #endif
 
 // Q6_K x4: a 16-value sub-block of a row pair meets its activation codes in one vpdpbusd (lanes [row x 4 | row + 1
@@ -659,6 +667,7 @@ struct X4Layout<Q6_K> {
                                             : _mm256_srli_epi16(qh[s], 2);
               q[s] = _mm256_or_si256(_mm256_and_si256(low, m4), _mm256_and_si256(high, m30));
             }
+#if RUNLM_VNNI
             const __m256i scv = _mm256_shuffle_epi8(sc, bcast16(kQ6KScaleShuffle[k]));
 #pragma GCC unroll 4
             for (int r = 0; r < R; ++r) {
@@ -667,6 +676,18 @@ struct X4Layout<Q6_K> {
               const __m256i t = _mm256_packs_epi32(dot_bytes(zero, q[0], bcast16(aq)), dot_bytes(zero, q[1], bcast16(aq + 16)));
               acc[p][r] = dot_words(acc[p][r], t, scv);
             }
+#else
+            // vpmaddubsw's pair sums (at most 2 * 63 * 127) times their sub-block's scale in one vpmaddwd: two
+            // multiplies per 32 codes, where a byte dot product to int32 and a scaling of packed sums took three
+            const __m256i sc0 = q6k_row_scale(sc, 2 * k), sc1 = q6k_row_scale(sc, 2 * k + 1);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) {
+              const int8_t* aq = a[r][b].qs + 128 * h + 32 * k;
+              const __m256i s0 = _mm256_madd_epi16(_mm256_maddubs_epi16(q[0], bcast16(aq)), sc0);
+              const __m256i s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(q[1], bcast16(aq + 16)), sc1);
+              acc[p][r] = _mm256_add_epi32(acc[p][r], _mm256_add_epi32(s0, s1));
+            }
+#endif
           }
         }
       }
