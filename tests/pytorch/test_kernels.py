@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from gguf import quants as ref_quants
-from reference.quant_blocks import random_blocks, rel_err
+from reference.quant_blocks import F16_FIELDS, random_blocks, rel_err
 
 from runlm.errors import InvalidInputError, ModelLoadError
 from runlm.formats.gguf import GGUFFile
@@ -271,6 +271,34 @@ def test_x4_layout_matches_plain_rows(type_name: str):
     assert not odd.x4  # 6 rows: not whole groups
     with pytest.raises(InvalidInputError):
         kernels.GGUFLinear(type_name, odd.blocks, shape[1], 6, x4=True)
+
+
+@pytest.mark.parametrize("type_name", kernels.X4_TYPES)
+def test_integer_sums_hold_at_the_largest_codes(type_name: str):
+    """The AVX2 kernels add byte products up in 16-bit lanes as far as the codes' range allows: with every code at
+    its largest (every byte 0xFF but the float16 scales; Q8_0's codes 127) and activations at +-127, no sum
+    saturates: each layout gives the quantized-activation reference's result, and the interleaved one the row
+    layout's bit for bit."""
+    shape = (16, 512)
+    data = random_blocks(type_name, *shape, seed=5).reshape(-1, build.BLOCK_LAYOUTS[type_name][1])
+    scales = {offset: data[:, offset : offset + 2].copy() for offset in F16_FIELDS[type_name]}
+    data[:] = 0x7F if type_name == "Q8_0" else 0xFF
+    for offset, kept in scales.items():
+        data[:, offset : offset + 2] = kept
+    data = data.reshape(shape[0], -1)
+    plain = kernels.gguf_linear_module(type_name, data, shape, interleave=False)
+    plain.dense_min_rows = 1 << 30
+    x4 = plain.interleaved()
+    x4.dense_min_rows = 1 << 30
+    weight = dequantize(type_name, data, shape)
+    signs = torch.ones(shape[1])
+    signs[1::3] = -1
+    x = torch.stack([torch.ones(shape[1]), -torch.ones(shape[1]), signs, -signs, torch.ones(shape[1])])
+    for m in (1, 4, 5):
+        for module in (plain, x4):
+            check_against_references(module, type_name, weight, x[:m])
+        if super_blocks(type_name):
+            assert torch.equal(x4(x[:m]), plain(x[:m])), f"{type_name}: M={m} x4 differs from the row layout"
 
 
 @pytest.fixture
