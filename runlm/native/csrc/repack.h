@@ -410,21 +410,6 @@ alignas(16) const uint8_t kQ4KScaleShuffle[4][16] = {
     {6, 0x80, 6, 0x80, 14, 0x80, 14, 0x80, 7, 0x80, 7, 0x80, 15, 0x80, 15, 0x80},
 };
 
-#if !RUNLM_VNNI
-// Byte shuffles for Q4_K x4 sub-block s from [row 0 scales, row 1 scales] (rows 2 / 3 in the other lane): int16
-// [s0(s) x 4, s1(s) x 4], zero-extended: the AVX2 kernel scales int16 sums of 8 products (vpmaddubsw pairs added
-// up) lane by lane, one vpmaddwd for 4 rows' sub-block, where VNNI packs int32 sums instead.
-alignas(16) const uint8_t kQ4KRowScaleShuffle[8][16] = {
-    {0, 0x80, 0, 0x80, 0, 0x80, 0, 0x80, 8, 0x80, 8, 0x80, 8, 0x80, 8, 0x80},
-    {1, 0x80, 1, 0x80, 1, 0x80, 1, 0x80, 9, 0x80, 9, 0x80, 9, 0x80, 9, 0x80},
-    {2, 0x80, 2, 0x80, 2, 0x80, 2, 0x80, 10, 0x80, 10, 0x80, 10, 0x80, 10, 0x80},
-    {3, 0x80, 3, 0x80, 3, 0x80, 3, 0x80, 11, 0x80, 11, 0x80, 11, 0x80, 11, 0x80},
-    {4, 0x80, 4, 0x80, 4, 0x80, 4, 0x80, 12, 0x80, 12, 0x80, 12, 0x80, 12, 0x80},
-    {5, 0x80, 5, 0x80, 5, 0x80, 5, 0x80, 13, 0x80, 13, 0x80, 13, 0x80, 13, 0x80},
-    {6, 0x80, 6, 0x80, 6, 0x80, 6, 0x80, 14, 0x80, 14, 0x80, 14, 0x80, 14, 0x80},
-    {7, 0x80, 7, 0x80, 7, 0x80, 7, 0x80, 15, 0x80, 15, 0x80, 15, 0x80, 15, 0x80},
-};
-#endif
 
 // What the Q4_K and Q5_K x4 kernels share of a super-block of 4 rows (blk; its 6-bit scales at byte `scales_at`):
 // the f16 scales, the 6-bit scales for the 4 rows and the mins, and the end of each activation row's part.
@@ -456,8 +441,11 @@ struct K4X4Block {
 // Q4_K x4: its nibbles come in pieces of 8 bytes, so one 256-bit load holds [r0 | r1 | r2 | r3] 8 bytes each and
 // one vpdpbusd meets all 4 rows with 8 activation codes broadcast to every 64 bits. The four loads of a 32-value
 // sub-block sum into lanes [r0 r0 r1 r1 | r2 r2 r3 r3], each a sum of 16 products (at most 16 * 15 * 127 = 30480,
-// so it fits 16 bits): two sub-blocks' sums are packed to int16 and multiplied by their scales in one vpmaddwd /
-// vpdpwssd, leaving lanes [r0 r1 r0 r1 | r2 r3 r2 r3] (sub-block 2j, then 2j + 1).
+// so it fits 16 bits): two sub-blocks' sums are packed to int16 (plain AVX2: vpmaddubsw's pair sums added up and
+// then in pairs, in int16 all the way) and multiplied by their scales in one vpmaddwd / vpdpwssd, leaving lanes
+// [r0 r1 r0 r1 | r2 r3 r2 r3] (sub-block 2j, then 2j + 1). On an EPYC Zen 1 (one thread, weights in cache) the
+// plain AVX2 GEMMs of 4-8 rows ran Q4_K at ~22 GMAC/s, Q5_K 12.8 -> 17.6 and Q6_K 12.0 -> 14.4 with their
+// products kept in int16 this way (one vpmaddwd per 16 or 32 products instead of one per 4).
 template <>
 struct X4Layout<Q4_K> {
   using Plain = Q4_K;
@@ -480,12 +468,7 @@ struct X4Layout<Q4_K> {
       for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) {  // sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
-#if RUNLM_VNNI
         const __m256i scj = _mm256_shuffle_epi8(kb.sc, bcast16(kQ4KScaleShuffle[j]));
-#else
-        const __m256i s_lo = _mm256_shuffle_epi8(kb.sc, bcast16(kQ4KRowScaleShuffle[2 * j]));
-        const __m256i s_hi = _mm256_shuffle_epi8(kb.sc, bcast16(kQ4KRowScaleShuffle[2 * j + 1]));
-#endif
         __m256i lo[4], hi[4];  // elements 8k..8k + 7 of the two sub-blocks
         for (int k = 0; k < 4; ++k) {
           const __m256i v = load256(blk + QS + 32 * (4 * j + k));
@@ -502,20 +485,18 @@ struct X4Layout<Q4_K> {
           }
           acc[r] = dot_words(acc[r], _mm256_packs_epi32(u_lo, u_hi), scj);
 #else
-          // int16 lanes [r0 x 4, r1 x 4 | r2 x 4, r3 x 4], each a sum of 8 products (at most 8 * 15 * 127 = 15240)
+          // int16 lanes [r0 x 4, r1 x 4 | r2 x 4, r3 x 4], each a sum of 8 products (at most 8 * 15 * 127 = 15240),
+          // then added in pairs (16 products, at most 30480): lanes [r0 r0 r1 r1 (2j), r0 r0 r1 r1 (2j + 1) | ...],
+          // the packed sums VNNI has, scaled the same way
           __m256i p_lo = _mm256_maddubs_epi16(lo[0], bcast8(aq)), p_hi = _mm256_maddubs_epi16(hi[0], bcast8(aq + 32));
           for (int k = 1; k < 4; ++k) {
             p_lo = _mm256_add_epi16(p_lo, _mm256_maddubs_epi16(lo[k], bcast8(aq + 8 * k)));
             p_hi = _mm256_add_epi16(p_hi, _mm256_maddubs_epi16(hi[k], bcast8(aq + 32 + 8 * k)));
           }
-          acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(_mm256_madd_epi16(p_lo, s_lo), _mm256_madd_epi16(p_hi, s_hi)));
+          acc[r] = dot_words(acc[r], _mm256_hadd_epi16(p_lo, p_hi), scj);
 #endif
         }
       }
-#if !RUNLM_VNNI
-      // lanes [r0 r0 r1 r1 | r2 r2 r3 r3] -> [r0 r1 r0 r1 | r2 r3 r2 r3], as finish takes them
-      for (int r = 0; r < R; ++r) acc[r] = _mm256_shuffle_epi32(acc[r], _MM_SHUFFLE(3, 1, 2, 0));
-#endif
       for (int r = 0; r < R; ++r) y[r] = kb.finish(y[r], acc[r], a[r][b]);
     }
     store_rows4<R>(y, out);
@@ -583,12 +564,23 @@ struct X4Layout<Q5_K> {
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
           const int8_t* aq = a[r][b].qs + 64 * j;
+#if RUNLM_VNNI
           const __m256i z = _mm256_setzero_si256();
           const __m256i l01 = dot_bytes(dot_bytes(z, lo[0], bcast8(aq)), lo[1], bcast8(aq + 8));
           const __m256i l23 = dot_bytes(dot_bytes(z, lo[2], bcast8(aq + 16)), lo[3], bcast8(aq + 24));
           const __m256i h01 = dot_bytes(dot_bytes(z, hi[0], bcast8(aq + 32)), hi[1], bcast8(aq + 40));
           const __m256i h23 = dot_bytes(dot_bytes(z, hi[2], bcast8(aq + 48)), hi[3], bcast8(aq + 56));
           acc[r] = dot_words(dot_words(acc[r], _mm256_packs_epi32(l01, l23), s_lo), _mm256_packs_epi32(h01, h23), s_hi);
+#else
+          // two loads' pair sums added (4 products), then in pairs (8, at most 31496) within int16: the lanes the
+          // packed int32 sums have with VNNI, without widening each load's products on their own
+          const auto pairs = [&](const __m256i* q, int at) {
+            return _mm256_hadd_epi16(
+                _mm256_add_epi16(_mm256_maddubs_epi16(q[0], bcast8(aq + at)), _mm256_maddubs_epi16(q[1], bcast8(aq + at + 8))),
+                _mm256_add_epi16(_mm256_maddubs_epi16(q[2], bcast8(aq + at + 16)), _mm256_maddubs_epi16(q[3], bcast8(aq + at + 24))));
+          };
+          acc[r] = dot_words(dot_words(acc[r], pairs(lo, 0), s_lo), pairs(hi, 32), s_hi);
+#endif
         }
       }
       for (int r = 0; r < R; ++r) y[r] = kb.finish(y[r], acc[r], a[r][b]);
@@ -611,14 +603,6 @@ alignas(16) const uint8_t kQ6KScaleShuffle[4][16] = {
     {8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11},
     {12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15},
 };
-
-#if !RUNLM_VNNI
-// int16 scale j of [row's 8 scales of half h | row + 1's] in all 8 lanes of each 128-bit lane: the plain AVX2 kernel
-// scales vpmaddubsw's pair sums of one sub-block directly (one vpmaddwd), where VNNI packs int32 sums of two.
-inline __m256i q6k_row_scale(__m256i sc, int j) {
-  return _mm256_shuffle_epi8(sc, _mm256_set1_epi16(static_cast<int16_t>(0x0100 * (2 * j + 1) + 2 * j)));
-}
-#endif
 #endif
 
 // Q6_K x4: a 16-value sub-block of a row pair meets its activation codes in one vpdpbusd (lanes [row x 4 | row + 1
@@ -670,27 +654,21 @@ struct X4Layout<Q6_K> {
                                             : _mm256_srli_epi16(qh[s], 2);
               q[s] = _mm256_or_si256(_mm256_and_si256(low, m4), _mm256_and_si256(high, m30));
             }
-#if RUNLM_VNNI
             const __m256i scv = _mm256_shuffle_epi8(sc, bcast16(kQ6KScaleShuffle[k]));
 #pragma GCC unroll 4
             for (int r = 0; r < R; ++r) {
               const int8_t* aq = a[r][b].qs + 128 * h + 32 * k;
+#if RUNLM_VNNI
               const __m256i zero = _mm256_setzero_si256();
               const __m256i t = _mm256_packs_epi32(dot_bytes(zero, q[0], bcast16(aq)), dot_bytes(zero, q[1], bcast16(aq + 16)));
+#else
+              // vpmaddubsw's pair sums added in pairs within int16 (4 products, at most 4 * 63 * 127 = 32004): the
+              // lanes the packed int32 sums have with VNNI, one multiply fewer than widening them (the same integers)
+              const __m256i t = _mm256_hadd_epi16(_mm256_maddubs_epi16(q[0], bcast16(aq)),
+                                                  _mm256_maddubs_epi16(q[1], bcast16(aq + 16)));
+#endif
               acc[p][r] = dot_words(acc[p][r], t, scv);
             }
-#else
-            // vpmaddubsw's pair sums (at most 2 * 63 * 127) times their sub-block's scale in one vpmaddwd: two
-            // multiplies per 32 codes, where a byte dot product to int32 and a scaling of packed sums took three
-            const __m256i sc0 = q6k_row_scale(sc, 2 * k), sc1 = q6k_row_scale(sc, 2 * k + 1);
-#pragma GCC unroll 4
-            for (int r = 0; r < R; ++r) {
-              const int8_t* aq = a[r][b].qs + 128 * h + 32 * k;
-              const __m256i s0 = _mm256_madd_epi16(_mm256_maddubs_epi16(q[0], bcast16(aq)), sc0);
-              const __m256i s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(q[1], bcast16(aq + 16)), sc1);
-              acc[p][r] = _mm256_add_epi32(acc[p][r], _mm256_add_epi32(s0, s1));
-            }
-#endif
           }
         }
       }
