@@ -83,7 +83,7 @@ def steady_heap() -> None:
 
 def no_numpy_huge_pages() -> None:
     """Stop numpy asking for transparent huge pages on its large arrays. Where the kernel grants them on request with
-    synchronous compaction (THP "madvise" for both enabled and defrag, as on these VMs), every first write to 2 MiB
+    synchronous compaction (THP "madvise" for both enabled and defrag), every first write to 2 MiB
     of a fresh array stalls: a 640-token prompt's logits over Gemma 3's 262k vocabulary (670 MB, every position, as
     perplexity and the tests read them) took 15 s, 14 of them in the kernel; 1.4 s without the request."""
     try:

@@ -443,9 +443,9 @@ struct K4X4Block {
 // sub-block sum into lanes [r0 r0 r1 r1 | r2 r2 r3 r3], each a sum of 16 products (at most 16 * 15 * 127 = 30480,
 // so it fits 16 bits): two sub-blocks' sums are packed to int16 (plain AVX2: vpmaddubsw's pair sums added up and
 // then in pairs, in int16 all the way) and multiplied by their scales in one vpmaddwd / vpdpwssd, leaving lanes
-// [r0 r1 r0 r1 | r2 r3 r2 r3] (sub-block 2j, then 2j + 1). On an EPYC Zen 1 (one thread, weights in cache) the
-// plain AVX2 GEMMs of 4-8 rows ran Q4_K at ~22 GMAC/s, Q5_K 12.8 -> 17.6 and Q6_K 12.0 -> 14.4 with their
-// products kept in int16 this way (one vpmaddwd per 16 or 32 products instead of one per 4).
+// [r0 r1 r0 r1 | r2 r3 r2 r3] (sub-block 2j, then 2j + 1). The plain AVX2 Q5_K and Q6_K kernels keep their products
+// in int16 the same way: on an EPYC Zen 1 (one thread, weights in cache, 4-8 rows) Q4_K ran at ~22 GMAC/s either way,
+// Q5_K went 12.8 -> 17.6 and Q6_K 12.0 -> 14.4 (no vpmaddwd widens one load's products on their own).
 template <>
 struct X4Layout<Q4_K> {
   using Plain = Q4_K;
@@ -574,11 +574,11 @@ struct X4Layout<Q5_K> {
 #else
           // two loads' pair sums added (4 products), then in pairs (8, at most 31496) within int16: the lanes the
           // packed int32 sums have with VNNI, without widening each load's products on their own
-          const auto pairs = [&](const __m256i* q, int at) {
-            return _mm256_hadd_epi16(
-                _mm256_add_epi16(_mm256_maddubs_epi16(q[0], bcast8(aq + at)), _mm256_maddubs_epi16(q[1], bcast8(aq + at + 8))),
-                _mm256_add_epi16(_mm256_maddubs_epi16(q[2], bcast8(aq + at + 16)), _mm256_maddubs_epi16(q[3], bcast8(aq + at + 24))));
+          const auto two = [&](const __m256i* q, int at) {  // loads q[0], q[1] against activation codes at, at + 8
+            return _mm256_add_epi16(_mm256_maddubs_epi16(q[0], bcast8(aq + at)),
+                                    _mm256_maddubs_epi16(q[1], bcast8(aq + at + 8)));
           };
+          const auto pairs = [&](const __m256i* q, int at) { return _mm256_hadd_epi16(two(q, at), two(q + 2, at + 16)); };
           acc[r] = dot_words(dot_words(acc[r], pairs(lo, 0), s_lo), pairs(hi, 32), s_hi);
 #endif
         }
