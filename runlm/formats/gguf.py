@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from runlm.errors import ModelLoadError
 from runlm.formats import ShapeRule, WeightSource
-from runlm.native.build import BLOCK_LAYOUTS
+from runlm.native.build import BLOCK_LAYOUTS, FLOAT_KERNEL_TYPES, KERNEL_TYPES
 
 if TYPE_CHECKING:  # the header reader imports without torch (runlm.native reads tokenizers with it)
     import torch
@@ -321,6 +320,51 @@ class _Corrupt(ValueError):
     """A malformed header; the message names the key or tensor and what was expected."""
 
 
+# GGML type id -> name, for the types runlm reads (the others are looked up in the gguf package, when a file has one)
+_READ_TYPES = {type_id: name for name, type_id in {**KERNEL_TYPES, **FLOAT_KERNEL_TYPES}.items()}
+
+
+def _tensor_type(type_id: int) -> tuple[str, int, int]:
+    """A GGML type id's name, values per block and bytes per block."""
+    name = _READ_TYPES.get(type_id)
+    if name is not None:
+        return name, *BLOCK_LAYOUTS[name]
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # here: importing it takes a tenth of a second
+
+    try:
+        qtype = GGMLQuantizationType(type_id)
+    except ValueError:
+        raise _Corrupt(f"unknown tensor type id {type_id}") from None
+    return qtype.name, *GGML_QUANT_SIZES[qtype]
+
+
+def _read_strings(buf: np.ndarray, at: int, count: int) -> tuple[list[str], int]:
+    """A string array of `count` items at byte `at` (a vocabulary: 262k strings) and where it ends. Python walks only
+    the length prefixes; numpy turns each prefix's last byte into a NUL and drops the other seven, so one decode and
+    one split make every string (a string that holds a NUL itself sends the array through slices one by one)."""
+    mem, unpack_u64, starts, start = memoryview(buf), _U64.unpack_from, [0] * count, at
+    try:
+        for i in range(count):
+            starts[i] = at
+            at += 8 + unpack_u64(mem, at)[0]
+    except (struct.error, OverflowError):  # a length that runs past the end of the map, or past 2^63
+        at = len(buf) + 1
+    if at > len(buf):
+        raise _Corrupt(f"an array of {count} strings at byte {start} runs past the end of the file")
+    if count == 0:
+        return [], at
+    region = buf[start:at].copy()
+    prefixes = np.asarray(starts, dtype=np.int64) - start
+    keep = np.ones(len(region), dtype=bool)
+    keep[(prefixes[:, None] + np.arange(7)).ravel()] = False
+    region[prefixes + 7] = 0
+    items = region[keep].tobytes().decode("utf-8", "replace").split("\0")[1:]
+    if len(items) == count:
+        return items, at
+    ends = [*starts[1:], at]
+    return [str(mem[s + 8 : e], "utf-8", "replace") for s, e in zip(starts, ends, strict=True)], at
+
+
 def _parse(buf: np.ndarray) -> tuple[dict[str, Any], dict[str, _TensorInfo]]:
     """The header of a GGUF file: metadata and tensor infos, every count and offset checked against the file.
 
@@ -365,16 +409,8 @@ def _parse(buf: np.ndarray) -> tuple[dict[str, Any], dict[str, _TensorInfo]]:
                 raise _Corrupt(f"array of unknown value type {item_type}")
             if count > (size - at) // _MIN_WIDTH[item_type]:
                 raise _Corrupt(f"an array of {count} items runs past the end of the file")
-            if item_type == 8:  # a vocabulary: read_str's steps inline (half the time for 262k strings)
-                items = [""] * count
-                for i in range(count):
-                    (length,) = unpack_u64(mem, at)
-                    end = at + 8 + length
-                    if end > size:
-                        raise _Corrupt(f"a string of {length} bytes at byte {at} runs past the end of the file")
-                    items[i] = str(mem[at + 8 : end], "utf-8", "replace")
-                    at = end
-                return items, at
+            if item_type == 8:
+                return _read_strings(buf, at, count)
             if item_type in _NUMPY:
                 array = np.frombuffer(mem, dtype=_NUMPY[item_type], count=count, offset=at)
                 return array.tolist(), at + _MIN_WIDTH[item_type] * count
@@ -418,21 +454,17 @@ def _parse(buf: np.ndarray) -> tuple[dict[str, Any], dict[str, _TensorInfo]]:
             pos += 4 + 8 * n_dims
             ggml_type, offset = struct.unpack_from("<IQ", mem, pos)
             pos += 12
-            try:
-                qtype = GGMLQuantizationType(ggml_type)
-            except ValueError:
-                raise _Corrupt(f"unknown tensor type id {ggml_type}") from None
-            block, type_size = GGML_QUANT_SIZES[qtype]
+            type_name, block, type_size = _tensor_type(ggml_type)
             count = math.prod(dims)
             if count > MAX_ELEMENTS:
                 raise _Corrupt(f"dimensions {list(dims)} overflow a 64-bit element count")
             if dims[0] % block:
-                raise _Corrupt(f"a row of {dims[0]} elements does not fill {qtype.name} blocks of {block}")
+                raise _Corrupt(f"a row of {dims[0]} elements does not fill {type_name} blocks of {block}")
             if offset % alignment:
                 raise _Corrupt(f"data offset {offset} is not a multiple of the alignment {alignment}")
         except (struct.error, _Corrupt) as exc:
             raise _Corrupt(f"tensor {name!r} (entry {index}): {exc}") from exc
-        infos.append((name, qtype.name, tuple(int(d) for d in reversed(dims)), offset, count // block * type_size))
+        infos.append((name, type_name, tuple(int(d) for d in reversed(dims)), offset, count // block * type_size))
 
     data_start = (pos + alignment - 1) // alignment * alignment
     tensors = {name: _TensorInfo(name, t, shape, data_start + off, n) for name, t, shape, off, n in infos}

@@ -27,6 +27,7 @@ from tokenizers import Tokenizer as _Backend
 from runlm.catalog import runlm_home
 from runlm.errors import TokenizerError
 from runlm.formats.gguf import GGUFFile
+from runlm.system import collection_paused
 from runlm.text.fim import FIM_ROLES, FimTokens, fim_tokens, find_fim_ids
 
 # llama.cpp token types (gguf.TokenType)
@@ -153,6 +154,13 @@ def _byte_alphabet() -> tuple[dict[int, str], dict[str, int]]:
     return to_char, {c: b for b, c in to_char.items()}
 
 
+@lru_cache(maxsize=1)
+def _outside_byte_alphabet() -> re.Pattern[str]:
+    """A character GPT-2's byte alphabet does not have: a token holding one is spelled as raw text."""
+    to_char, _ = _byte_alphabet()
+    return re.compile(f"[^{re.escape(''.join(sorted(to_char.values())))}]")
+
+
 def _split_merge(merge: str, start: int = 0) -> tuple[str, str]:
     """'a b' -> ('a', 'b'), cutting at the first space from `start` (byte-level BPE: a token may be a space)."""
     cut = merge.find(" ", start)
@@ -241,14 +249,17 @@ def _cached_merges(
     takes seconds to turn into BPE merges. Ids and not a tokenizer JSON: the merges then reuse the vocabulary's
     strings, and building the backend from them peaks at about half the memory that parsing Gemma's 33 MB tokenizer
     JSON takes (173 against 355 MiB), most of which glibc kept after the parse."""
-    digest = hashlib.sha256(b"runlm-spm-merges-v1\x00")
+    digest = hashlib.sha256(b"runlm-spm-merges-v2\x00")
     digest.update("\x00".join(tokens).encode("utf-8", "surrogatepass"))
     digest.update(np.asarray(types, dtype=np.int64).tobytes())
     for key in sorted(metadata):
         if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"):
-            digest.update(f"{key}={metadata[key]!r}\x00".encode("utf-8", "surrogatepass"))
+            value = metadata[key]
+            if key == "tokenizer.ggml.scores":  # 262k numbers: their bytes, not their repr (a tenth of a second)
+                value = np.asarray(value, dtype=np.float64).tobytes().hex()
+            digest.update(f"{key}={value!r}\x00".encode("utf-8", "surrogatepass"))
     digest.update(f"arch={metadata.get('general.architecture')!r}".encode())
-    path = runlm_home() / "tokenizers" / f"spm-merges-{digest.hexdigest()[:32]}.npy"
+    path = runlm_home() / "tokenizers" / f"spm-merges-v2-{digest.hexdigest()[:32]}.npy"
     if path.is_file():
         try:
             ids = np.load(path, allow_pickle=False)
@@ -270,8 +281,10 @@ def _cached_merges(
         with open(tmp, "wb") as out:
             np.save(out, ids, allow_pickle=False)
         tmp.replace(path)
-        for legacy in path.parent.glob("spm-" + "?" * 32 + ".json"):  # whole tokenizers that runlm once kept here
-            legacy.unlink(missing_ok=True)
+        # whole tokenizers that runlm once kept here, and merges under the key that hashed the scores' repr
+        for pattern in ("spm-" + "?" * 32 + ".json", "spm-merges-" + "?" * 32 + ".npy"):
+            for legacy in path.parent.glob(pattern):
+                legacy.unlink(missing_ok=True)
     except OSError:  # a read-only cache only costs the time
         pass
     return merges
@@ -420,6 +433,11 @@ class Tokenizer:
         """The tokenizer a GGUF's `tokenizer.ggml.*` metadata describes (or a GGUF file's path)."""
         if isinstance(metadata, (str, Path)):
             metadata = GGUFFile(metadata).metadata
+        with collection_paused():  # hundreds of thousands of merge pairs, none of them in a cycle
+            return cls._from_gguf(metadata)
+
+    @classmethod
+    def _from_gguf(cls, metadata: Mapping[str, Any]) -> Tokenizer:
         _check_gguf_tokenizer_types(metadata)
         model = metadata.get("tokenizer.ggml.model")
         tokens = metadata.get("tokenizer.ggml.tokens")
@@ -481,14 +499,17 @@ class Tokenizer:
                 f"unknown tokenizer.ggml.pre {pre_name!r}: runlm does not know how this vocabulary splits text "
                 f"(known: {', '.join(sorted(BPE_PRE_TYPES))})"
             )
-        to_char, _ = _byte_alphabet()
-        alphabet = set(to_char.values())
-        vocab: dict[str, int] = {}
-        for index, (token, kind) in enumerate(zip(tokens, types, strict=True)):
-            if kind not in (_CONTROL, _USER_DEFINED) and not set(token) <= alphabet:
-                # A token written as raw text: respell it the way byte-level BPE produces it.
-                token = "".join(to_char[b] for b in token.encode("utf-8"))
-            vocab[token] = index
+        vocab = dict(zip(tokens, range(len(tokens))))
+        if _outside_byte_alphabet().search("".join(tokens)):
+            # Some tokens are written as raw text: respell them the way byte-level BPE produces them.
+            to_char, _ = _byte_alphabet()
+            spelled = {byte: ord(char) for byte, char in to_char.items()}
+            outside = _outside_byte_alphabet().search
+            vocab = {}
+            for index, (token, kind) in enumerate(zip(tokens, types, strict=True)):
+                if kind not in (_CONTROL, _USER_DEFINED) and outside(token):
+                    token = token.encode("utf-8").decode("latin-1").translate(spelled)
+                vocab[token] = index
         raw_merges = metadata.get("tokenizer.ggml.merges")
         if isinstance(raw_merges, list) and raw_merges:
             merges = [_split_merge(merge, 1) for merge in raw_merges]

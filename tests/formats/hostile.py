@@ -324,6 +324,12 @@ def header_cases(base: Path, label: str, sparse: bool) -> list[Variant]:
             ("test.count", ARRAY, struct.pack("<IQ", STRING, 1 << 60))), r"array of \d+ items runs past the end"),
         ("string length 2^63", lambda image: image.kv.append(("test.text", STRING, struct.pack("<Q", 1 << 63))),
          r"string of \d+ bytes"),
+        ("string array item length 2^64 - 1", lambda image: image.kv.append(
+            ("test.texts", ARRAY, struct.pack("<IQQ", STRING, 2, (1 << 64) - 1) + b"\0" * 16)),
+         r"array of 2 strings at byte \d+ runs past the end"),
+        ("string array item past the end", lambda image: image.kv.append(
+            ("test.texts", ARRAY, struct.pack("<IQQ", STRING, 1, 1 << 40))),
+         r"array of 1 strings at byte \d+ runs past the end"),
         ("unknown value type", lambda image: image.kv.append(("test.kind", 13, b"\0" * 8)),
          r"'test\.kind'.*unknown value type 13"),
         ("unknown array item type", lambda image: image.kv.append(("test.kind", ARRAY, struct.pack("<IQ", 42, 1))),

@@ -214,9 +214,11 @@ def test_sentencepiece_merges_are_cached(tmp_path, monkeypatch):
     legacy = tmp_path / "tokenizers" / f"spm-{'0' * 32}.json"  # a whole tokenizer, as runlm once kept them
     legacy.parent.mkdir()
     legacy.write_text("{}")
+    old_key = tmp_path / "tokenizers" / f"spm-merges-{'0' * 32}.npy"  # merges under the key of an earlier runlm
+    np.save(old_key, np.zeros((0, 2), dtype=np.int32))
     built = Tokenizer.from_gguf(metadata)
     (entry,) = (tmp_path / "tokenizers").glob("spm-merges-*.npy")
-    assert not legacy.exists()
+    assert not legacy.exists() and not old_key.exists()
     assert np.load(entry).tolist() == [[3, 4], [4, 5], [6, 5], [3, 7]]  # ▁+a, a+b, ▁a+b, ▁+ab: best-ranked first
     expected = built.encode("ab abc a")
     assert expected[0] == 1 and 8 in expected  # BOS, then "▁ab" merged
