@@ -13,8 +13,12 @@ from runlm.pytorch import kernels
 
 REPO = Path(__file__).resolve().parents[2]
 # The runner contract (engine, scheduler, server over a second runner), the engine on the real SmolLM2 (every
-# route, the prompt cache, chunked prefill) and every family against transformers: ~25 s on 2 cores.
-CORE_TESTS = ["tests/test_runner_contract.py", "tests/engine/test_engine_smollm2.py", "tests/models/test_families.py"]
+# route, the prompt cache) and every family against transformers: ~75 s on a 2-core EPYC Zen 1. Not the long prompt
+# admitted in chunks beside a stream: its 150 chunked steps check the scheduler, which the portable path leaves as
+# it is, and took 45 s there.
+CORE_TESTS = ["tests/test_runner_contract.py", "tests/engine/test_engine_smollm2.py", "tests/models/test_families.py",
+              "--deselect",
+              "tests/engine/test_engine_smollm2.py::test_a_long_prompt_is_admitted_in_chunks_beside_running_streams"]
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
