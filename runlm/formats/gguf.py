@@ -16,7 +16,7 @@ import numpy as np
 
 from runlm.errors import ModelLoadError
 from runlm.formats import ShapeRule, WeightSource
-from runlm.native.build import BLOCK_LAYOUTS, FLOAT_KERNEL_TYPES, KERNEL_TYPES
+from runlm.native.build import BLOCK_LAYOUTS, RUN_TYPES
 
 if TYPE_CHECKING:  # the header reader imports without torch (runlm.native reads tokenizers with it)
     import torch
@@ -321,7 +321,7 @@ class _Corrupt(ValueError):
 
 
 # GGML type id -> name, for the types runlm reads (the others are looked up in the gguf package, when a file has one)
-_READ_TYPES = {type_id: name for name, type_id in {**KERNEL_TYPES, **FLOAT_KERNEL_TYPES}.items()}
+_READ_TYPES = {type_id: name for name, type_id in RUN_TYPES.items()}
 
 
 def _tensor_type(type_id: int) -> tuple[str, int, int]:

@@ -37,6 +37,8 @@ KERNEL_TYPES: dict[str, int] = {
 }
 # Float weight types the kernels run in float32 (float_gemm.h), read in the file's layout.
 FLOAT_KERNEL_TYPES: dict[str, int] = {"F32": 0, "F16": 1, "BF16": 30}
+# Every weight type the kernels run: the GGUF block types and the float types.
+RUN_TYPES: dict[str, int] = {**KERNEL_TYPES, **FLOAT_KERNEL_TYPES}
 
 QK_K = 256
 # GGUF type name -> (values per block, bytes per block), for every type runlm reads.

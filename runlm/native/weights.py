@@ -22,10 +22,8 @@ from runlm.families.config import ModelConfig, expected_shapes
 from runlm.families.spec import FamilySpec
 from runlm.formats.gguf import GGUFFile, RawTensor, gguf_name
 from runlm.native import library
-from runlm.native.build import BLOCK_LAYOUTS, FLOAT_KERNEL_TYPES, KERNEL_TYPES, X4, X4_TYPES
+from runlm.native.build import BLOCK_LAYOUTS, FLOAT_KERNEL_TYPES, KERNEL_TYPES, RUN_TYPES, X4, X4_TYPES
 
-# Every weight type the kernels run: the GGUF block types and the float types.
-RUN_TYPES = {**KERNEL_TYPES, **FLOAT_KERNEL_TYPES}
 _FLOAT_IDS = {type_id: name for name, type_id in FLOAT_KERNEL_TYPES.items()}
 # Bytes of a weight read and regrouped at a time, through one scratch buffer kept for the load.
 _CHUNK_BYTES = 4 << 20

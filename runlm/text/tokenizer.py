@@ -499,12 +499,12 @@ class Tokenizer:
                 f"unknown tokenizer.ggml.pre {pre_name!r}: runlm does not know how this vocabulary splits text "
                 f"(known: {', '.join(sorted(BPE_PRE_TYPES))})"
             )
-        vocab = dict(zip(tokens, range(len(tokens))))
-        if _outside_byte_alphabet().search("".join(tokens)):
-            # Some tokens are written as raw text: respell them the way byte-level BPE produces them.
+        outside = _outside_byte_alphabet().search
+        if not outside("".join(tokens)):
+            vocab = dict(zip(tokens, range(len(tokens))))
+        else:  # some tokens are written as raw text: respell them the way byte-level BPE produces them
             to_char, _ = _byte_alphabet()
             spelled = {byte: ord(char) for byte, char in to_char.items()}
-            outside = _outside_byte_alphabet().search
             vocab = {}
             for index, (token, kind) in enumerate(zip(tokens, types, strict=True)):
                 if kind not in (_CONTROL, _USER_DEFINED) and outside(token):
