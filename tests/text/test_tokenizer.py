@@ -313,3 +313,23 @@ def test_plain_encodes_never_see_encode_texts_modes(smollm2_gguf):
     for thread in threads:
         thread.join()
     assert wrong == []
+
+
+def test_byte_level_tokens_written_as_raw_text_are_respelled():
+    """A byte-level vocabulary whose file writes some pieces as raw text (a space, not Ġ): those are looked up as the
+    BPE spells them, while control tokens keep their text and stay matched whole."""
+    from runlm.text.tokenizer import _byte_alphabet
+
+    alphabet = list(_byte_alphabet()[0].values())
+    metadata = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": [*alphabet, "Ġa", " b", "<|end of text|>"],
+        "tokenizer.ggml.token_type": [1] * 258 + [3],
+        "tokenizer.ggml.merges": ["Ġ a", "Ġ b"],
+        "tokenizer.ggml.eos_token_id": 258,
+    }
+    tok = Tokenizer.from_gguf(metadata)
+    assert tok._backend.token_to_id("Ġb") == 257 and tok._backend.token_to_id(" b") is None
+    assert tok.encode(" a b<|end of text|>") == [256, 257, 258]
+    assert tok.decode([256, 257]) == " a b"
