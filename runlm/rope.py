@@ -20,12 +20,15 @@ ROPE_BLOCK = 1024  # positions per block of the RoPE tables
 def table_block(inv_freq: np.ndarray, first: int, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """cos and signed sin [ROPE_BLOCK, 2 * len(inv_freq)] float32 for positions first..first + ROPE_BLOCK - 1, in the
     rotate-half convention with the sign folded into sin: rotate_half(x) * sin == roll(x, D/2) * [-sin, sin].
-    `scale`: YaRN's and LongRoPE's attention factor, multiplied into both."""
+    `scale`: YaRN's and LongRoPE's attention factor, multiplied into both where a pair turns: partial RoPE's
+    pass-through pairs (frequency 0) keep their size, as in transformers and llama.cpp."""
+    inv_freq = np.asarray(inv_freq, dtype=np.float32)
     positions = np.arange(first, first + ROPE_BLOCK, dtype=np.float32)
-    angles = positions[:, None] * np.asarray(inv_freq, dtype=np.float32)[None, :]
+    angles = positions[:, None] * inv_freq[None, :]
     cos, sin = np.cos(angles), np.sin(angles)
     if scale != 1.0:
-        cos, sin = cos * np.float32(scale), sin * np.float32(scale)
+        factor = np.where(inv_freq != 0, np.float32(scale), np.float32(1))
+        cos, sin = cos * factor, sin * factor
     return np.concatenate([cos, cos], axis=1), np.concatenate([-sin, sin], axis=1)
 
 
@@ -112,19 +115,22 @@ def attention_factor(scaling: dict | None, max_position: int) -> float:
     return math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
 
 
-def rope_frequencies(config: ModelConfig, freq_factors: np.ndarray | None = None) -> list[tuple[np.ndarray, float]]:
+def rope_frequencies(config: ModelConfig, freq_factors: np.ndarray | None = None,
+                     context: int | None = None) -> list[tuple[np.ndarray, float]]:
     """Every RoPE a model's layers use, as (inverse frequencies [head dim / 2], cos / sin scale), in the order
     `rope_index` numbers them: the global one, the sliding-window layers' own base where they have one (over their own
     head size where it differs: Gemma 4), then zeros for layers without RoPE (cos 1, sin 0: the rows pass unchanged,
     bit for bit). Partial RoPE rotates the first rope_dims / 2 pairs and leaves the rest at zero frequency
     (FamilySpec.qk_rows_order puts each head's rotated values there). LongRoPE takes its long factors where the
-    model's context passes the original one. `freq_factors` (GGUF's rope_freqs) apply to the global RoPE only."""
+    context a session may reach (`context`, default the model's) passes the original one, as llama.cpp chooses by its
+    n_ctx. `freq_factors` (GGUF's rope_freqs) apply to the global RoPE only."""
+    context = context or config.max_position
     layers = range(config.num_layers)
 
     def rope(theta: float, scaling: dict | None, width: int, rotated: int,
              factors: np.ndarray | None = None) -> tuple[np.ndarray, float]:
         original = (scaling or {}).get("original_max_position_embeddings") or config.max_position
-        frequencies = inv_freq(rotated, theta, scaling, factors, long_context=config.max_position > original)
+        frequencies = inv_freq(rotated, theta, scaling, factors, long_context=context > original)
         padded = np.concatenate([frequencies, np.zeros((width - rotated) // 2, dtype=np.float32)])
         return padded, attention_factor(scaling, config.max_position)
 

@@ -2,7 +2,8 @@
 
 `ensure_shape("llama-1b", "Q4_K_M")` writes the model at F16 (F32 for norms and rope factors), streaming one
 tensor at a time to disk, then quantizes it with llama.cpp's own quantizer (`llama_model_quantize` from
-llama-cpp-python) and caches the result under `$RUNLM_HOME/shapes/`; the F16 intermediate is deleted.
+llama-cpp-python) and caches the result under `$RUNLM_HOME/shapes/`; the F16 intermediate is deleted, unless the
+shape's F16 file is cached already: then that is quantized.
 
 The numbers below are the published config.json values of each model (Hugging Face repos named in
 `Shape.source`), cross-checked by parameter count:
@@ -13,6 +14,9 @@ The numbers below are the published config.json values of each model (Hugging Fa
 | llama-3b | llama | 3072 | 28 | 24/8 | 128 | 8192 | 128,256 | yes | 5e5, llama3 (a) | 3,212,749,824 |
 | qwen3-1.7b | qwen3 | 2048 | 28 | 16/8 | 128 | 6144 | 151,936 | yes | 1e6 (q/k norms) | 1,720,574,976 |
 | gemma3-1b | gemma3 | 1152 | 26 | 4/1 | 256 | 6912 | 262,144 | yes | 1e6 global, 1e4 local | 999,885,952 |
+| qwen2.5-1.5b | qwen2 | 1536 | 28 | 12/2 | 128 | 8960 | 151,936 | yes | 1e6, QKV biases | 1,543,714,304 |
+| phi-4-mini | phi3 | 3072 | 32 | 24/8 | 128 | 8192 | 200,064 | yes | 1e4, partial, LongRoPE (i) | 3,836,021,760 |
+| gemma3-4b | gemma3 | 2560 | 34 | 8/4 | 256 | 10240 | 262,208 | yes | 1e6 linear x8 global, 1e4 local | 3,880,263,168 |
 | gpt-oss-20b-6l | gpt-oss | 2880 | 6 (d) | 64/8 | 64 | 32x2880 (e) | 201,088 | no | 1.5e5, YaRN x32 | 6.10B |
 | qwen3-30b-a3b-12l | qwen3moe | 2048 | 12 (b) | 32/4 | 128 | 128x768 (c) | 151,936 | no | 1e6 (q/k norms) | 8.10B |
 | gemma4-31b-6l | gemma4 | 5376 | 6 (f) | 32/16, 32/4 | 256, 512 | 21504 | 262,144 | yes | 1e4, 1e6 (g) | 4.34B |
@@ -40,6 +44,11 @@ a `rope_freqs` tensor of 1 for the rotated pairs and 1e30 for the rest. Final lo
 (h) Gemma 4 26B-A4B has 30 layers (numbers from its GGUF's metadata, which llama.cpp ships as
 `models/ggml-vocab-gemma-4.gguf`); its shape keeps one period of 6. Each layer has a dense MLP of 2112 and 128
 experts of 704 beside it, 8 used per token, its router on the residual with an input scale and a scale per expert.
+
+(i) Phi-4-mini turns 96 of each head's 128 values; its LongRoPE stretches 4096 positions to 131072. Fused QKV and
+gate/up projections, the short and long factors as `rope_factors_short` / `rope_factors_long` tensors and the
+attention factor sqrt(1 + ln 32 / ln 4096), as llama.cpp's converter writes them (short factors 1, long ones rising
+geometrically to 32: the real ones are learned). Qwen2.5's biases are written as zeros. Gemma 3 4B's window is 1024.
 
 Tokenizer: the real SmolLM2 GGUF's `tokenizer.ggml.*` metadata (a 49,152-token byte-level BPE, chat
 template included), padded to the shape's real vocabulary with `[PAD{i}]` tokens of type UNUSED, the way
@@ -107,6 +116,10 @@ class Shape:
     expert_ffn: int = 0
     global_head_dim: int = 0  # gemma4: the global layers' heads and KV heads (the sliding ones' are head_dim, kv_heads)
     global_kv_heads: int = 0
+    qkv_bias: bool = False  # qwen2: a bias on each of Q, K and V
+    rotary_fraction: float = 0  # phi3: the share of each head RoPE turns (0: all of it)
+    longrope_context: int = 0  # phi3: LongRoPE's original context, written with its per-frequency factors
+    rope_linear: float = 0  # gemma3 4B and up: the global layers' linear RoPE factor
     scale: float = 0.02  # standard deviation of the random matrices
 
     def is_global(self, layer: int) -> bool:
@@ -120,16 +133,26 @@ class Shape:
             yield "rope_freqs.weight", (self.head_dim // 2,)
         if self.arch == "gemma4":
             yield "rope_freqs.weight", (self.global_head_dim // 2,)
+        if self.longrope_context:
+            yield "rope_factors_long.weight", (self.rope_dims // 2,)
+            yield "rope_factors_short.weight", (self.rope_dims // 2,)
         for i in range(self.layers):
             blk = f"blk.{i}."
             wide = self.arch == "gemma4" and self.is_global(i)
             head_dim = self.global_head_dim if wide else self.head_dim
             q, kv = self.heads * head_dim, (self.global_kv_heads if wide else self.kv_heads) * head_dim
             yield blk + "attn_norm.weight", (self.hidden,)
-            yield blk + "attn_q.weight", (q, self.hidden)
-            yield blk + "attn_k.weight", (kv, self.hidden)
-            if not wide:  # Gemma 4's global layers take their values from the key projection
+            if self.arch == "phi3":  # Q, K and V as one projection
+                yield blk + "attn_qkv.weight", (q + 2 * kv, self.hidden)
+            else:
+                yield blk + "attn_q.weight", (q, self.hidden)
+                yield blk + "attn_k.weight", (kv, self.hidden)
+            if not wide and self.arch != "phi3":  # Gemma 4's global layers take their values from the key projection
                 yield blk + "attn_v.weight", (kv, self.hidden)
+            if self.qkv_bias:
+                yield blk + "attn_q.bias", (q,)
+                yield blk + "attn_k.bias", (kv,)
+                yield blk + "attn_v.bias", (kv,)
             yield blk + "attn_output.weight", (self.hidden, q)
             if self.arch in ("qwen3", "qwen3moe", "gemma3", "gemma4"):
                 yield blk + "attn_q_norm.weight", (head_dim,)
@@ -157,8 +180,11 @@ class Shape:
                 yield blk + "ffn_up_exps.weight", (self.experts, self.expert_ffn, self.hidden)
                 yield blk + "ffn_down_exps.weight", (self.experts, self.hidden, self.expert_ffn)
                 continue
-            yield blk + "ffn_gate.weight", (self.ffn, self.hidden)
-            yield blk + "ffn_up.weight", (self.ffn, self.hidden)
+            if self.arch == "phi3":  # gate and up as one projection, gate first
+                yield blk + "ffn_up.weight", (2 * self.ffn, self.hidden)
+            else:
+                yield blk + "ffn_gate.weight", (self.ffn, self.hidden)
+                yield blk + "ffn_up.weight", (self.ffn, self.hidden)
             yield blk + "ffn_down.weight", (self.hidden, self.ffn)
         yield "output_norm.weight", (self.hidden,)
         if not self.tied:
@@ -179,8 +205,13 @@ class Shape:
             yield blk + f"ffn_{part}_exps.weight", (self.experts, rows, cols)
             yield blk + f"ffn_{part}_exps.bias", (self.experts, rows)
 
+    @property
+    def rope_dims(self) -> int:
+        """How many of each head's values RoPE turns (phi3's partial rotary: 96 of Phi-4-mini's 128)."""
+        return int(self.head_dim * self.rotary_fraction) if self.rotary_fraction else self.head_dim
+
     def parameter_count(self) -> int:
-        return sum(math.prod(shape) for name, shape in self.tensors() if name != "rope_freqs.weight")
+        return sum(math.prod(shape) for name, shape in self.tensors() if not name.startswith("rope_"))
 
     def digest(self) -> str:
         """Short hash of every number and the builder version: a changed shape never reuses a stale file."""
@@ -191,7 +222,8 @@ class Shape:
 
 
 LLAMA3_2_ROPE = (32.0, 1.0, 4.0, 8192)
-_ADDED_LATER = ("global_head_dim", "global_kv_heads")  # Shape fields a digest leaves out while they are 0
+# Shape fields a digest leaves out while they are 0
+_ADDED_LATER = ("global_head_dim", "global_kv_heads", "qkv_bias", "rotary_fraction", "longrope_context", "rope_linear")
 
 SHAPES: dict[str, Shape] = {
     s.name: s
@@ -207,6 +239,15 @@ SHAPES: dict[str, Shape] = {
         Shape("gemma3-1b", "gemma3", "google/gemma-3-1b-it", hidden=1152, layers=26, heads=4, kv_heads=1,
               head_dim=256, ffn=6912, vocab=262144, context=32768, rms_eps=1e-6, rope_theta=1000000.0,
               sliding_window=512),
+        Shape("qwen2.5-1.5b", "qwen2", "Qwen/Qwen2.5-1.5B-Instruct", hidden=1536, layers=28, heads=12, kv_heads=2,
+              head_dim=128, ffn=8960, vocab=151936, context=32768, rms_eps=1e-6, rope_theta=1000000.0,
+              qkv_bias=True),
+        Shape("phi-4-mini", "phi3", "microsoft/Phi-4-mini-instruct", hidden=3072, layers=32, heads=24, kv_heads=8,
+              head_dim=128, ffn=8192, vocab=200064, context=131072, rms_eps=1e-5, rope_theta=10000.0,
+              sliding_window=262144, rotary_fraction=0.75, longrope_context=4096),
+        Shape("gemma3-4b", "gemma3", "google/gemma-3-4b-it", hidden=2560, layers=34, heads=8, kv_heads=4,
+              head_dim=256, ffn=10240, vocab=262208, context=131072, rms_eps=1e-6, rope_theta=1000000.0,
+              sliding_window=1024, rope_linear=8.0),
         Shape("gpt-oss-20b-6l", "gpt-oss", "openai/gpt-oss-20b", hidden=2880, layers=6, heads=64, kv_heads=8,
               head_dim=64, ffn=2880, vocab=201088, context=131072, rms_eps=1e-5, rope_theta=150000.0, tied=False,
               sliding_window=128, experts=32, experts_used=4, expert_ffn=2880, yarn=(32.0, 4096)),
@@ -269,18 +310,24 @@ def ensure_shape(shape: Shape | str, quant: str = "Q4_K_M", threads: int | None 
     float_type = "F32" if quant == "F32" else "F16"
     staged = target.with_name(target.name + ".partial")
     intermediate = staged if quant in FLOAT_TYPES else target.with_name(f"{target.stem}.{float_type}.partial")
+    cached_float = shape_path(shape, float_type, directory)
+    reused = quant not in FLOAT_TYPES and cached_float.is_file()
+    if reused:  # the same weights (one seed) at F16 already: quantized from there
+        intermediate = cached_float
     try:
-        if progress:
-            print(f"runlm: writing {shape.name} ({shape.parameter_count() / 1e9:.2f}B random weights) at "
-                  f"{float_type} ...", file=sys.stderr, flush=True)
-        write_shape(shape, intermediate, float_type)
+        if not reused:
+            if progress:
+                print(f"runlm: writing {shape.name} ({shape.parameter_count() / 1e9:.2f}B random weights) at "
+                      f"{float_type} ...", file=sys.stderr, flush=True)
+            write_shape(shape, intermediate, float_type)
         if quant not in FLOAT_TYPES:
             if progress:
                 print(f"runlm: quantizing to {quant} with llama.cpp's quantizer ...", file=sys.stderr, flush=True)
             quantize(intermediate, staged, ftypes[quant], threads or os.cpu_count() or 1)
         staged.replace(target)
     finally:
-        intermediate.unlink(missing_ok=True)
+        if not reused:
+            intermediate.unlink(missing_ok=True)
         staged.unlink(missing_ok=True)
     return target
 
@@ -351,6 +398,8 @@ def _tensor_values(shape: Shape, name: str, dims: tuple[int, ...], matrix_dtype,
         return np.array([1.0] * rotated + [1e30] * (shape.global_head_dim // 2 - rotated), dtype=np.float32)
     if name == "rope_freqs.weight":
         return llama3_rope_factors(shape)
+    if name == "rope_factors_long.weight":  # from 1 at the fastest frequency to the context's stretch at the slowest
+        return np.geomspace(1.0, shape.context / shape.longrope_context, dims[0]).astype(np.float32)
     if name.endswith(".bias"):
         return np.zeros(dims, dtype=np.float32)
     if len(dims) == 1:  # norms: 1, the stored multiplier (Gemma's GGUF stores 1 + w too)
@@ -395,8 +444,15 @@ def _write_metadata(writer: gguf.GGUFWriter, shape: Shape, float_type: str) -> N
     writer.add_layer_norm_rms_eps(shape.rms_eps)
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_vocab_size(shape.vocab)
-    if shape.arch == "llama":
-        writer.add_rope_dimension_count(shape.head_dim)
+    if shape.arch in ("llama", "phi3"):
+        writer.add_rope_dimension_count(shape.rope_dims)
+    if shape.longrope_context:  # as llama.cpp's converter writes Phi-3's LongRoPE (its factors are tensors)
+        writer.add_rope_scaling_orig_ctx_len(shape.longrope_context)
+        stretch = shape.context / shape.longrope_context
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(stretch) / math.log(shape.longrope_context)))
+    if shape.rope_linear:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(shape.rope_linear)
     if shape.experts:
         writer.add_expert_count(shape.experts)
         writer.add_expert_used_count(shape.experts_used)

@@ -33,9 +33,7 @@ def load_native(path: Path, kv_type: str = "auto", max_context: int | None = Non
     tokenizer = Tokenizer.from_gguf(gguf.metadata)  # before the weights: a vocabulary that does not fit fails first
     check_vocabulary(tokenizer, config.vocab_size, path)
     release_free_heap()  # the tokenizer's build scratch, before the weights come on top of it
-    model = NativeModel(gguf, kv, threads, (spec, config))
-    if max_context is not None:
-        model.context = min(model.context, max_context)
+    model = NativeModel(gguf, kv, threads, (spec, config), max_context)
     template = ChatTemplate.from_gguf(gguf.metadata)
     fmt = catalog.CATALOG[catalog_name].chat_format if catalog_name else model.spec.chat_format
     if template is None and fmt is not None:

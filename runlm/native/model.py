@@ -74,8 +74,9 @@ class NativeModel:
     """A GGUF model on the native runtime: forward passes over sessions, logits out (float32 numpy)."""
 
     def __init__(self, gguf: GGUFFile, kv_type: str = "f16", threads: int | None = None,
-                 described: tuple[FamilySpec, ModelConfig] | None = None):
-        """`described`: the file's model_config, where the caller has read it already."""
+                 described: tuple[FamilySpec, ModelConfig] | None = None, max_context: int | None = None):
+        """`described`: the file's model_config, where the caller has read it already. `max_context`: the most
+        positions a session holds, below the model's own (LongRoPE picks its factors by it, as llama.cpp does)."""
         if kv_type not in KV_TYPES:
             raise InvalidInputError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
         if build.variant() == "off":
@@ -94,7 +95,8 @@ class NativeModel:
         if kv_type == "q8_0" and any(d % Q8_0_VALUES for d in head_dims):
             raise InvalidInputError(f"kv_type q8_0 needs a head dim that is a multiple of 32, not "
                                     f"{min(d for d in head_dims if d % Q8_0_VALUES)}")
-        self.vocab_size, self.context = config.vocab_size, config.max_position
+        self.vocab_size = config.vocab_size
+        self.context = min(config.max_position, max_context or config.max_position)
         try:
             self._build(lib, WeightReader(gguf, self.spec, config))
         except NativeRefusal as exc:
@@ -109,7 +111,7 @@ class NativeModel:
         the stack points into are kept here for its life."""
         spec, config = self.spec, self.config
         freq_factors = reader.floats("rope_freqs.weight") if reader.has("rope_freqs.weight") else None
-        self.ropes = rope_frequencies(config, freq_factors)
+        self.ropes = rope_frequencies(config, freq_factors, self.context)
         self._rope_widths = [2 * len(frequencies) for frequencies, _ in self.ropes]
         self._rope_tables = [(np.empty((0, width), np.float32),) * 2 for width in self._rope_widths]
         self.stack = lib.rl_stack_new()
