@@ -96,13 +96,15 @@ inline void float_tile(const uint8_t* w, int64_t row_bytes, const float* x, int6
     }
 }
 
-// Weight rows [n, n + RW) x all M activation rows, two at a time.
+// Weight rows [n, n + RW) x all M activation rows, three at a time: a 4 x 3 tile keeps 12 sums in registers, so each
+// weight vector widened and each activation vector loaded feeds three or four multiply-adds.
 template <int64_t W, int RW>
 inline void float_rows(const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_t K, int64_t n,
                        int64_t N, float* y) {
   int64_t m = 0;
-  for (; m + 2 <= M; m += 2) float_tile<W, RW, 2>(w, row_bytes, x, K, n, m, N, y);
-  if (m < M) float_tile<W, RW, 1>(w, row_bytes, x, K, n, m, N, y);
+  for (; m + 3 <= M; m += 3) float_tile<W, RW, 3>(w, row_bytes, x, K, n, m, N, y);
+  if (M - m == 2) float_tile<W, RW, 2>(w, row_bytes, x, K, n, m, N, y);
+  if (M - m == 1) float_tile<W, RW, 1>(w, row_bytes, x, K, n, m, N, y);
 }
 
 template <int64_t W>
@@ -120,6 +122,7 @@ void float_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t 
       if (rows == 1) {
         for (; n + 4 <= n1; n += 4) float_tile<W, 4, 1>(w, row_bytes, xm, K, n, 0, N, ym);
       } else {
+        for (; n + 4 <= n1; n += 4) float_rows<W, 4>(w, row_bytes, xm, rows, K, n, N, ym);
         for (; n + 2 <= n1; n += 2) float_rows<W, 2>(w, row_bytes, xm, rows, K, n, N, ym);
       }
       for (; n < n1; ++n) float_rows<W, 1>(w, row_bytes, xm, rows, K, n, N, ym);
