@@ -64,9 +64,10 @@ BLOCK_LAYOUTS: dict[str, tuple[int, int]] = {
 # Types with the interleaved ("x4") layout (type id + X4 in kernels.cpp): same bytes, regrouped once at load so that
 # a GEMV reads one stream and decodes 4 rows' scales and 2 rows' codes per instruction (32-wide types 1.1-1.5x faster;
 # Q4_K / Q5_K ~2-2.5x at one activation row, ~1.5-2x at many; Q6_K ~1.1-1.2x; all bit-identical to the row layout).
-# Groups are 4 rows, except in an AVX-512 build: 16 rows, for the 512-bit kernels (`group_rows`).
+# Groups are 4 rows, except in an AVX-512 build: 16 rows, for the 512-bit kernels (`group_rows`). IQ4_XS has 16-row
+# groups only: its 4-row AVX2 kernel would do the row kernel's work per value, in the same instructions.
 X4 = 256  # added to a type id: the weight is in the interleaved layout (kernels.cpp's X4)
-X4_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+X4_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 # The kernels' one translation unit, and every file of it (its parts, split by concern, in runlm/native/csrc)
 SOURCE = Path(__file__).resolve().parent / "csrc" / "kernels.cpp"
 SOURCES = sorted(SOURCE.parent.glob("*.[ch]*"))

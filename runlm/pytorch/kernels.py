@@ -367,11 +367,13 @@ def group_rows(type_name: str) -> int:
 
 
 def _has_x4(type_name: str, out_features: int) -> bool:
-    """Whether a weight can take the interleaved layout: the AVX2 kernels, a type in X4_TYPES, whole groups.
+    """Whether a weight can take the interleaved layout: the AVX2 kernels, a type with groups in this build (IQ4_XS
+    has them in AVX-512 builds only), whole groups.
 
     (The layout has a portable kernel too, which rebuilds the row layout block by block: scalar builds keep the
     file's layout and its own kernel.)"""
-    return type_name in X4_TYPES and simd() and out_features % group_rows(type_name) == 0
+    group = group_rows(type_name) if simd() else 0
+    return group > 0 and out_features % group == 0
 
 
 class GGUFLinear(nn.Module):

@@ -196,7 +196,7 @@ def test_random_weights(type_name: str):
     data = weight_data(type_name, *shape, seed=1)
     module = kernel_module(type_name, data, shape)
     assert (module.in_features, module.out_features) == (512, 80)
-    assert module.x4 == (type_name in kernels.X4_TYPES and kernels.simd())
+    assert module.x4 == (kernels.simd() and kernels.group_rows(type_name) > 0)
     weight = dequantize(type_name, data, shape)
     gen = torch.Generator().manual_seed(0)
     errors = []
@@ -241,7 +241,7 @@ def test_x4_layout_matches_plain_rows(type_name: str):
     plain = kernels.gguf_linear_module(type_name, data, shape, interleave=False)
     plain.dense_min_rows = 1 << 30
     x4 = plain.interleaved()
-    if not kernels.simd():
+    if not kernels.simd() or not kernels.group_rows(type_name):  # (IQ4_XS has groups in AVX-512 builds only)
         assert x4 is plain
         return
     x4.dense_min_rows = 1 << 30
@@ -354,8 +354,8 @@ def test_decode_walk_follows_the_cpu_or_the_environment(monkeypatch: pytest.Monk
 def test_x4_load_regroups_parts_chunk_by_chunk_into_the_module(type_name: str, monkeypatch: pytest.MonkeyPatch):
     """from_parts regroups through a small scratch straight into the module's buffer: the same bytes as
     regrouping the whole stacked weight at once, whatever the chunk size."""
-    if not kernels.simd():
-        pytest.skip("no x4 layout without the SIMD kernels")
+    if not kernels.simd() or not kernels.group_rows(type_name):
+        pytest.skip(f"no x4 layout for {type_name} in this build")
     shape = (48, 512)
     data = weight_data(type_name, *shape, seed=11)
     whole = kernels.gguf_linear_module(type_name, data, shape, interleave=False)
@@ -552,7 +552,7 @@ for type_name in kernels.KERNEL_TYPES:
         t.check_against_references(module, type_name, weight, x[:rows])
         if module.x4:  # rows alike for any row count
             assert torch.equal(module(x[:rows]), single[:rows]), (type_name, rows)
-    if type_name in kernels.X4_TYPES and not module.x4:  # the x4 kernels' portable path, through the op
+    if kernels.group_rows(type_name) and not module.x4:  # the x4 kernels' portable path, through the op
         x4 = torch.ops.runlm.gguf_relayout(module.blocks, module.type_id, *shape)
         out = torch.ops.runlm.gguf_linear(x[:5], x4, module.type_id + kernels.X4, *shape)
         if type_name in expected:  # K-quants: the row layout's integer sums and float steps
@@ -578,7 +578,7 @@ def _run(code: str, env_value: str, args: Sequence[str] = (), **extra_env: str) 
 
 
 GROUPS_CASE = (32, 512)  # whole groups of 16 rows and of 4
-WIDE32_TYPES = tuple(name for name in kernels.X4_TYPES if not name.endswith("_K"))  # interleaved, 32-wide
+WIDE32_TYPES = tuple(name for name in kernels.X4_TYPES if build.BLOCK_LAYOUTS[name][0] == 32)  # interleaved, 32-wide
 
 
 def variant_case(type_name: str) -> tuple[tuple[int, int], torch.Tensor]:

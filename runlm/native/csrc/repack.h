@@ -153,6 +153,17 @@ struct X4Fields<Q8_0> : SixteenRows {
   static constexpr int N = 1 + 8;
   static constexpr std::array<Field, N> f = pieces_of_4<N>(34, 1, false);
 };
+//   IQ4_XS (2176 bytes): d[16] | scales_h[16] | scales_l [16] | 32 code pieces (qs[4p..4p+4)) [16 each]
+template <>
+struct X4Fields<IQ4_XS> : SixteenRows {
+  static constexpr int N = 3 + 32;
+  static constexpr std::array<Field, N> f = [] {
+    std::array<Field, N> fields{};
+    fields[0] = {0, 2}, fields[1] = {2, 2}, fields[2] = {4, 4};
+    for (int p = 0; p < 32; ++p) fields[3 + p] = {8 + 4 * p, 4};
+    return fields;
+  }();
+};
 #endif
 
 // The x4 layout reorders the 32 fifth bits of Q5_0 / Q5_1 so that 32-bit variable shifts put each one at bit 4 of

@@ -293,6 +293,60 @@ struct X4Layout<Q8_0> : Rows16<X4Layout<Q8_0>> {
   }
 };
 
+// IQ4_XS in 16-row groups. Piece 4c + k holds codes 4k..4k + 3 of sub-block c (low nibbles: values 32c + 4k + t,
+// high nibbles: 32c + 16 + 4k + t). A byte shuffle turns a code into its level plus 128 (the level with its sign bit
+// flipped), the unsigned operand vpdpbusd takes; each lane's sum over a sub-block starts at -128 x the activation's
+// sum over those 32 values, so it ends as the exact signed sum the row layout's kernel has, times the 6-bit scale
+// (vpmulld) into the super-block's integer sum, which goes to float in kquant_step's sequence (bit-identical).
+template <>
+struct X4Layout<IQ4_XS> : Rows16<X4Layout<IQ4_XS>> {
+  using Plain = IQ4_XS;
+  static constexpr int QK = QK_K, SIZE = Plain::SIZE, G = Plain::G, ROWS = 16;
+  static constexpr int D = 0, SH = 32, SL = 64, QS = 128;  // offsets in the 16 rows' super-block
+  using Act = AK;
+
+  static constexpr int kChains = 1;
+
+  template <int R>
+  [[gnu::always_inline]] static void block(__m512* y, const uint8_t* blk, const Act* const* a, int64_t b) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), low4 = _mm512_set1_epi32(0x0F), low2 = _mm512_set1_epi32(3);
+    const __m512i table = _mm512_xor_si512(
+        _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues))),
+        _mm512_set1_epi8(static_cast<char>(0x80)));
+    const __m512i sh = _mm512_cvtepu16_epi32(load256(blk + SH)), sl = load_ahead(blk + SL);
+    alignas(16) int16_t s32[R][8];  // each activation row's sums over the 8 sub-blocks
+    for (int r = 0; r < R; ++r)
+      _mm_store_si128(reinterpret_cast<__m128i*>(s32[r]), _mm256_castsi256_si128(sums32(a[r][b])));
+    __m512i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+    for (int c = 0; c < 8; ++c) {
+      const __m512i scale = _mm512_sub_epi32(
+          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(sl, 4 * c), low4),
+                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(sh, 2 * c), low2), 4)),
+          _mm512_set1_epi32(32));
+      __m512i lo[4], hi[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m512i v = load_ahead(blk + QS + 64 * (4 * c + k));
+        lo[k] = _mm512_shuffle_epi8(table, _mm512_and_si512(v, m4));
+        hi[k] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const int8_t* aq = a[r][b].qs + 32 * c;
+        __m512i u = _mm512_set1_epi32(-128 * s32[r][c]);
+        for (int k = 0; k < 4; ++k) {
+          u = _mm512_dpbusd_epi32(u, lo[k], bcast4(aq + 4 * k));
+          u = _mm512_dpbusd_epi32(u, hi[k], bcast4(aq + 16 + 4 * k));
+        }
+        isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(u, scale));
+      }
+    }
+    const __m512 d = f16x16(blk + D);
+    for (int r = 0; r < R; ++r) y[r] = kquant_step16(y[r], d, a[r][b].d, isum[r]);
+  }
+};
+
 // Q6_K in 16-row groups. Half h of a super-block (128 values) comes from ql pieces 16h..16h + 15 and qh pieces
 // 8h..8h + 7: value 128h + 32m + 4c + t is the low (m = 0, 1) or high (m = 2, 3) nibble of byte t of ql piece
 // 16h + 8 (m % 2) + c, with bits 2m of byte t of qh piece 8h + c above it; so codes of the 16-value sub-block
