@@ -11,9 +11,8 @@
 //
 // Work split: output rows N in parallel (parallel_for: torch's intra-op threads, or OpenMP's in the standalone
 // build); inside a thread, tiles of weight rows (~32 KiB) x up to 64 activation rows; each weight block is unpacked
-// once for up to 4 activation rows, and with 1-2 activation rows (decode) 4-2 weight rows run together so 4 accumulator chains are in flight
-// (32-wide types, 1 row: the 4 rows' integer dots are reduced into one vector, so the f16 scales, the int->float
-// conversion and the FMA run once per block for all 4).
+// once for up to 4 activation rows; with one activation row (decode) the weight rows go one after another, a
+// sequential stream per thread, and with two, two at a time.
 //
 // Ops (registered under TORCH_LIBRARY(runlm)): gguf_linear (above), gguf_dequantize (weight rows to float32),
 // gguf_dequantize_rows (chosen rows only), gguf_relayout (and gguf_relayout_into a given buffer), gguf_simd (1 if

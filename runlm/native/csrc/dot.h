@@ -310,26 +310,6 @@ template <class T, int RW, int R, class Block>
 inline void kquant_dot(const uint8_t* const* w, const AK* const* a, int64_t nb, float* out, Block block) {
   __m128 acc[RW];  // lane r: activation row r
   for (int i = 0; i < RW; ++i) acc[i] = _mm_setzero_ps();
-  if constexpr (R == 1 && RW > 1) {  // one activation row (decode): the RW weight rows' sums go to float together
-    __m128 y = _mm_setzero_ps();       // lane i: weight row i
-    for (int64_t b = 0; b < nb; ++b) {
-      __m256i sumi[RW], mins[RW];
-      for (int i = 0; i < RW; ++i) block(w[i] + b * T::SIZE, b, sumi + i, mins + i);
-      // the rows' f16 scales (built in registers: scalar stores read back as a vector would stall)
-      auto scales = [&](int at) {
-        auto h = [&](int i) { return i < RW ? f16(w[i] + b * T::SIZE + at) : 0.f; };
-        return _mm_setr_ps(h(0), h(1), h(2), h(3));
-      };
-      const __m128 da = _mm_set1_ps(a[0][b].d);
-      y = _mm_fmadd_ps(_mm_mul_ps(scales(T::D_AT), da), _mm_cvtepi32_ps(sum_each<RW>(sumi)), y);
-      if constexpr (T::kMins)
-        y = _mm_fnmadd_ps(_mm_mul_ps(scales(T::D_AT + 2), da), _mm_cvtepi32_ps(sum_each<RW>(mins)), y);
-    }
-    alignas(16) float o[4];
-    _mm_store_ps(o, y);
-    for (int i = 0; i < RW; ++i) out[i] = o[i];
-    return;
-  }
   for (int64_t b = 0; b < nb; ++b) {
     auto act = [&](int r) { return r < R ? a[r][b].d : 0.f; };
     const __m128 da = _mm_setr_ps(act(0), act(1), act(2), act(3));  // lane r: activation row r

@@ -92,13 +92,12 @@ void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1)
       activation_tiles<T, T::ROWS>(c, n, m0, m1);
     }
   } else if (m1 - m0 <= 2) {
-    // few activation rows: several weight rows at a time keep 4 accumulator chains busy
+    // few activation rows
     int64_t n = n0;
     if (m1 - m0 == 1) {
-      for (; n + 4 <= n1; n += 4) {
-        prefetch_rows(c, n, 4, end);
-        tile<T, 4, 1>(c, n, m0);
-      }
+      // a GEMV: one weight row after another, so each thread's weights come as one sequential stream the hardware
+      // prefetchers follow (4 rows side by side with a software prefetch: Qwen2.5-1.5B IQ4_XS decoded at ~20 tok/s
+      // on an EPYC Zen 4's avx2 build; one by one at ~25)
       for (; n < n1; ++n) tile<T, 1, 1>(c, n, m0);
     } else {
       for (; n + 2 <= n1; n += 2) {

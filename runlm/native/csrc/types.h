@@ -191,8 +191,9 @@ struct IQ4_XS {
     *d = f16(b), *dm = 0.f;
   }
 #if RUNLM_AVX2
-  // The 8 sub_scale values of a super-block as int16, [s0 .. s7] in each 128-bit half (so a byte shuffle can spread
-  // any one of them): a few vector operations where taking each one out in scalar code cost ten a chunk.
+  // The 8 sub_scale values of a super-block as int16, [s0 .. s7] in each 128-bit half (so an unpack and an immediate
+  // shuffle spread any one of them): a few vector operations where taking each one out in scalar code cost ten a
+  // chunk.
   static __m256i sub_scales16(const uint8_t* b) {
     uint32_t low;
     std::memcpy(&low, b + 4, 4);
@@ -207,6 +208,15 @@ struct IQ4_XS {
     // packs gives [s0..s3 s0..s3 | s4..s7 s4..s7]; quads 0 and 2 into each half
     return _mm256_permute4x64_epi64(_mm256_packs_epi32(s32, s32), _MM_SHUFFLE(2, 0, 2, 0));
   }
+  // 32-bit lane k of v in every lane (k a constant once the loop is unrolled)
+  static __m256i spread32(__m256i v, int k) {
+    switch (k) {
+      case 0: return _mm256_shuffle_epi32(v, 0x00);
+      case 1: return _mm256_shuffle_epi32(v, 0x55);
+      case 2: return _mm256_shuffle_epi32(v, 0xAA);
+      default: return _mm256_shuffle_epi32(v, 0xFF);
+    }
+  }
 #endif
   template <int RW, int R>
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
@@ -216,10 +226,13 @@ struct IQ4_XS {
       __m256i sumi[R];  // kept here, not in *sums, so it can stay in registers
       for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
       const __m256i scales = sub_scales16(blk);
+      // 32-bit lanes (s_c, s_c): c = 0..3 from the low four, 4..7 from the high four, spread by immediate shuffles
+      // (no constant per sub-block to keep in one of AVX2's 16 registers)
+      const __m256i pairs_lo = _mm256_unpacklo_epi16(scales, scales), pairs_hi = _mm256_unpackhi_epi16(scales, scales);
+#pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {
         const __m256i q = _mm256_shuffle_epi8(table, nibbles32(blk + 8 + 16 * c));
-        const __m256i spread = _mm256_set1_epi16(static_cast<int16_t>((2 * c + 1) << 8 | 2 * c));  // s_c's 2 bytes
-        const __m256i scv = _mm256_shuffle_epi8(scales, spread);
+        const __m256i scv = spread32(c < 4 ? pairs_lo : pairs_hi, c % 4);
         const __m256i mag = _mm256_sign_epi8(q, q);  // |level| <= 127: pair sums stay within int16
         for (int r = 0; r < R; ++r) {
           const __m256i av = _mm256_sign_epi8(load256(a[r][b].qs + 32 * c), q);
