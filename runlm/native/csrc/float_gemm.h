@@ -10,8 +10,7 @@
 // pairwise (0+4, 1+5, ..., then 0+2, 1+3, then 0+1) and the K % 8 tail added value by value. So a row's result does
 // not depend on M or on the rows beside it, as the block's route invariance needs. An AVX-512 build runs 16 lanes
 // (k = lane mod 16, lanes i and i + 8 added first, the K % 16 tail value by value): one 512-bit multiply-add does
-// twice the work, which 256-bit chains left undone (Qwen2.5-1.5B F16 on an EPYC Zen 4 had decoded at 0.6-0.8x
-// llama.cpp's speed); its results are its own, as fixed.
+// twice a 256-bit one's work; its results are its own, as fixed.
 
 inline bool is_float_type(int64_t type) { return type == T_F32 || type == T_F16 || type == T_BF16; }
 
@@ -36,18 +35,6 @@ inline float float_value(const uint8_t* row, int64_t k) {
 }
 
 #if RUNLM_AVX2
-template <int64_t W>
-inline __m256 float_lanes(const uint8_t* row, int64_t k) {
-  if constexpr (W == T_F32) {
-    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
-  } else if constexpr (W == T_F16) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k)));
-  } else {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
-}
-
 inline float sum_lanes(__m256 v) {
   const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // lanes i + (i + 4)
   const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));                       // then i + (i + 2)
@@ -79,7 +66,17 @@ inline float float_sum(__m512 v) {  // lanes i + (i + 8), then as sum_lanes
 using FloatVec = __m256;
 constexpr int64_t kFloatLanes = 8;
 template <int64_t W>
-inline __m256 float_vec(const uint8_t* row, int64_t k) { return float_lanes<W>(row, k); }
+inline __m256 float_vec(const uint8_t* row, int64_t k) {
+  if constexpr (W == T_F32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
+  } else if constexpr (W == T_F16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k)));
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
 inline __m256 float_load(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 float_zero() { return _mm256_setzero_ps(); }
 inline __m256 float_fma(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
