@@ -117,8 +117,8 @@ class WeightReader:
             if raw.type_name not in RUN_TYPES or len(raw.shape) != 2:
                 raise NativeRefusal(f"its tensor {raw.name!r} is stored as {raw.type_name}, which runlm's kernels do "
                                     f"not run")
-        if raws[0].type_name in FLOAT_KERNEL_TYPES and all(raw.mapped and order is None
-                                                           for raw, order in zip(raws, orders)):
+        if all(raw.type_name in FLOAT_KERNEL_TYPES and raw.mapped and order is None
+               for raw, order in zip(raws, orders)):
             # float weights are read where the file maps them: their kernels take the file's rows as they are, and a
             # copy cost a load its size in page faults (Qwen2.5-1.5B's shape at F16 on an EPYC Zen 4: 6.6 s to load
             # copied, 0.36 s mapped; decode steps 8.1 tok/s mapped against 8.9 copied, a cost kept for the load)

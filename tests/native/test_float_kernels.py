@@ -54,3 +54,38 @@ def test_each_float_weight_widens_exactly(type_name):
     one_hot = np.eye(k, dtype=np.float32)
     columns = library.linear(one_hot, blocks, FLOAT_KERNEL_TYPES[type_name], n)
     np.testing.assert_array_equal(columns.T, widened.astype(np.float32))
+
+
+def test_float_weights_are_read_in_place_and_a_quantized_one_beside_them_is_not(tmp_path):
+    """Float projections run on the file's map; stacked with a quantized one (q/k/v of mixed types), each is copied as
+    a part of its own, the quantized one regrouped as every quantized projection is, never read in place."""
+    import gguf
+
+    from runlm.formats.gguf import GGUFFile
+    from runlm.native.build import KERNEL_TYPES, X4
+    from runlm.native.weights import WeightReader
+
+    rows, cols = 32, 64
+    values = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
+    writer = gguf.GGUFWriter(str(tmp_path / "mixed.gguf"), "llama")
+    writer.add_tensor("f16.weight", values.astype(np.float16))
+    q8 = gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0)
+    writer.add_tensor("q8.weight", q8, raw_shape=q8.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    file = GGUFFile(tmp_path / "mixed.gguf")
+    reader = WeightReader.__new__(WeightReader)
+    reader.gguf, reader._scratch = file, np.empty(0, dtype=np.uint8)
+    floats = [file.raw("f16.weight"), file.raw("f16.weight")]
+    assert all(np.shares_memory(part.data, raw.data) for part, raw in zip(reader._linear(floats, [None, None]), floats))
+    mixed = reader._linear([file.raw("f16.weight"), file.raw("q8.weight")], [None, None])
+    np.testing.assert_array_equal(mixed[0].data, file.raw("f16.weight").data.view(np.uint8))
+    assert not np.shares_memory(mixed[1].data, file.raw("q8.weight").data)
+    assert mixed[1].type_id in (KERNEL_TYPES["Q8_0"], KERNEL_TYPES["Q8_0"] + X4)
+    x = np.random.default_rng(1).standard_normal((3, cols)).astype(np.float32)
+    # the interleaved layout sums a 32-wide type's blocks in another float order: equal to float rounding
+    plain = library.linear(x, file.raw("q8.weight").data, KERNEL_TYPES["Q8_0"], rows)
+    np.testing.assert_allclose(library.linear(x, mixed[1].data, mixed[1].type_id, rows), plain,
+                               rtol=0, atol=1e-6 * np.abs(plain).max())
