@@ -146,11 +146,16 @@ class WeightReader:
             rows = raw.shape[0]
             target = out[first : first + rows]
             if order is not None:  # the whole weight, its rows put back, then regrouped
-                stored = raw.read_rows(0, rows)[order]
+                if raw.mapped:  # gathered from the map in one pass (into place where nothing is regrouped)
+                    stored = np.take(raw.mapped_rows(0, rows), order, axis=0, out=None if x4 else target, mode="clip")
+                else:
+                    stored = raw.read_rows(0, rows)[order]
                 if x4:
                     library.relayout(stored, type_id, rows, cols, target)
-                else:
+                elif stored is not target:
                     target[...] = stored
+                if raw.mapped:
+                    raw.release_rows(0, rows)
             elif not x4:
                 raw.read_rows(0, rows, target)
             else:
