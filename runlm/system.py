@@ -55,6 +55,29 @@ def meminfo_bytes(field: str) -> int | None:
         return None
 
 
+HUGE_PAGE_BYTES = 2 << 20  # x86-64's and (with 4 KiB base pages) arm64's PMD size
+_HUGE_PAGE_ORDER = 9  # 2 MiB in 4 KiB pages: the buddy order a huge page is taken from
+
+
+def free_huge_page_bytes(buddyinfo: str | None = None) -> int:
+    """Bytes the kernel could hand out as 2 MiB huge pages right now without compacting memory: its free blocks of
+    2 MiB and larger, summed over every zone (/proc/buddyinfo; 0 where it cannot be read). A huge page requested
+    beyond these is made by compaction, which stalls the faulting thread (see no_numpy_huge_pages)."""
+    if buddyinfo is None:
+        try:
+            with open("/proc/buddyinfo", encoding="ascii") as handle:
+                buddyinfo = handle.read()
+        except OSError:
+            return 0
+    total = 0
+    for line in buddyinfo.splitlines():
+        counts = line.partition("zone")[2].split()[1:]  # after the zone's name: free blocks of order 0, 1, ...
+        for order, count in enumerate(counts):
+            if order >= _HUGE_PAGE_ORDER and count.isdigit():
+                total += int(count) << (order + 12)
+    return total
+
+
 def release_free_heap() -> None:
     """Give the C heap's free pages back to the OS (glibc's malloc_trim; a no-op elsewhere). Loading frees hundreds
     of MB in small pieces (the tokenizer's build, the GGUF metadata), and glibc returns only the top of its heap by

