@@ -88,7 +88,8 @@ struct X4Fields<Q6_K> : FourRows {
 // 16-row groups (the 512-bit kernels): every field cut into pieces of 4 bytes (2 for the f16 scales), each stored for
 // the 16 rows side by side, so a 512-bit load holds one piece of all 16 rows: 32-bit lane i is row i's piece.
 //   Q4_K (2304 bytes): d[16] | dmin[16] | scale words 0, 1, 2 [16 each] | 32 nibble pieces (qs[4p..4p+4)) [16 each]
-//   Q6_K (3360 bytes): 32 low-nibble pieces (ql) | 16 high-bit pieces (qh) | 4 scale pieces | d[16]
+//   Q6_K (3360 bytes): 4 scale pieces | for each quarter (half h, pieces c of 4): its 4 ql pieces of the low
+//   nibbles' values, 4 of the high nibbles', 4 qh pieces | d[16]
 struct SixteenRows {
   static constexpr int ROWS = 16, QH = -1;
 };
@@ -116,10 +117,24 @@ struct X4Fields<QK45<true>> : SixteenRows {
   static constexpr int N = 2 + 3 + 8 + 32;
   static constexpr std::array<Field, N> f = pieces_of_4<N>(176, 2, false);
 };
+// Q6_K's pieces in the order its kernel reads them (a decode GEMV then streams each super-block front to back: 1.2-1.35x
+// the plain field order's speed from memory on an EPYC Zen 4, whose prefetchers lost the four interleaved walks).
 template <>
 struct X4Fields<Q6_K> : SixteenRows {
-  static constexpr int N = 32 + 16 + 4 + 1;
-  static constexpr std::array<Field, N> f = pieces_of_4<N>(210, 0, true);
+  static constexpr int N = 4 + 32 + 16 + 1;
+  static constexpr std::array<Field, N> f = [] {
+    std::array<Field, N> fields{};
+    int k = 0;
+    for (int q = 0; q < 4; ++q) fields[k++] = {192 + 4 * q, 4};  // scales
+    for (int quarter = 0; quarter < 4; ++quarter) {  // half h = quarter / 2, pieces c = 4 (quarter % 2) .. + 3
+      const int h = quarter / 2, c0 = 4 * (quarter % 2);
+      for (int c = c0; c < c0 + 4; ++c) fields[k++] = {4 * (16 * h + c), 4};      // ql, low nibbles' values
+      for (int c = c0; c < c0 + 4; ++c) fields[k++] = {4 * (16 * h + 8 + c), 4};  // ql, high nibbles' values
+      for (int c = c0; c < c0 + 4; ++c) fields[k++] = {128 + 4 * (8 * h + c), 4};  // qh
+    }
+    fields[k] = {208, 2};  // d
+    return fields;
+  }();
 };
 // The 32-wide types: their f16 values [16 each], then pieces of 4 bytes; Q5_0 / Q5_1's fifth bits are one piece,
 // reordered as in the 4-row layout (qh_x4_bit).

@@ -356,7 +356,8 @@ template <>
 struct X4Layout<Q6_K> : Rows16<X4Layout<Q6_K>> {
   using Plain = Q6_K;
   static constexpr int QK = QK_K, SIZE = Plain::SIZE, G = Plain::G, ROWS = 16;
-  static constexpr int QL = 0, QH = 2048, SC = 3072, D = 3328;  // offsets in the 16 rows' super-block
+  // offsets in the 16 rows' super-block (repack.h): the scales, each quarter's 12 code pieces, d
+  static constexpr int SC = 0, QUARTERS = 256, QUARTER = 768, D = 3328;
   using Act = AK;
 
   // The codes' offset for sub-blocks 4q + 2k and 4q + 2k + 1 (sp: scale piece q): -32 x their scales, as int16 pairs
@@ -371,8 +372,8 @@ struct X4Layout<Q6_K> : Rows16<X4Layout<Q6_K>> {
   // The codes of pieces c of half h: q[m][col] holds value 128h + 32m + 4c + t of each row in lane byte t.
   [[gnu::always_inline]] static void codes(const uint8_t* blk, int h, int c, __m512i (&q)[4][4], int col) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    const __m512i lo = load_ahead(blk + QL + 64 * (16 * h + c)), hi = load_ahead(blk + QL + 64 * (16 * h + 8 + c));
-    const __m512i bits = load_ahead(blk + QH + 64 * (8 * h + c));
+    const uint8_t* quarter = blk + QUARTERS + QUARTER * (2 * h + c / 4) + 64 * (c % 4);
+    const __m512i lo = load_ahead(quarter), hi = load_ahead(quarter + 256), bits = load_ahead(quarter + 512);
     q[0][col] = _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_and_si512(_mm512_slli_epi16(bits, 4), m30));
     q[1][col] = _mm512_or_si512(_mm512_and_si512(hi, m4), _mm512_and_si512(_mm512_slli_epi16(bits, 2), m30));
     q[2][col] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lo, 4), m4), _mm512_and_si512(bits, m30));
