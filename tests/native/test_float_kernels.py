@@ -3,7 +3,8 @@
 * Against float64 over the widened weights: within 1e-5 relative (float32 accumulation only).
 * Each weight value widens exactly (a one-hot activation row reads one weight column back, bit for bit).
 * Route invariance: an output row is the same bits whether its activation row comes alone (a decode step's GEMV,
-  row after row or four rows side by side for long rows) or among others (a prefill tile), as the block needs.
+  four far-apart weight rows at a time and the rest one by one) or among others (a prefill tile), as the block
+  needs.
 """
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from runlm.native import library
 from runlm.native.build import FLOAT_KERNEL_TYPES
 
-# K: below one vector, several vectors with a tail, and past 4096 values (the GEMV's four-rows-at-once path)
+# K: below one vector, several vectors with a tail, and past 4096 values (a GEMV shared by threads, rows left over)
 SHAPES = [(37, 5), (37, 1000), (23, 4107)]
 ROWS = [1, 2, 3, 4, 7, 13]
 

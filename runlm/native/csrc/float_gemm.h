@@ -139,6 +139,36 @@ inline void float_tile(const uint8_t* w, int64_t row_bytes, const float* x, int6
     }
 }
 
+// A GEMV's weight rows n, n + stride, ... (kGemvStreams of them) against one activation row. A row's sum is one
+// chain of multiply-adds (the order float_tile keeps), so a row alone waits on the multiply-add's latency: AVX2 read
+// F16 at ~18 GB/s a core from cache or memory (EPYC Zen 4). Rows side by side give independent chains, and rows far
+// apart keep each a long sequential stream the prefetchers follow (4 neighbouring rows, 4 short streams, read 11-16
+// GB/s from memory): one AVX2 core 17.6 -> 33-35 GB/s from memory, two 35 -> 40-78 (AVX-512: one core 28-31 ->
+// 32-33). Each activation vector is loaded once for all of them (a down projection's 8960 values come from L2).
+constexpr int kGemvStreams = 4;
+
+template <int64_t W>
+inline void float_gemv_rows(const uint8_t* w, int64_t row_bytes, const float* x, int64_t K, int64_t n, int64_t stride,
+                            float* y) {
+#if RUNLM_AVX2
+  const int64_t body = K / kFloatLanes * kFloatLanes;
+  FloatVec acc[kGemvStreams];
+  for (int i = 0; i < kGemvStreams; ++i) acc[i] = float_zero();
+  for (int64_t k = 0; k < body; k += kFloatLanes) {
+    const FloatVec xs = float_held(x + k);
+    for (int i = 0; i < kGemvStreams; ++i)
+      acc[i] = float_fma(float_vec<W>(w + (n + i * stride) * row_bytes, k), xs, acc[i]);
+  }
+  for (int i = 0; i < kGemvStreams; ++i) {
+    float s = float_sum(acc[i]);
+    for (int64_t k = body; k < K; ++k) s += float_value<W>(w + (n + i * stride) * row_bytes, k) * x[k];
+    y[n + i * stride] = s;
+  }
+#else
+  for (int i = 0; i < kGemvStreams; ++i) float_tile<W, 1, 1>(w, row_bytes, x, K, n + i * stride, 0, 0, y);
+#endif
+}
+
 // Weight rows [n, n + RW) x all M activation rows, three at a time (six with AVX-512): a 4 x 3 tile keeps 12 sums in
 // registers, so each weight vector widened and each activation vector loaded feeds three or four multiply-adds.
 template <int64_t W, int RW>
@@ -167,12 +197,10 @@ void float_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t 
       float* ym = y + m0 * N;
       int64_t n = n0;
       if (rows == 1) {
-        // A GEMV. Where the activation row fits in half of L1, weight rows one after another: one sequential stream
-        // a thread (4 rows side by side read F16 at 27-29 GB/s on two EPYC Zen 4 cores, one at a time at 43-50).
-        // A longer one (a down projection's 8960 values) comes from L2 for each weight row, so 4 rows share each
-        // load of it: 17-22 GB/s one at a time, 32-42 four side by side.
-        if (K * static_cast<int64_t>(sizeof(float)) > (16 << 10))
-          for (; n + 4 <= n1; n += 4) float_tile<W, 4, 1>(w, row_bytes, xm, K, n, 0, N, ym);
+        // A GEMV: the thread's rows in kGemvStreams quarters, a row of each at a time (float_gemv_rows)
+        const int64_t per = (n1 - n) / kGemvStreams;
+        for (int64_t i = 0; i < per; ++i) float_gemv_rows<W>(w, row_bytes, xm, K, n + i, per, ym);
+        n += per * kGemvStreams;
         for (; n < n1; ++n) float_tile<W, 1, 1>(w, row_bytes, xm, K, n, 0, N, ym);
       } else {
         for (; n + 4 <= n1; n += 4) float_rows<W, 4>(w, row_bytes, xm, rows, K, n, N, ym);
