@@ -32,13 +32,14 @@ def load_native(path: Path, kv_type: str = "auto", max_context: int | None = Non
     spec, config = model_config(gguf)
     tokenizer = Tokenizer.from_gguf(gguf.metadata)  # before the weights: a vocabulary that does not fit fails first
     check_vocabulary(tokenizer, config.vocab_size, path)
-    release_free_heap()  # the tokenizer's build scratch, before the weights come on top of it
-    model = NativeModel(gguf, kv, threads, (spec, config), max_context)
     template = ChatTemplate.from_gguf(gguf.metadata)
-    fmt = catalog.CATALOG[catalog_name].chat_format if catalog_name else model.spec.chat_format
+    fmt = catalog.CATALOG[catalog_name].chat_format if catalog_name else spec.chat_format
     if template is None and fmt is not None:
         bos, eos = (None if i is None else tokenizer.token_str(i) for i in (tokenizer.bos_id, tokenizer.eos_id))
         template = ChatTemplate.builtin(fmt, bos, eos)
+    gguf.forget_vocabulary()
+    release_free_heap()  # the tokenizer's build scratch and the vocabulary's objects, before the weights come on top
+    model = NativeModel(gguf, kv, threads, (spec, config), max_context)
     loaded = NativeLoaded(runner=NativeRunner(model), tokenizer=tokenizer, chat_template=template, path=Path(path),
                           quantization=quantization_of(gguf), config=model.config,
                           metadata={k: v for k, v in gguf.metadata.items() if not k.startswith("tokenizer.ggml.")})

@@ -12,6 +12,7 @@ same bits.
 from __future__ import annotations
 
 import mmap
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,6 +31,11 @@ _FLOAT_IDS = {type_id: name for name, type_id in FLOAT_KERNEL_TYPES.items()}
 _CHUNK_BYTES = 4 << 20
 # Free 2 MiB blocks left to the rest of the machine when weights take huge pages.
 _HUGE_SPARE = 256 << 20
+# The smallest weight whose huge pages' making is timed (bytes), and the rate below which they are given up (bytes/s)
+_HUGE_FILL_PROBE = 8 << 20
+_HUGE_FILL_FLOOR = 2.0e9
+# madvise's MADV_POPULATE_WRITE (Linux 5.14; Python's mmap module names it from 3.13)
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 
 class NativeRefusal(ModelLoadError):
@@ -57,6 +63,7 @@ class WeightReader:
         self.gguf, self.spec, self.config = gguf, spec, config
         self.expect = expected_shapes(config, spec.qk_norm_whole)
         self._scratch = np.empty(0, dtype=np.uint8)
+        self._huge_pages = True  # while huge pages fill fast enough (see _part)
 
     def has(self, name: str) -> bool:
         return self.gguf.has(gguf_name(name, self.spec.gguf_names))
@@ -143,7 +150,12 @@ class WeightReader:
         # decoded 5-12% slower on a Xeon (1B IQ4_XS and gpt-oss-20b shapes, avx2) than the same bytes copied. (Float
         # weights are not: see _linear.)
         total = sum(raw.shape[0] for raw in raws)
-        out = weight_buffer(total, row_bytes)
+        out, huge_rate = weight_buffer(total, row_bytes, self._huge_pages)
+        if huge_rate is not None and out.nbytes >= _HUGE_FILL_PROBE:
+            # Where the kernel makes each huge page from memory its host has not backed (a VM that hands free 2 MiB
+            # blocks back to its host: 1B Q8_0 loaded in 2.5 s against 0.9 in small pages), the rest of the load
+            # goes without them.
+            self._huge_pages = huge_rate >= _HUGE_FILL_FLOOR
         first = 0
         for raw, order in zip(raws, orders):
             rows = raw.shape[0]
@@ -181,21 +193,32 @@ class WeightReader:
         return self._scratch[: rows * row_bytes].reshape(rows, row_bytes)
 
 
-def weight_buffer(rows: int, row_bytes: int) -> np.ndarray:
-    """A [rows, row_bytes] byte array for regrouped weights, in private memory of its own mapping, in transparent huge
-    pages where the kernel has free 2 MiB blocks for all of it. Decode streams every weight once a token, and from huge
-    pages it ran faster (EPYC Zen 4, 1B shapes, the same process alternating two copies of the model, both load
-    orders): Q8_0 1.09-1.24x (avx512), Q4_K_M 1.09-1.17x (avx2), 1.02-1.04x (avx512); prefill the same. Where the
-    blocks would have to be made by compaction, each first write to 2 MiB stalls (a 2-core VM filled weights at
-    ~0.3 GB/s against ~1.5 GB/s in 4 KiB pages): those buffers keep 4 KiB pages. On a VM the first touch of memory
-    the host has not backed yet costs more in huge pages (a 1B Q8_0 load 0.7-2.7 s against 0.95)."""
+def weight_buffer(rows: int, row_bytes: int, huge_pages: bool = True) -> tuple[np.ndarray, float | None]:
+    """A [rows, row_bytes] byte array for regrouped weights, in private memory of its own mapping, and the rate
+    (bytes/s) at which the kernel made its transparent huge pages where it has them, else None.
+
+    Huge pages are asked for where `huge_pages` and the kernel has free 2 MiB blocks for all of it. Decode streams
+    every weight once a token, and from huge pages it ran faster (EPYC Zen 4, 1B shapes, the same process alternating
+    two copies of the model, both load orders): Q8_0 1.09-1.24x (avx512), Q4_K_M 1.09-1.17x (avx2), 1.02-1.04x
+    (avx512); prefill the same. Where the blocks would have to be made by compaction, each first write to 2 MiB stalls
+    (a 2-core VM filled weights at ~0.3 GB/s against ~1.5 GB/s in 4 KiB pages): those buffers keep 4 KiB pages. The
+    huge pages are made up front, in one call, and timed: from memory in use before, the kernel makes them at 5-10
+    GB/s; from memory a VM's host backs only at first touch, at ~0.6 GB/s."""
     nbytes = rows * row_bytes
     if nbytes == 0:
-        return np.empty((rows, row_bytes), dtype=np.uint8)
+        return np.empty((rows, row_bytes), dtype=np.uint8), None
     mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if nbytes >= HUGE_PAGE_BYTES and hasattr(mmap, "MADV_HUGEPAGE") and free_huge_page_bytes() >= nbytes + _HUGE_SPARE:
+    rate = None
+    if (huge_pages and nbytes >= HUGE_PAGE_BYTES and hasattr(mmap, "MADV_HUGEPAGE")
+            and free_huge_page_bytes() >= nbytes + _HUGE_SPARE):
         mapping.madvise(mmap.MADV_HUGEPAGE)
-    return np.frombuffer(mapping, dtype=np.uint8).reshape(rows, row_bytes)
+        started = time.perf_counter()
+        try:
+            mapping.madvise(_MADV_POPULATE_WRITE)
+            rate = nbytes / max(time.perf_counter() - started, 1e-9)
+        except OSError:  # a kernel before 5.14: the pages come at first write
+            pass
+    return np.frombuffer(mapping, dtype=np.uint8).reshape(rows, row_bytes), rate
 
 
 def widened(stored: np.ndarray, type_name: str) -> np.ndarray:

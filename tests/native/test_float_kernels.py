@@ -78,7 +78,7 @@ def test_float_weights_are_read_in_place_and_a_quantized_one_beside_them_is_not(
     writer.close()
     file = GGUFFile(tmp_path / "mixed.gguf")
     reader = WeightReader.__new__(WeightReader)
-    reader.gguf, reader._scratch = file, np.empty(0, dtype=np.uint8)
+    reader.gguf, reader._scratch, reader._huge_pages = file, np.empty(0, dtype=np.uint8), True
     floats = [file.raw("f16.weight"), file.raw("f16.weight")]
     assert all(np.shares_memory(part.data, raw.data) for part, raw in zip(reader._linear(floats, [None, None]), floats))
     mixed = reader._linear([file.raw("f16.weight"), file.raw("q8.weight")], [None, None])
