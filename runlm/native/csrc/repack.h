@@ -117,8 +117,8 @@ struct X4Fields<QK45<true>> : SixteenRows {
   static constexpr int N = 2 + 3 + 8 + 32;
   static constexpr std::array<Field, N> f = pieces_of_4<N>(176, 2, false);
 };
-// Q6_K's pieces in the order its kernel reads them (a decode GEMV then streams each super-block front to back: 1.2-1.35x
-// the plain field order's speed from memory on an EPYC Zen 4, whose prefetchers lost the four interleaved walks).
+// Q6_K's pieces in the order its kernel reads them, so a decode GEMV streams each super-block front to back: from
+// memory 1.2-1.35x the plain field order's speed on an EPYC Zen 4, whose prefetchers lost the four interleaved walks.
 template <>
 struct X4Fields<Q6_K> : SixteenRows {
   static constexpr int N = 4 + 32 + 16 + 1;
