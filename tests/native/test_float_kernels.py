@@ -61,24 +61,15 @@ def test_float_weights_are_read_in_place_and_a_quantized_one_beside_them_is_not(
     """Float projections run on the file's map; stacked with a quantized one (q/k/v of mixed types), each is copied as
     a part of its own, the quantized one regrouped as every quantized projection is, never read in place."""
     import gguf
+    from reference.bare_weights import bare_weights
 
-    from runlm.formats.gguf import GGUFFile
     from runlm.native.build import KERNEL_TYPES, X4
-    from runlm.native.weights import WeightReader
 
     rows, cols = 32, 64
     values = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
-    writer = gguf.GGUFWriter(str(tmp_path / "mixed.gguf"), "llama")
-    writer.add_tensor("f16.weight", values.astype(np.float16))
     q8 = gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0)
-    writer.add_tensor("q8.weight", q8, raw_shape=q8.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    file = GGUFFile(tmp_path / "mixed.gguf")
-    reader = WeightReader.__new__(WeightReader)
-    reader.gguf, reader._scratch, reader._huge_pages = file, np.empty(0, dtype=np.uint8), True
+    file, reader = bare_weights(tmp_path / "mixed.gguf", {"f16.weight": values.astype(np.float16),
+                                                          "q8.weight": (q8, gguf.GGMLQuantizationType.Q8_0)})
     floats = [file.raw("f16.weight"), file.raw("f16.weight")]
     assert all(np.shares_memory(part.data, raw.data) for part, raw in zip(reader._linear(floats, [None, None]), floats))
     mixed = reader._linear([file.raw("f16.weight"), file.raw("q8.weight")], [None, None])

@@ -4,8 +4,8 @@ them fast, 4 KiB pages otherwise (runlm.native.weights.weight_buffer and WeightR
 import gguf
 import numpy as np
 import pytest
+from reference.bare_weights import bare_weights
 
-from runlm.formats.gguf import GGUFFile
 from runlm.native import weights
 
 
@@ -59,14 +59,9 @@ def test_a_load_gives_huge_pages_up_where_the_kernel_makes_them_slowly(tmp_path,
     """A VM whose host backs memory only at first touch makes huge pages at ~0.6 GB/s, 1B Q8_0 loading in 2.5 s
     against 0.9 s in small pages: after one slow weight of 8 MB or more the load asks for no more of them."""
     rows, cols = 2048, 4096  # 8.9 MB of Q8_0
-    writer = gguf.GGUFWriter(str(tmp_path / "big.gguf"), "llama")
     blocks = np.random.default_rng(0).integers(0, 256, (rows, cols // 32 * 34), dtype=np.uint8)
-    writer.add_tensor("a.weight", blocks, raw_shape=blocks.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-    writer.add_tensor("b.weight", blocks, raw_shape=blocks.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    q8 = (blocks, gguf.GGMLQuantizationType.Q8_0)
+    file, reader = bare_weights(tmp_path / "big.gguf", {"a.weight": q8, "b.weight": q8})
     asked = []
 
     def timed_buffer(rows: int, row_bytes: int, huge_pages: bool = True):
@@ -74,9 +69,6 @@ def test_a_load_gives_huge_pages_up_where_the_kernel_makes_them_slowly(tmp_path,
         return np.zeros((rows, row_bytes), dtype=np.uint8), rate if huge_pages else None
 
     monkeypatch.setattr(weights, "weight_buffer", timed_buffer)
-    file = GGUFFile(tmp_path / "big.gguf")
-    reader = weights.WeightReader.__new__(weights.WeightReader)
-    reader.gguf, reader._scratch, reader._huge_pages = file, np.empty(0, dtype=np.uint8), True
     for name in ("a.weight", "b.weight"):
         part = reader._linear([file.raw(name)], [None])[0]
         assert part.data.nbytes == file.raw(name).data.nbytes
