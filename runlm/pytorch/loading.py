@@ -144,7 +144,9 @@ def _load_gguf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | 
     config = check_config(family.config_from_gguf(gguf), str(path), "gguf", gguf.architecture)
     tokenizer = Tokenizer.from_gguf(gguf.metadata)
     check_vocabulary(tokenizer, config.vocab_size, path)
-    release_free_heap()  # the tokenizer's build scratch, before the weights come on top of it
+    chat_template = ChatTemplate.from_gguf(gguf.metadata)
+    gguf.forget_vocabulary()
+    release_free_heap()  # the tokenizer's build scratch and the vocabulary's objects, before the weights come on top
     source = GGUFSource(
         gguf,
         rename=lambda name: gguf_name(name, family.gguf_overrides),
@@ -156,7 +158,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, packed: bool, max_context: int | 
     return LoadedModel(
         runner=runner,
         tokenizer=tokenizer,
-        chat_template=ChatTemplate.from_gguf(gguf.metadata),
+        chat_template=chat_template,
         path=path,
         format="gguf",
         family_spec=family,
