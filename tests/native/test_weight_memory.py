@@ -54,6 +54,24 @@ def test_weight_buffers_ask_for_huge_pages_only_where_free_blocks_hold_them(monk
     assert not _asked_for_huge_pages(small)
 
 
+@pytest.mark.skipif(_thp_mode() not in ("madvise", "always"), reason="transparent huge pages are off or absent")
+def test_huge_pages_made_slowly_are_given_up_after_one_step(monkeypatch):
+    """Huge pages are made a step at a time: after a step made below the floor the rest of the weight goes in 4 KiB
+    pages (its own mapping's range marked MADV_NOHUGEPAGE), so a slow host costs one step, not the whole weight."""
+    monkeypatch.setattr(weights, "free_huge_page_bytes", lambda: 1 << 40)
+    step = weights._HUGE_FILL_PROBE
+    monkeypatch.setattr(weights, "_HUGE_FILL_FLOOR", float("inf"))  # every step is slow
+    slow, rate = weights.weight_buffer(3, step)
+    if rate is None:
+        pytest.skip("this kernel cannot make pages up front (MADV_POPULATE_WRITE)")
+    assert _asked_for_huge_pages(slow) and not _asked_for_huge_pages(slow[1:])
+    assert "nh" in _vma_field(slow[1:].ctypes.data, "VmFlags").split()
+    assert 0 < rate < float("inf")
+    monkeypatch.setattr(weights, "_HUGE_FILL_FLOOR", 0.0)  # every step is fast enough
+    fast, rate = weights.weight_buffer(3, step)
+    assert all(_asked_for_huge_pages(fast[i:]) for i in range(3)) and rate > 0
+
+
 @pytest.mark.parametrize("rate, later", [(0.5e9, False), (8e9, True), (None, True)])
 def test_a_load_gives_huge_pages_up_where_the_kernel_makes_them_slowly(tmp_path, monkeypatch, rate, later):
     """A VM whose host backs memory only at first touch makes huge pages at ~0.6 GB/s, 1B Q8_0 loading in 2.5 s
