@@ -41,6 +41,13 @@ def cpu_vendor() -> str:
     return _first_block("/proc/cpuinfo").get("vendor_id", "")
 
 
+def cpu_family() -> int | None:
+    """The CPU's family number as /proc/cpuinfo gives it (AMD: 23 Zen 1 / 2, 25 Zen 3 / 4, 26 Zen 5), None where
+    unknown."""
+    family = _first_block("/proc/cpuinfo").get("cpu family", "")
+    return int(family) if family.isdigit() else None
+
+
 def cpu_flags() -> str:
     """The first CPU's feature flags as /proc/cpuinfo lists them ("" where unknown; "Features" on ARM)."""
     cpu = _first_block("/proc/cpuinfo")

@@ -5,6 +5,7 @@ import platform
 
 import pytest
 
+from runlm import system
 from runlm.system import free_huge_page_bytes, release_free_heap
 
 
@@ -78,3 +79,14 @@ def test_free_huge_page_bytes_counts_free_blocks_of_2_mib_and_more():
     assert free_huge_page_bytes(BUDDYINFO) == (1 + 14 + 434) * 2 * mib + (3 + 727 + 420) * 4 * mib
     assert free_huge_page_bytes("Node 0, zone   Normal  5 5 5 5 5 5 5 5 5\n") == 0  # no order 9 listed
     assert free_huge_page_bytes("") == 0
+
+
+def test_cpu_family_reads_the_first_cpus_family_number(monkeypatch):
+    """The family number picks the decode walk on AMD (build.decode_walk_name: Zen 4 is family 25, Zen 5 26)."""
+    cpuinfo = {"vendor_id": "AuthenticAMD", "cpu family": "25", "model": "17"}
+    monkeypatch.setattr(system, "_first_block", lambda path: cpuinfo)
+    assert system.cpu_family() == 25
+    cpuinfo["cpu family"] = "unknown"
+    assert system.cpu_family() is None
+    del cpuinfo["cpu family"]  # ARM's /proc/cpuinfo names none
+    assert system.cpu_family() is None

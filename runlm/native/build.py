@@ -17,7 +17,7 @@ import os
 import platform
 from pathlib import Path
 
-from runlm.system import cpu_flags, cpu_vendor
+from runlm.system import cpu_family, cpu_flags, cpu_vendor
 
 # GGML type name -> type id (gguf.GGMLQuantizationType values), for every type the kernels implement.
 KERNEL_TYPES: dict[str, int] = {
@@ -104,15 +104,17 @@ ARM_VARIANTS: dict[str, tuple[list[str], frozenset[str]]] = {
 OTHER_VARIANTS: dict[str, list[str]] = {"native": ["-march=native"], "scalar": ["-DRUNLM_SCALAR"]}
 ENV_VAR = "RUNLM_GGUF_KERNELS"
 WALK_ENV_VAR = "RUNLM_DECODE_WALK"
-# How the interleaved kernels prefetch and walk a decode GEMV's weights: (line_ahead bytes, burst_ahead bytes,
-# groups per thread for the K-quants, for the 32-wide types); kernels.cpp's DecodeWalk has the measurements. The
-# results do not depend on it.
-DECODE_WALKS: dict[str, tuple[int, int, int, int]] = {
+# How the interleaved kernels prefetch and walk a decode GEMV's weights: (line_ahead bytes, burst distance bytes for
+# the 256-value super-blocks (K-quants, IQ4_XS), for the 32-value block types, groups per thread for the former, for
+# the latter); kernels.cpp's DecodeWalk has the measurements. The results do not depend on it.
+DECODE_WALKS: dict[str, tuple[int, int, int, int, int]] = {
     # a prefetch 2 KiB on with each weight line, two groups per thread: Intel Xeon's best
-    "line": (2048, 0, 2, 2),
+    "line": (2048, 0, 0, 2, 2),
     # that, and the super-block >= 2 KiB on, whole, before each decode step; one K-quant group per thread: AMD Zen 5's
     # for its 16-row kernels (decode_walk_name)
-    "burst": (2048, 2048, 1, 2),
+    "burst": (2048, 2048, 2048, 1, 2),
+    # the burst for the 32-value block types only: AMD Zen 4's for its 16-row kernels
+    "burst-32": (2048, 0, 2048, 2, 2),
 }
 
 # A q8_0 KV cache row: blocks of 32 values in 34 bytes (f16 scale + 32 int8), kernels.cpp's KvQ8Block.
@@ -188,7 +190,8 @@ def build_key(*extra: str) -> str:
 
 def decode_walk_name(isa: str) -> str:
     """RUNLM_DECODE_WALK where it names a walk, else the one measured best for a build for instruction set `isa` on
-    this CPU: "burst" for the 16-row kernels (AVX-512 builds) on AMD (Zen 5: 1.46-1.59x the line walk's decode), "line"
+    this CPU: for the 16-row kernels (AVX-512 builds) on AMD "burst" (Zen 5: 1.46-1.59x the line walk's decode), but
+    "burst-32" on Zen 4 (family 25: its K-quant decode 1.08-1.10x the burst walk's, Q8_0 keeping the burst); "line"
     everywhere else. The 4-row groups of the AVX2 builds decode faster on the line walk on every CPU measured: 1B
     Q4_K_M decode steps 1.09-1.19x the burst walk's on an Intel Xeon, 1.7x on an AMD EPYC Zen 1 (10.2 -> 17.5 tok/s,
     2 threads), where the burst's prefetch of each whole group before its kernel halved a GEMV's read rate."""
@@ -198,7 +201,9 @@ def decode_walk_name(isa: str) -> str:
     if asked not in ("", "auto"):
         log.warning("runlm: %s=%s is not a decode walk (%s, auto); using the CPU's", WALK_ENV_VAR, asked,
                     ", ".join(DECODE_WALKS))
-    return "burst" if isa.startswith("avx512") and cpu_vendor() == "AuthenticAMD" else "line"
+    if not isa.startswith("avx512") or cpu_vendor() != "AuthenticAMD":
+        return "line"
+    return "burst-32" if cpu_family() == 25 else "burst"
 
 
 def walks_weights(isa: str) -> bool:
@@ -212,10 +217,12 @@ def decode_walk_summary(isa: str) -> str:
     if not walks_weights(isa):
         return "none: this build has no interleaved groups"
     walk = decode_walk_name(isa)
-    line, burst, kquant_streams, wide32_streams = DECODE_WALKS[walk]
+    line, kquant_burst, wide32_burst, kquant_streams, wide32_streams = DECODE_WALKS[walk]
     how = f"a prefetch {line} B on with each weight line" if line else "no line prefetch"
-    if burst:
-        how += f", the super-block >= {burst} B on, whole, before each decode step"
+    kinds = ((kquant_burst, "K-quants"), (wide32_burst, "32-wide types"))
+    bursts = [f"{burst} B on for {kind}" for burst, kind in kinds if burst]
+    if bursts:
+        how += f", the super-block {' and '.join(bursts)}, whole, before each decode step"
     groups = f"groups per thread side by side: {kquant_streams} (K-quants), {wide32_streams} (32-wide types)"
     return f"{walk} ({how}; {groups}; {WALK_ENV_VAR}={'|'.join(DECODE_WALKS)} to choose)"
 

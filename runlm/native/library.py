@@ -35,7 +35,7 @@ _SIGNATURES = {
     "rl_group_rows": ([_i64], _i64),
     "rl_simd": ([], _i64),
     "rl_set_threads": ([ctypes.c_int], ctypes.c_int),
-    "rl_set_decode_walk": ([_i64, _i64, _i64, _i64], ctypes.c_int),
+    "rl_set_decode_walk": ([_i64, _i64, _i64, _i64, _i64], ctypes.c_int),
     "rl_linear": ([_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr], ctypes.c_int),
     "rl_dequantize_rows": ([_ptr, _i64, _i64, _i64, _PI, _i64, _ptr], ctypes.c_int),
     "rl_rms_norm": ([_ptr, _i64, _i64, _ptr, _f64, _ptr], ctypes.c_int),

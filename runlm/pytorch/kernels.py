@@ -283,7 +283,7 @@ def isa() -> str | None:
 
 
 def decode_walk() -> str | None:
-    """How the interleaved kernels walk a decode GEMV's weights in this process ("line" or "burst", `DECODE_WALKS`;
+    """How the interleaved kernels walk a decode GEMV's weights in this process (a name in `DECODE_WALKS`;
     None where the build has no interleaved groups: no kernels, or the scalar path)."""
     return _state["walk"] if build.walks_weights(isa() or "") else None  # type: ignore[return-value]
 

@@ -320,7 +320,7 @@ def test_decode_walks_give_the_same_bits(type_name: str, restore_decode_walk):
     assert module.x4
     x = torch.randn(8, shape[1], generator=torch.Generator().manual_seed(11))
     outputs = {}
-    for name, walk in {**kernels.DECODE_WALKS, "far": (8192, 8192, 2, 1)}.items():
+    for name, walk in {**kernels.DECODE_WALKS, "far": (8192, 8192, 8192, 2, 1)}.items():
         torch.ops.runlm.gguf_set_decode_walk(*walk)
         assert list(torch.ops.runlm.gguf_decode_walk()) == list(walk)
         outputs[name] = [module(x[:m]) for m in (1, 2, 3, 4, 8)]
@@ -334,7 +334,10 @@ def test_decode_walk_follows_the_cpu_or_the_environment(monkeypatch: pytest.Monk
     assert kernels.decode_walk() == (kernels.build_info()["walk"] if build.walks_weights(kernels.isa()) else None)
     monkeypatch.delenv(kernels.WALK_ENV_VAR, raising=False)
     monkeypatch.setattr(build, "cpu_vendor", lambda: "AuthenticAMD")
-    assert build.decode_walk_name("avx512-vnni") == "burst"  # the 16-row kernels on AMD
+    monkeypatch.setattr(build, "cpu_family", lambda: 26)
+    assert build.decode_walk_name("avx512-vnni") == "burst"  # the 16-row kernels on AMD Zen 5
+    monkeypatch.setattr(build, "cpu_family", lambda: 25)
+    assert build.decode_walk_name("avx512-vnni") == "burst-32"  # on Zen 4 the K-quants go without the burst
     assert build.decode_walk_name("avx2") == "line"  # the 4-row groups, whatever the vendor
     monkeypatch.setattr(build, "cpu_vendor", lambda: "GenuineIntel")
     assert build.decode_walk_name("avx512-vnni") == build.decode_walk_name("avx-vnni") == "line"
@@ -344,8 +347,9 @@ def test_decode_walk_follows_the_cpu_or_the_environment(monkeypatch: pytest.Monk
     assert build.decode_walk_name("avx2") == "line"
     assert "RUNLM_DECODE_WALK=fastest is not a decode walk" in caplog.text
     set_walk = torch.ops.runlm.gguf_set_decode_walk
-    for bad, message in (((2048, 0, 3, 2), "streams must be 1 or 2"), ((2048, 0, 2, 0), "streams must be 1 or 2"),
-                         ((100, 0, 1, 1), "multiple of 64"), ((0, -1, 1, 1), "burst_ahead must be")):
+    for bad, message in (((2048, 0, 0, 3, 2), "streams must be 1 or 2"), ((2048, 0, 0, 2, 0), "streams must be 1 or 2"),
+                         ((100, 0, 0, 1, 1), "multiple of 64"), ((0, -1, 0, 1, 1), "burst distance must be"),
+                         ((0, 0, 1 << 17, 1, 1), "burst distance must be")):
         with pytest.raises(RuntimeError, match=message):
             set_walk(*bad)
 

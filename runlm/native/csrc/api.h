@@ -178,8 +178,10 @@ int rl_set_threads(int threads) {
   });
 }
 
-int rl_set_decode_walk(int64_t line_ahead, int64_t burst_ahead, int64_t kquant_streams, int64_t wide32_streams) {
-  return guarded([&] { gguf_set_decode_walk(line_ahead, burst_ahead, kquant_streams, wide32_streams); });
+int rl_set_decode_walk(int64_t line_ahead, int64_t kquant_burst, int64_t wide32_burst, int64_t kquant_streams,
+                       int64_t wide32_streams) {
+  return guarded(
+      [&] { gguf_set_decode_walk(line_ahead, kquant_burst, wide32_burst, kquant_streams, wide32_streams); });
 }
 
 int rl_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t type, int64_t N, float* y) {
@@ -341,7 +343,8 @@ TORCH_LIBRARY(runlm, m) {
   m.def("gguf_relayout(Tensor w, int type, int out_features, int in_features) -> Tensor");
   m.def("gguf_relayout_into(Tensor w, Tensor(a!) out, int type, int out_features, int in_features) -> ()");
   m.def("gguf_simd() -> int", &gguf_simd);
-  m.def("gguf_set_decode_walk(int line_ahead, int burst_ahead, int kquant_streams, int wide32_streams) -> ()",
+  m.def("gguf_set_decode_walk(int line_ahead, int kquant_burst, int wide32_burst, int kquant_streams, "
+        "int wide32_streams) -> ()",
         &gguf_set_decode_walk);
   m.def("gguf_decode_walk() -> int[]", &gguf_decode_walk);
   m.def("gguf_group_rows(int type) -> int", &group_rows);

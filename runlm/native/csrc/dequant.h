@@ -405,18 +405,20 @@ void gguf_relayout_into(const at::Tensor& w, at::Tensor& out, int64_t type, int6
 int64_t gguf_simd() { return RUNLM_AVX2 ? 1 : 0; }
 
 // Sets the decode walk (DecodeWalk) for this process; call it before any kernel runs, not while one does.
-void gguf_set_decode_walk(int64_t line_ahead, int64_t burst_ahead, int64_t kquant_streams, int64_t wide32_streams) {
+void gguf_set_decode_walk(int64_t line_ahead, int64_t kquant_burst, int64_t wide32_burst, int64_t kquant_streams,
+                          int64_t wide32_streams) {
   RUNLM_CHECK(line_ahead >= 0 && line_ahead <= (1 << 16) && line_ahead % 64 == 0,
               "line_ahead must be a multiple of 64 bytes from 0 to 65536, got ", line_ahead);
-  RUNLM_CHECK(burst_ahead >= 0 && burst_ahead <= (1 << 16), "burst_ahead must be 0 to 65536 bytes, got ", burst_ahead);
+  for (const int64_t burst : {kquant_burst, wide32_burst})
+    RUNLM_CHECK(burst >= 0 && burst <= (1 << 16), "a burst distance must be 0 to 65536 bytes, got ", burst);
   for (const int64_t streams : {kquant_streams, wide32_streams})
     RUNLM_CHECK(streams == 1 || streams == 2, "streams must be 1 or 2, got ", streams);
-  g_walk = DecodeWalk{static_cast<int>(line_ahead), static_cast<int>(burst_ahead), static_cast<int>(kquant_streams),
-                      static_cast<int>(wide32_streams)};
+  g_walk = DecodeWalk{static_cast<int>(line_ahead), static_cast<int>(kquant_burst), static_cast<int>(wide32_burst),
+                      static_cast<int>(kquant_streams), static_cast<int>(wide32_streams)};
 }
 
 std::vector<int64_t> gguf_decode_walk() {
-  return {g_walk.line_ahead, g_walk.burst_ahead, g_walk.kquant_streams, g_walk.wide32_streams};
+  return {g_walk.line_ahead, g_walk.kquant_burst, g_walk.wide32_burst, g_walk.kquant_streams, g_walk.wide32_streams};
 }
 
 // The instruction set this build's kernels use (the extension is compiled for the CPU it runs on).

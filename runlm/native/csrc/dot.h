@@ -23,11 +23,11 @@ inline float kquant_min_step(float y, float dmin, float da, int32_t msum) {
 // How the kernels prefetch and walk a decode GEMV's weights (set once per process, gguf_set_decode_walk): the 16-row
 // kernels (AVX-512 builds), and the 4-row groups of the AVX2 builds (x4_prefetch, gemm.h's x4_stream_rows).
 // What reads DRAM fastest differs by CPU, measured on the 1B Q4_K_M shape's Q4_K / Q6_K weights with two threads:
-//  - "line" (line_ahead 2048, burst_ahead 0, streams 2 / 2): each 64-byte weight line read comes with a prefetch of the
+//  - "line" (line_ahead 2048, no bursts, streams 2 / 2): each 64-byte weight line read comes with a prefetch of the
 //    line 2 KiB on, and each thread walks two far-apart groups side by side. On an Intel Xeon (Sapphire Rapids
 //    class) the decode GEMV sequence went 22.3 -> 26.4 GB/s against a burst two super-blocks ahead (1.20x), and
 //    two streams gave another 1.06-1.20x; distances 768 B-3 KiB: 1.06-1.22x, 2 KiB best.
-//  - "burst" (line_ahead 2048, burst_ahead 2048, streams 1 / 2): before each super-block step of a decode GEMV (up
+//  - "burst" (line_ahead 2048, bursts 2048 / 2048, streams 1 / 2): before each super-block step of a decode GEMV (up
 //    to 4 activation rows), the whole first super-block at least 2 KiB on (the next one for the K-quants) is
 //    prefetched at once; one group per thread for the K-quants, two for the 32-wide types; the line prefetch stays
 //    on. On an AMD EPYC Zen 5 VM the line walk read Q4_K at ~29 GB/s and Q6_K at ~14, the burst alone at ~46-52 and
@@ -37,12 +37,20 @@ inline float kquant_min_step(float y, float dmin, float da, int32_t msum) {
 //    rounds); SmolLM2 and Gemma 3 270M: noise. The line prefetch is what the tiles of more rows need from DRAM: a
 //    step of 8 sequences (1B Q4_K_M) ran 0.62-0.66x without it, 1.01x with it; with it, one-row decode ran 1.03x
 //    the burst alone.
+//  - "burst-32" (the burst for the 32-value block types only, the line walk for the K-quants and IQ4_XS): on an AMD
+//    EPYC Zen 4 VM (family 25), decode steps alternating with the burst walk in one process (5 rounds each), 1B
+//    Q4_K_M 1.08x (1.07-1.10), Qwen2.5-1.5B Q4_K_M 1.09-1.10x, Phi-4-mini Q4_K_M 1.08-1.09x, Qwen2.5-1.5B IQ4_XS
+//    1.08x, where the line walk took 1B Q8_0 to 0.84x the burst's.
 // The results are the same bits whatever the walk (prefetches only; every group's sums in one order).
 struct DecodeWalk {
-  int line_ahead = 2048;  // bytes on from each weight line read to the line prefetched with it (0: none)
-  int burst_ahead = 0;    // bytes on from each step to the super-block prefetched whole before it (0: none)
+  int line_ahead = 2048;   // bytes on from each weight line read to the line prefetched with it (0: none)
+  int kquant_burst = 0;    // bytes on from each step to the super-block prefetched whole before it (0: none), for the
+                           // 256-value super-blocks (K-quants, IQ4_XS)
+  int wide32_burst = 0;    // ... for the 32-value block types
   int kquant_streams = 2;  // groups each thread walks side by side (1 or 2): K-quants (256-value super-blocks)
   int wide32_streams = 2;  // ... the 32-value block types
+  // the burst distance of a type whose blocks hold qk values
+  int burst_for(int qk) const { return qk == 32 ? wide32_burst : kquant_burst; }
 };
 DecodeWalk g_walk;
 
@@ -169,8 +177,8 @@ inline __m256i load256(const void* p) { return _mm256_loadu_si256(reinterpret_ca
 // what took a decode GEMV from ~14 to ~25 GB/s on the 2-core EPYC Zen 3 against no software prefetch; on an EPYC
 // Zen 1 the line walk read 1.5-1.9x faster than it (2 threads, 18 MB Q4_K / Q6_K / Q8_0 GEMVs), so the 4-row builds
 // take the line walk on every CPU (build.decode_walk_name).
-inline void x4_prefetch(const uint8_t* blk, int bytes) {
-  if (g_walk.burst_ahead || !g_walk.line_ahead) return;
+inline void x4_prefetch(const uint8_t* blk, int bytes, int qk) {
+  if (g_walk.burst_for(qk) || !g_walk.line_ahead) return;
   const char* ahead = reinterpret_cast<const char*>(blk + g_walk.line_ahead);
   for (int o = 0; o < bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
 }

@@ -88,7 +88,7 @@ void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1)
     for (int64_t n = n0; n < n1; n += T::ROWS) {
       // (16-row groups, up to 74 KB, are prefetched by their kernels a few super-blocks ahead instead; 4-row groups
       // too, on the line walk: x4_prefetch)
-      if (m0 == 0 && T::ROWS == 4 && g_walk.burst_ahead) prefetch_rows(c, n, T::ROWS, end);
+      if (m0 == 0 && T::ROWS == 4 && g_walk.burst_for(T::QK)) prefetch_rows(c, n, T::ROWS, end);
       activation_tiles<T, T::ROWS>(c, n, m0, m1);
     }
   } else if (m1 - m0 <= 2) {

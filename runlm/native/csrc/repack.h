@@ -275,7 +275,7 @@ struct X4Layout {
     }
     const uint8_t* blk = w[0];
     for (int64_t b = 0; b < nb; ++b, blk += 4 * SIZE) {
-      x4_prefetch(blk, 4 * SIZE);
+      x4_prefetch(blk, 4 * SIZE, QK);
       __m256i lo01, hi01, lo23, hi23;
       if constexpr (kQ8) {
         lo01 = load256(blk + F::QS), lo23 = load256(blk + F::QS + 32);
@@ -488,7 +488,7 @@ struct X4Layout<Q4_K> {
     for (int r = 0; r < R; ++r) y[r] = _mm_setzero_ps();
     const uint8_t* blk = w[0];
     for (int64_t b = 0; b < nb; ++b, blk += 4 * SIZE) {
-      x4_prefetch(blk, 4 * SIZE);
+      x4_prefetch(blk, 4 * SIZE, QK);
       const K4X4Block kb(blk, SC);
       __m256i acc[R];
       for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
@@ -569,7 +569,7 @@ struct X4Layout<Q5_K> {
     for (int r = 0; r < R; ++r) y[r] = _mm_setzero_ps();
     const uint8_t* blk = w[0];
     for (int64_t b = 0; b < nb; ++b, blk += 4 * SIZE) {
-      x4_prefetch(blk, 4 * SIZE);
+      x4_prefetch(blk, 4 * SIZE, QK);
       const K4X4Block kb(blk, SC);
       __m256i hb[4];  // fifth bits of elements 8k..8k + 7 (bit 2j: sub-block 2j, bit 2j + 1: sub-block 2j + 1)
       for (int k = 0; k < 4; ++k) hb[k] = load256(blk + QH + 32 * k);
@@ -651,7 +651,7 @@ struct X4Layout<Q6_K> {
     for (int r = 0; r < R; ++r) y[r] = _mm_setzero_ps();
     const uint8_t* blk = w[0];
     for (int64_t b = 0; b < nb; ++b, blk += 4 * SIZE) {
-      x4_prefetch(blk, 4 * SIZE);
+      x4_prefetch(blk, 4 * SIZE, QK);
       __m256i acc[2][R];  // [pair][activation row]: lanes [row x 4 | row + 1 x 4]
 #pragma GCC unroll 2
       for (int p = 0; p < 2; ++p) {  // rows 2p, 2p + 1

@@ -29,11 +29,12 @@ inline __m512i load_ahead(const uint8_t* p) {
   return load512(p);
 }
 
-// The burst walk's prefetch: all of the first 16-row super-block at least g_walk.burst_ahead bytes after blk (of
-// `size` bytes): the next one for the K-quants, a few on for the 32-wide types' small blocks.
-inline void prefetch_burst(const uint8_t* blk, int size) {
-  if (!g_walk.burst_ahead) return;
-  const uint8_t* p = blk + (g_walk.burst_ahead + size - 1) / size * size;
+// The burst walk's prefetch: all of the first 16-row super-block at least the walk's burst distance for blocks of qk
+// values after blk (of `size` bytes): the next one for the K-quants, a few on for the 32-wide types' small blocks.
+inline void prefetch_burst(const uint8_t* blk, int size, int qk) {
+  const int ahead = g_walk.burst_for(qk);
+  if (!ahead) return;
+  const uint8_t* p = blk + (ahead + size - 1) / size * size;
   for (int o = 0; o < size; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
 }
 
@@ -68,7 +69,7 @@ inline void dot16(const uint8_t* const* g, const typename L::Act* const* a, int6
 #pragma GCC unroll 1  // one copy of the (large) step: S inlined copies ran slower
     for (int s = 0; s < S; ++s) {
       const uint8_t* blk = g[s] + b * 16 * L::SIZE;
-      if constexpr (kDecode) prefetch_burst(blk, 16 * L::SIZE);
+      if constexpr (kDecode) prefetch_burst(blk, 16 * L::SIZE, L::QK);
       L::template block<R>(acc[s], blk, a, b);
     }
   }
