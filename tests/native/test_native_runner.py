@@ -156,7 +156,7 @@ def test_a_broken_library_under_runlms_home_is_built_again(tmp_path):
     import sys
 
     code = """
-import importlib.util, shutil
+import importlib.util, os, shutil
 from runlm.native import library
 from runlm.native import build
 installed = importlib.util.find_spec(f"runlm.native._kernels_{build.variant()}").origin
@@ -165,7 +165,11 @@ path.parent.mkdir(parents=True)
 path.write_bytes(open(installed, "rb").read()[:4096])  # a build cut short
 built = []
 library.installed_library = lambda: None
-library._compile = lambda target: (built.append(target), shutil.copy(installed, target))
+def fake_compile(target):  # as _compile does: a new file put in place whole (a loaded library is never written over)
+    built.append(target)
+    shutil.copy(installed, target.with_suffix(".new"))
+    os.replace(target.with_suffix(".new"), target)
+library._compile = fake_compile
 assert library.library().rl_isa() and built == [path], built
 print("rebuilt")
 """
