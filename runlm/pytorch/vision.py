@@ -497,7 +497,7 @@ def multimodal_ids(tokenizer, prompt: str, mm_tokens: int,
                    encode: Callable[[str], list[int]] | None = None) -> tuple[list[int], torch.Tensor]:
     """Token ids of the expanded prompt and their image groups (-1 for text, else the image's index).
     `encode` (text -> ids with the model's BOS) replaces the tokenizer's encoding of the expanded prompt."""
-    if tokenizer.backend.token_to_id(SOFT) is None or tokenizer.backend.token_to_id(BOI) is None:
+    if tokenizer.token_to_id(SOFT) is None or tokenizer.token_to_id(BOI) is None:
         raise TokenizerError(f"the tokenizer has no {BOI} / {SOFT} tokens: it is not a Gemma 3 vision tokenizer")
     bos_text = tokenizer.token_str(tokenizer.bos_id) if tokenizer.bos_id is not None else None
     text = expand_prompt(prompt, mm_tokens, bos_text)
@@ -512,7 +512,7 @@ def multimodal_ids(tokenizer, prompt: str, mm_tokens: int,
 
 def image_groups(tokenizer, ids: Sequence[int], mm_tokens: int) -> torch.Tensor:
     """Each position's image (-1 for text, else the image's index); the ids must hold one image's soft tokens."""
-    soft_id = tokenizer.backend.token_to_id(SOFT)
+    soft_id = tokenizer.token_to_id(SOFT)
     is_image = torch.tensor([i == soft_id for i in ids], dtype=torch.bool)
     if int(is_image.sum()) != mm_tokens:
         raise TokenizerError(f"the tokenizer does not keep {SOFT} whole: expected {mm_tokens} soft tokens")

@@ -197,7 +197,7 @@ def json_grammar(state: ServerState, schema: Any) -> GrammarConstraint:
 def special_markers(state: ServerState, markers: tuple[str, ...]) -> set[str]:
     """Which of a format's markers are special tokens in the model's vocabulary."""
     tok = state.tokenizer
-    return {marker for marker in markers if tok.backend.token_to_id(marker) in tok.special_ids}
+    return {marker for marker in markers if tok.token_to_id(marker) in tok.special_ids}
 
 
 def forced_call_grammar(state: ServerState, tools: ToolPlan, template: Any) -> GrammarConstraint:

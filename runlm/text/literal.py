@@ -31,8 +31,7 @@ class LiteralSpecials:
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
-        backend = tokenizer.backend
-        specials = {t.content: (i, t) for i, t in backend.get_added_tokens_decoder().items() if t.special}
+        specials = {t.content: (i, t) for i, t in tokenizer.added_tokens().items() if t.special}
         self._ids = {text: i for text, (i, _) in specials.items()}
         texts = sorted(specials, key=len, reverse=True)  # longest first: a leftmost-longest match, as tokenizers'
         self._hide = {text: chr(PLACEHOLDER_BASE + n) for n, text in enumerate(texts)}

@@ -8,8 +8,10 @@ builds, so ids match the reference tokenizer of the model family.
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import json
+import logging
 import os
 import pickle
 import re
@@ -25,10 +27,13 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 from tokenizers import Tokenizer as _Backend
 
 from runlm.catalog import runlm_home
-from runlm.errors import TokenizerError
+from runlm.errors import RunlmError, TokenizerError
 from runlm.formats.gguf import GGUFFile
 from runlm.system import collection_paused
 from runlm.text.fim import FIM_ROLES, FimTokens, fim_tokens, find_fim_ids
+from runlm.text.spm import PREFIX_EACH_PIECE, PREFIX_FIRST_PIECE, PREFIX_NONE, SpmEncoder
+
+log = logging.getLogger(__name__)
 
 # llama.cpp token types (gguf.TokenType)
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
@@ -238,6 +243,48 @@ def _spm_style(metadata: Mapping[str, Any]) -> tuple[bool, bool]:
     return gemma, bool(metadata.get("tokenizer.ggml.add_space_prefix", not gemma))
 
 
+def _spm_pieces(metadata: Mapping[str, Any], tokens: list[str]) -> list[str]:
+    """A SentencePiece vocabulary's pieces as the model looks them up: Gemma stores its runs of spaces as real spaces,
+    and its model spells them with ▁."""
+    if not _spm_style(metadata)[0]:
+        return tokens
+    return ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
+
+
+def _native_sentencepiece(metadata: Mapping[str, Any], tokens: list[str], types: list[int]) -> SpmEncoder | None:
+    """The SentencePiece vocabulary encoded by the native library (runlm.text.spm), or None where the `tokenizers`
+    route takes it: a file that lists its merges, or no library to run it."""
+    if isinstance(metadata.get("tokenizer.ggml.merges"), list) and metadata["tokenizer.ggml.merges"]:
+        return None
+    gemma, add_prefix = _spm_style(metadata)
+    scores = metadata.get("tokenizer.ggml.scores")
+    if gemma or not isinstance(scores, list) or len(scores) != len(tokens):
+        ranking = -np.arange(len(tokens), dtype=np.float64)  # Gemma's file order is its merge order
+    else:
+        ranking = np.asarray(scores, dtype=np.float64)
+    if gemma:  # GemmaTokenizer's normalizer puts ▁ before every piece of text between added tokens
+        prefix = PREFIX_EACH_PIECE if add_prefix else PREFIX_NONE
+    else:  # LlamaTokenizer's Metaspace only before the start of the text
+        prefix = PREFIX_FIRST_PIECE if add_prefix else PREFIX_NONE
+    try:
+        spm = SpmEncoder(_spm_pieces(metadata, tokens), ranking, prefix=prefix,
+                         strip_one_space=add_prefix and not gemma)
+    except (RunlmError, OSError) as exc:
+        log.debug("SentencePiece vocabulary left to the tokenizers library: %s", exc)
+        return None
+    # the added tokens in the file's spelling: a respelled space run is a piece, and no text spells it with ▁
+
+    def own(ids: list[int]) -> list[bool]:
+        return [owned if spm.pieces[i] == tokens[i] else spm.piece_id(tokens[i]) == i
+                for i, owned in zip(ids, spm.own_ids(ids), strict=True)]
+
+    spm.add_tokens(_gguf_added_tokens(metadata, tokens, types, own))
+    unk_id = metadata.get("tokenizer.ggml.unknown_token_id")
+    spm.set_unknown(spm.piece_id(spm.pieces[unk_id]) if isinstance(unk_id, int) and 0 <= unk_id < len(tokens)
+                    else None)
+    return spm
+
+
 def _cached_merges(
     metadata: Mapping[str, Any],
     tokens: list[str],
@@ -378,12 +425,14 @@ def _never_prepending(pre: pre_tokenizers.PreTokenizer | None) -> pre_tokenizers
 class Tokenizer:
     """Text <-> token ids for one model, with its BOS/EOS conventions and end-of-turn tokens.
 
-    Build it with `from_gguf` or `from_hf_dir`; the constructor takes an assembled backend.
+    Build it with `from_gguf` or `from_hf_dir`; the constructor takes an assembled `tokenizers` backend, or a
+    SentencePiece vocabulary the native library encodes (`spm`) with a function that builds the backend should a caller
+    ask for one.
     """
 
     def __init__(
         self,
-        backend: _Backend,
+        backend: _Backend | Callable[[], _Backend],
         *,
         bos_id: int | None,
         eos_id: int | None,
@@ -393,25 +442,36 @@ class Tokenizer:
         byte_mode: str = "byte_level",
         strip_mode: tuple[str, int] = ("none", 0),
         fim_declared: Mapping[str, Any] | None = None,
+        spm: SpmEncoder | None = None,
     ):
-        backend.no_truncation()
-        backend.no_padding()
-        self._backend = backend
-        self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        self._spm = spm
+        self._backend: _Backend | None = None
+        self._make_backend: Callable[[], _Backend] | None = None
+        self._backend_made = threading.Lock()
+        if spm is None:
+            assert isinstance(backend, _Backend)
+            self._set_backend(backend)
+            self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+            added_texts = {i: (t.content, t.special) for i, t in backend.get_added_tokens_decoder().items()}
+            self._pre_after_special = _never_prepending(backend.pre_tokenizer)
+        else:
+            self._make_backend = backend
+            self.vocab_size = spm.vocab_size
+            added_texts = spm.added
+            self._pre_after_special = None
         self.bos_id = bos_id if bos_id is not None and 0 <= bos_id < self.vocab_size else None
         self.eos_id = eos_id if eos_id is not None and 0 <= eos_id < self.vocab_size else None
         self.add_bos = bool(add_bos) and self.bos_id is not None
         self.add_eos = bool(add_eos) and self.eos_id is not None
-        added = backend.get_added_tokens_decoder()
-        self.special_ids: frozenset[int] = frozenset(i for i, t in added.items() if t.special)
+        self.special_ids: frozenset[int] = frozenset(i for i, (_, special) in added_texts.items() if special)
         stops = {i for i in extra_stop_ids if 0 <= i < self.vocab_size}
         if self.eos_id is not None:
             stops.add(self.eos_id)
         # control or user-defined tokens (added ones, never pieces of text), as llama.cpp takes them
-        specials = {text: i for text in EOG_TOKEN_TEXTS if (i := backend.token_to_id(text)) in added}
+        specials = {text: i for text in EOG_TOKEN_TEXTS if (i := self.token_to_id(text)) in added_texts}
         if "<|return|>" in specials and "<|call|>" in specials:  # harmony: <|end|> ends a message, not the turn
             specials.pop("<|end|>", None)
-            stops.discard(backend.token_to_id("<|end|>"))
+            stops.discard(self.token_to_id("<|end|>"))
         stops.update(specials.values())
         self.stop_ids: frozenset[int] = frozenset(stops)
         # How one token's text becomes bytes, mirroring the decoder (see token_to_bytes).
@@ -421,10 +481,14 @@ class Tokenizer:
         self.strip_mode = strip_mode
         self._bytes_cache: dict[int, bytes] = {}
         self._modes = _EncodeModes()
-        self._pre_after_special = _never_prepending(backend.pre_tokenizer)
         # Fill-in-the-middle roles -> ids: as the file declares them, else found by token text (runlm.text.fim).
-        self.fim_ids: dict[str, int] = find_fim_ids(fim_declared or {}, backend.token_to_id, self.vocab_size)
-        self.fim: FimTokens | None = fim_tokens(self.fim_ids, backend.token_to_id)
+        self.fim_ids: dict[str, int] = find_fim_ids(fim_declared or {}, self.token_to_id, self.vocab_size)
+        self.fim: FimTokens | None = fim_tokens(self.fim_ids, self.token_to_id)
+
+    def _set_backend(self, backend: _Backend) -> None:
+        backend.no_truncation()
+        backend.no_padding()
+        self._backend = backend
 
     # ------------------------------------------------------------------ constructors
 
@@ -440,6 +504,7 @@ class Tokenizer:
     def _from_gguf(cls, metadata: Mapping[str, Any]) -> Tokenizer:
         _check_gguf_tokenizer_types(metadata)
         model = metadata.get("tokenizer.ggml.model")
+        spm: SpmEncoder | None = None
         tokens = metadata.get("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens:
             raise TokenizerError("GGUF metadata has no tokenizer.ggml.tokens vocabulary")
@@ -454,7 +519,11 @@ class Tokenizer:
             backend = cls._gguf_gemma4(metadata, tokens, types)
             default_add_bos, byte_mode, strip_mode = True, "spm", ("none", 0)
         elif model == "llama":
-            backend = cls._gguf_sentencepiece(metadata, tokens, types)
+            spm = _native_sentencepiece(metadata, tokens, types)
+            if spm is not None:  # the `tokenizers` backend only where a caller asks for it
+                backend = functools.partial(cls._gguf_sentencepiece, metadata, tokens, types)
+            else:
+                backend = cls._gguf_sentencepiece(metadata, tokens, types)
             gemma, add_prefix = _spm_style(metadata)
             # llama-style decoding drops the dummy prefix the encoder adds (see _gguf_sentencepiece)
             strip_mode = ("string", 1) if add_prefix and not gemma else ("none", 0)
@@ -487,6 +556,7 @@ class Tokenizer:
             byte_mode=byte_mode,
             strip_mode=strip_mode,
             fim_declared=fim,
+            spm=spm,
         )
 
     @staticmethod
@@ -538,9 +608,7 @@ class Tokenizer:
         """SentencePiece BPE (Llama 2, Mistral, Gemma...): vocabulary + scores, byte fallback, ▁ for spaces."""
         gemma, add_prefix = _spm_style(metadata)
         original = tokens
-        if gemma:
-            # Gemma stores its runs of spaces as real spaces; the model looks them up spelled with ▁.
-            tokens = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
+        tokens = _spm_pieces(metadata, tokens)
         vocab = {token: index for index, token in enumerate(tokens)}
         raw_merges = metadata.get("tokenizer.ggml.merges")
         if isinstance(raw_merges, list) and raw_merges:
@@ -672,8 +740,29 @@ class Tokenizer:
 
     @property
     def backend(self) -> _Backend:
-        """The underlying `tokenizers.Tokenizer` (for batch work or inspection)."""
+        """The `tokenizers.Tokenizer` that encodes as this one does (for batch work or inspection); built on first use
+        where the native library encodes."""
+        if self._backend is None:
+            with self._backend_made:
+                if self._backend is None:
+                    assert self._make_backend is not None
+                    with collection_paused():
+                        self._set_backend(self._make_backend())
+        assert self._backend is not None
         return self._backend
+
+    def token_to_id(self, text: str) -> int | None:
+        """The id of an added token or vocabulary piece spelled `text`, or None."""
+        if self._spm is not None:
+            return self._spm.token_to_id(text)
+        return self.backend.token_to_id(text)
+
+    def added_tokens(self) -> dict[int, AddedToken]:
+        """The tokens matched whole in text (special or not), by id."""
+        if self._spm is not None:
+            return {i: AddedToken(text, special=special, normalized=False) for i, (text, special) in
+                    self._spm.added.items()}
+        return self.backend.get_added_tokens_decoder()
 
     def encode(self, text: str, add_bos: bool | None = None, add_eos: bool | None = None) -> list[int]:
         """Token ids of `text`; special tokens written in the text (`<|im_start|>`) become their ids.
@@ -682,10 +771,13 @@ class Tokenizer:
         """
         if not isinstance(text, str):
             raise TokenizerError(f"encode() takes a str, got {type(text).__name__}")
-        # encode_batch, not encode: the same ids, but it lets go of the GIL while it works (a megabyte of text
-        # takes 0.3 s), so a server's event loop keeps answering while a worker thread tokenizes.
-        with self._modes.shared():
-            ids = self._backend.encode_batch([text], add_special_tokens=False)[0].ids
+        if self._spm is not None:
+            ids = self._spm.encode(text)
+        else:
+            # encode_batch, not encode: the same ids, but it lets go of the GIL while it works (a megabyte of text
+            # takes 0.3 s), so a server's event loop keeps answering while a worker thread tokenizes.
+            with self._modes.shared():
+                ids = self.backend.encode_batch([text], add_special_tokens=False)[0].ids
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             ids.insert(0, self.bos_id)
         if (self.add_eos if add_eos is None else add_eos) and self.eos_id is not None:
@@ -699,7 +791,9 @@ class Tokenizer:
         so no second copy of a large vocabulary is held for it."""
         if not isinstance(text, str):
             raise TokenizerError(f"encode_text() takes a str, got {type(text).__name__}")
-        backend = self._backend
+        if self._spm is not None:
+            return self._spm.encode(text, specials_as_text=True, after_special=after_special)
+        backend = self.backend
         swap = after_special and self._pre_after_special is not None
         with self._modes.alone():
             plain_pre, plain_specials = backend.pre_tokenizer, backend.encode_special_tokens
@@ -715,9 +809,10 @@ class Tokenizer:
 
     def encode_with_post_processor(self, text: str) -> tuple[list[int], list[int]]:
         """The backend's own ids of `text` without and with its post-processor's special tokens."""
+        backend = self.backend
         with self._modes.shared():
-            return (self._backend.encode(text, add_special_tokens=False).ids,
-                    self._backend.encode(text, add_special_tokens=True).ids)
+            return (backend.encode(text, add_special_tokens=False).ids,
+                    backend.encode(text, add_special_tokens=True).ids)
 
     def encode_prompt(self, text: str) -> list[int]:
         """Ids of a prompt: the model's BOS convention, but never a second BOS when the text
@@ -730,12 +825,14 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         """The text of `ids`; special tokens are written out unless `skip_special`."""
         checked = self._check_ids(ids)
-        return self._backend.decode(checked, skip_special_tokens=skip_special)
+        if self._spm is not None:
+            return self._spm.decode(checked, skip_special)
+        return self.backend.decode(checked, skip_special_tokens=skip_special)
 
     def token_str(self, token_id: int) -> str:
         """The vocabulary's spelling of a token ('Ġhello', '▁hello', '<0x0A>', '<|im_end|>')."""
         (token_id,) = self._check_ids([token_id])
-        text = self._backend.id_to_token(token_id)
+        text = self._spm.id_to_token(token_id) if self._spm is not None else self.backend.id_to_token(token_id)
         if text is None:
             raise TokenizerError(f"token id {token_id} has no entry in the vocabulary")
         return text
@@ -764,7 +861,7 @@ class Tokenizer:
             match = _BYTE_TOKEN.fullmatch(token)
             data = bytes([int(match.group(1), 16)]) if match else token.replace("▁", " ").encode("utf-8")
         else:
-            data = self._backend.decode([token_id], skip_special_tokens=False).encode("utf-8")
+            data = self.decode([token_id]).encode("utf-8")
         self._bytes_cache[token_id] = data
         return data
 
@@ -785,24 +882,32 @@ class Tokenizer:
         )
 
 
-def _add_gguf_special_tokens(
-    backend: _Backend, metadata: Mapping[str, Any], tokens: list[str], types: list[int], vocab: Mapping[str, int]
-) -> None:
-    """Register control tokens as special and user-defined ones as plain added tokens, so both are
-    matched whole in text (llama.cpp does the same); without this `<|im_start|>` is cut into pieces."""
-    specials = {i for i, kind in enumerate(types) if kind == _CONTROL}
+def _gguf_added_tokens(
+    metadata: Mapping[str, Any], tokens: list[str], types: list[int], own: Callable[[list[int]], Iterable[bool]]
+) -> dict[int, tuple[str, bool]]:
+    """The tokens matched whole in text, id -> (text, special): control tokens special, user-defined ones plain
+    (llama.cpp does the same; without this `<|im_start|>` is cut into pieces). A token counts where the vocabulary
+    finds its text at its id (`own` says which of some ids do)."""
+    marked = [i for i, kind in enumerate(types) if kind == _CONTROL or kind == _USER_DEFINED]
+    specials = {i for i in marked if types[i] == _CONTROL}
     for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
         value = metadata.get(f"tokenizer.ggml.{key}")
         if isinstance(value, int) and 0 <= value < len(tokens):
             specials.add(value)
-    control = [
-        AddedToken(tokens[i], special=True, normalized=False) for i in sorted(specials) if vocab.get(tokens[i]) == i
-    ]
-    user = [
-        AddedToken(token, special=False, normalized=False)
-        for i, (token, kind) in enumerate(zip(tokens, types, strict=True))
-        if kind == _USER_DEFINED and vocab.get(token) == i
-    ]
+    control = sorted(specials)
+    user = [i for i in marked if types[i] == _USER_DEFINED and i not in specials]
+    added = {i: (tokens[i], True) for i, owned in zip(control, own(control), strict=True) if owned}
+    added.update((i, (tokens[i], False)) for i, owned in zip(user, own(user), strict=True) if owned)
+    return added
+
+
+def _add_gguf_special_tokens(
+    backend: _Backend, metadata: Mapping[str, Any], tokens: list[str], types: list[int], vocab: Mapping[str, int]
+) -> None:
+    """Register the file's added tokens (_gguf_added_tokens) with the backend."""
+    added = _gguf_added_tokens(metadata, tokens, types, lambda ids: [vocab.get(tokens[i]) == i for i in ids])
+    control = [AddedToken(text, special=True, normalized=False) for text, special in added.values() if special]
+    user = [AddedToken(text, special=False, normalized=False) for text, special in added.values() if not special]
     if control:
         backend.add_special_tokens(control)
     if user:

@@ -101,7 +101,7 @@ def _tokenizer(specials: list[str], eos: str) -> Tokenizer:
 
 def test_in_a_harmony_vocabulary_end_closes_a_message_and_return_and_call_end_the_turn():
     harmony = _tokenizer(["<|start|>", "<|end|>", "<|return|>", "<|call|>"], "<|end|>")
-    ids = {text: harmony.backend.token_to_id(text) for text in ("<|end|>", "<|return|>", "<|call|>")}
+    ids = {text: harmony.token_to_id(text) for text in ("<|end|>", "<|return|>", "<|call|>")}
     assert harmony.stop_ids == {ids["<|return|>"], ids["<|call|>"]}
     phi = _tokenizer(["<|end|>", "<|user|>"], "<|user|>")  # elsewhere <|end|> ends the turn
     assert phi.backend.token_to_id("<|end|>") in phi.stop_ids

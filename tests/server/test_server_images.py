@@ -161,12 +161,12 @@ def test_image_prompt_text_cannot_forge_markers_unless_allowed(vision_loaded, sp
         honest = prompt_ids("Describe it.")
         if specials_in_content:  # the old way: the forged turn is real (and forged image tokens would be refused)
             forged = prompt_ids(FORGED.split("<start_of_image>")[0])
-            im_start = tok.backend.token_to_id("<|im_start|>")
+            im_start = tok.token_to_id("<|im_start|>")
             assert forged.count(im_start) == honest.count(im_start) + 1
             return
         forged = prompt_ids(FORGED)
         assert [i for i in forged if tok.is_special(i)] == [i for i in honest if tok.is_special(i)]
-        assert forged.count(tok.backend.token_to_id("<image_soft_token>")) == MM_TOKENS  # the one real image
+        assert forged.count(tok.token_to_id("<image_soft_token>")) == MM_TOKENS  # the one real image
         # the same text, the image expanded where the server put it and the forged strings spelled out
         rendered = vision_loaded.chat_template.render([{"role": "user", "content": "<start_of_image>\n" + FORGED}],
                                                        add_generation_prompt=True)

@@ -54,7 +54,7 @@ def test_forged_markers_in_content_stay_text(model):
     assert len([i for i in forged_plain if tok.is_special(i)]) > len(markers)  # the old way: forged ones too
     assert tok.decode(ids) == template.render(chat)  # the same text, the forged markers spelled out
     for text in ("<|im_end|>", "<|im_start|>", "<end_of_turn>", "<start_of_turn>"):
-        real = tok.backend.token_to_id(text)
+        real = tok.token_to_id(text)
         if real is not None and tok.is_special(real):
             assert tok.decode(ids).count(text) > sum(1 for i in ids if i == real)  # some of it is text
 

@@ -1,8 +1,8 @@
 // runlm's kernels: GGUF-block matrix products, the interleaved weight layouts, attention, KV cache formats and
-// whole transformer blocks for the CPU. One translation unit, split by concern into the parts below (each part's first
-// line says what it holds); common.h's opening comment describes the scheme. Two builds: with -DRUNLM_STANDALONE a
-// plain C library (the native runtime: api.h's C interface, one library per instruction-set variant), else the
-// PyTorch extension (runlm.quant.kernels: api.h's ops).
+// whole transformer blocks for the CPU, and the native tokenizer's encoder. One translation unit, split by concern
+// into the parts below (each part's first line says what it holds); common.h's opening comment describes the
+// scheme. Two builds: with -DRUNLM_STANDALONE a plain C library (the native runtime: api.h's C interface, one library
+// per instruction-set variant), else the PyTorch extension (runlm.quant.kernels: api.h's ops).
 #include "common.h"
 #include "act_quant.h"
 #include "dot.h"
@@ -17,3 +17,4 @@
 #include "moe.h"
 #include "block.h"
 #include "api.h"
+#include "tokenizer.h"

@@ -1,0 +1,172 @@
+"""SentencePiece BPE (GGUF's 'llama' tokenizer model) encoded by the native library (csrc/tokenizer.h).
+
+A GGUF SentencePiece vocabulary has pieces and scores but no merges; the `tokenizers` library needs the merge list they
+imply, and building it with its tables took Gemma 3's 262k pieces most of a second, more than the rest of a model's
+load. The native encoder ranks a pair when it meets it, from the same keys the merge list is sorted by, and gives the
+`tokenizers` backend's ids (tests/text compares them); its tables take a few milliseconds to build.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from runlm.errors import TokenizerError
+
+META = "▁"  # U+2581, SentencePiece's space
+PREFIX_NONE, PREFIX_EACH_PIECE, PREFIX_FIRST_PIECE = 0, 1, 2  # the dummy prefix rule (tokenizer.h's SpmPrefix)
+_SPECIALS_AS_TEXT, _AFTER_SPECIAL = 1, 2
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+class SpmEncoder:
+    """One SentencePiece vocabulary: the native encoder, with its added tokens (matched whole in text) and unknown
+    piece, and the decoder.
+
+    `pieces` as the model spells them (a space run respelled with ▁ where the model does), `scores` the ranking of the
+    merge that makes each piece (higher merges first), `prefix` the dummy prefix rule, `strip_one_space` whether
+    decoding drops the space that prefix reads as.
+    """
+
+    def __init__(self, pieces: Sequence[str], scores: np.ndarray, *, prefix: int, strip_one_space: bool):
+        from runlm.native.library import library  # the kernels' library: loaded by the native runtime anyway
+
+        self._lib = library()
+        scores = np.nan_to_num(np.ascontiguousarray(scores, dtype=np.float64), nan=-np.inf)
+        if scores.shape != (len(pieces),):
+            raise TokenizerError(f"{scores.size} scores for {len(pieces)} pieces")
+        try:
+            blob = ("\0".join(pieces) + "\0").encode("utf-8", "surrogatepass")
+        except UnicodeEncodeError as exc:
+            raise TokenizerError(f"a piece of the vocabulary is not text: {exc}") from None
+        handle = self._lib.rl_spm_new(blob, len(blob), len(pieces), scores.ctypes.data, prefix)
+        if not handle:  # a piece holding a NUL, say: the caller takes the `tokenizers` route
+            raise TokenizerError(self._lib.rl_last_error().decode(errors="replace"))
+        self._handle = ctypes.c_void_p(handle)
+        self._free = self._lib.rl_spm_free
+        self.pieces = pieces
+        self.strip_one_space = strip_one_space
+        # a repeated piece answers to its last id only, as in `tokenizers`' vocabulary
+        self.vocab_size: int = self._lib.rl_spm_size(self._handle)
+        self.hidden_ids: frozenset[int] = frozenset()
+        if self.vocab_size != len(pieces):
+            last = {piece: index for index, piece in enumerate(pieces)}
+            self.hidden_ids = frozenset(range(len(pieces))) - frozenset(last.values())
+        self.added: dict[int, tuple[str, bool]] = {}
+        self.added_ids: dict[str, int] = {}
+
+    def add_tokens(self, added: Mapping[int, tuple[str, bool]]) -> None:
+        """Tokens matched whole in text, id -> (text, special); a special one is read as text where asked."""
+        for token_id, (text, special) in added.items():
+            data = text.encode("utf-8", "surrogatepass")
+            self._check(self._lib.rl_spm_add_token(self._handle, data, len(data), token_id, int(special)))
+            self.added[token_id] = (text, special)
+            self.added_ids[text] = token_id
+
+    def set_unknown(self, unknown_id: int | None) -> None:
+        """The piece a character gets that neither the vocabulary nor its byte pieces spell (None: it is dropped)."""
+        self._check(self._lib.rl_spm_set_unknown(self._handle, -1 if unknown_id is None else unknown_id))
+
+    def __del__(self) -> None:
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle:
+            self._free(handle)
+
+    def _check(self, rc: int) -> None:
+        if rc != 0:
+            raise TokenizerError(self._lib.rl_last_error().decode(errors="replace"))
+
+    def encode(self, text: str, *, specials_as_text: bool = False, after_special: bool = False) -> list[int]:
+        """Ids of `text`; the native call lets go of the GIL, as `tokenizers`' encode_batch does."""
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise TokenizerError(f"the text is not valid Unicode: {exc}") from None
+        flags = (_SPECIALS_AS_TEXT if specials_as_text else 0) | (_AFTER_SPECIAL if after_special else 0)
+        count = ctypes.c_int64(0)
+        room = len(data) + 16
+        while True:
+            out = np.empty(room, dtype=np.int32)
+            self._check(self._lib.rl_spm_encode(self._handle, data, len(data), flags, out.ctypes.data, room,
+                                                ctypes.byref(count)))
+            if count.value <= room:
+                return out[: count.value].tolist()
+            room = count.value
+
+    def piece_id(self, text: str) -> int | None:
+        """The id of the piece spelled `text` (its last where pieces repeat), or None."""
+        data = text.encode("utf-8", "surrogatepass")
+        found = self._lib.rl_spm_piece_id(self._handle, data, len(data))
+        return found if found >= 0 else None
+
+    def own_ids(self, ids: Sequence[int]) -> list[bool]:
+        """For each id, whether the vocabulary finds that piece's spelling at it (not at a later repeat)."""
+        ids_array = np.ascontiguousarray(ids, dtype=np.int64)
+        out = np.zeros(len(ids_array), dtype=np.uint8)
+        self._check(self._lib.rl_spm_own_ids(self._handle, ids_array.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
+                                             len(ids_array), out.ctypes.data))
+        return out.astype(bool).tolist()
+
+    def token_to_id(self, text: str) -> int | None:
+        """An added token's id, else the piece's."""
+        found = self.added_ids.get(text)
+        return found if found is not None else self.piece_id(text)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """An added token's text, else the piece's spelling; None for a repeated piece's earlier ids."""
+        added = self.added.get(token_id)
+        if added is not None:
+            return added[0]
+        return None if token_id in self.hidden_ids else self.pieces[token_id]
+
+    def decode(self, ids: Iterable[int], skip_special: bool) -> str:
+        added, pieces, hidden = self.added, self.pieces, self.hidden_ids
+        tokens = []
+        for token_id in ids:
+            text, special = added.get(token_id, (None, False))
+            if text is not None:
+                if not (skip_special and special):
+                    tokens.append(text)
+            elif token_id not in hidden:
+                tokens.append(pieces[token_id])
+        return decode_pieces(tokens, self.strip_one_space)
+
+
+def _byte_piece(token: str) -> int | None:
+    """The byte a <0xNN> piece stands for (the `tokenizers` ByteFallback decoder's reading of one), else None."""
+    if len(token) != 6 or not token.startswith("<0x") or token[5] != ">":
+        return None
+    digits = token[3:5]
+    if all(c in _HEX for c in digits) or (digits[0] == "+" and digits[1] in _HEX):
+        return int(digits, 16)
+    return None
+
+
+def decode_pieces(tokens: Iterable[str], strip_one_space: bool) -> str:
+    """Text of SentencePiece token spellings: ▁ read as a space, runs of <0xNN> pieces as UTF-8 (a run that is not
+    valid UTF-8 gives one U+FFFD per byte), then one leading space dropped where the encoder added a dummy prefix."""
+    parts: list[str] = []
+    pending = bytearray()
+    for token in tokens:
+        token = token.replace(META, " ")
+        byte = _byte_piece(token)
+        if byte is not None:
+            pending.append(byte)
+            continue
+        if pending:
+            parts.append(_bytes_text(pending))
+            pending.clear()
+        parts.append(token)
+    if pending:
+        parts.append(_bytes_text(pending))
+    text = "".join(parts)
+    return text[1:] if strip_one_space and text.startswith(" ") else text
+
+
+def _bytes_text(data: bytearray) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "\ufffd" * len(data)
