@@ -46,7 +46,7 @@ class SpmEncoder:
             raise TokenizerError(self._lib.rl_last_error().decode(errors="replace"))
         self._handle = ctypes.c_void_p(handle)
         self._free = self._lib.rl_spm_free
-        self.pieces = pieces
+        self.size = len(pieces)  # the spellings stay in the library only: a Python list of Gemma's took 20 MB
         self.strip_one_space = strip_one_space
         # a repeated piece answers to its last id only, as in `tokenizers`' vocabulary
         self.vocab_size: int = self._lib.rl_spm_size(self._handle)
@@ -109,6 +109,19 @@ class SpmEncoder:
                                              len(ids_array), out.ctypes.data))
         return out.astype(bool).tolist()
 
+    def spellings(self, ids: Sequence[int]) -> list[str]:
+        """The pieces' spellings."""
+        ids_array = np.ascontiguousarray(ids, dtype=np.int64)
+        size = ctypes.c_int64(0)
+        room = 16 * len(ids_array) + 64
+        while True:
+            out = ctypes.create_string_buffer(room)
+            self._check(self._lib.rl_spm_pieces(self._handle, ids_array.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
+                                                len(ids_array), out, room, ctypes.byref(size)))
+            if size.value <= room:
+                return out.raw[: size.value].decode("utf-8", "surrogatepass").split("\0")[:-1]
+            room = size.value
+
     def token_to_id(self, text: str) -> int | None:
         """An added token's id, else the piece's."""
         found = self.added_ids.get(text)
@@ -119,19 +132,13 @@ class SpmEncoder:
         added = self.added.get(token_id)
         if added is not None:
             return added[0]
-        return None if token_id in self.hidden_ids else self.pieces[token_id]
+        return None if token_id in self.hidden_ids else self.spellings([token_id])[0]
 
     def decode(self, ids: Iterable[int], skip_special: bool) -> str:
-        added, pieces, hidden = self.added, self.pieces, self.hidden_ids
-        tokens = []
-        for token_id in ids:
-            text, special = added.get(token_id, (None, False))
-            if text is not None:
-                if not (skip_special and special):
-                    tokens.append(text)
-            elif token_id not in hidden:
-                tokens.append(pieces[token_id])
-        return decode_pieces(tokens, self.strip_one_space)
+        added, hidden = self.added, self.hidden_ids
+        kept = [i for i in ids if i not in hidden and not (skip_special and added.get(i, ("", False))[1])]
+        spelled = iter(self.spellings([i for i in kept if i not in added]))
+        return decode_pieces((added[i][0] if i in added else next(spelled) for i in kept), self.strip_one_space)
 
 
 def _byte_piece(token: str) -> int | None:

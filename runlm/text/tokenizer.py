@@ -266,21 +266,21 @@ def _native_sentencepiece(metadata: Mapping[str, Any], tokens: list[str], types:
         prefix = PREFIX_EACH_PIECE if add_prefix else PREFIX_NONE
     else:  # LlamaTokenizer's Metaspace only before the start of the text
         prefix = PREFIX_FIRST_PIECE if add_prefix else PREFIX_NONE
+    pieces = _spm_pieces(metadata, tokens)
     try:
-        spm = SpmEncoder(_spm_pieces(metadata, tokens), ranking, prefix=prefix,
-                         strip_one_space=add_prefix and not gemma)
+        spm = SpmEncoder(pieces, ranking, prefix=prefix, strip_one_space=add_prefix and not gemma)
     except (RunlmError, OSError) as exc:
         log.debug("SentencePiece vocabulary left to the tokenizers library: %s", exc)
         return None
     # the added tokens in the file's spelling: a respelled space run is a piece, and no text spells it with ▁
 
     def own(ids: list[int]) -> list[bool]:
-        return [owned if spm.pieces[i] == tokens[i] else spm.piece_id(tokens[i]) == i
+        return [owned if pieces[i] == tokens[i] else spm.piece_id(tokens[i]) == i
                 for i, owned in zip(ids, spm.own_ids(ids), strict=True)]
 
     spm.add_tokens(_gguf_added_tokens(metadata, tokens, types, own))
     unk_id = metadata.get("tokenizer.ggml.unknown_token_id")
-    spm.set_unknown(spm.piece_id(spm.pieces[unk_id]) if isinstance(unk_id, int) and 0 <= unk_id < len(tokens)
+    spm.set_unknown(spm.piece_id(pieces[unk_id]) if isinstance(unk_id, int) and 0 <= unk_id < len(tokens)
                     else None)
     return spm
 
