@@ -104,6 +104,15 @@ def test_bench_kernels_times_each_weight_type(smollm2_gguf, capsys):
     assert all(float(row[5]) > 0 and float(row[6]) > 0 for row in rows)
 
 
+def test_token_latencies_share_a_steps_wait_among_its_tokens():
+    """Tokens that arrive together (a verified draft) each get their share of the wait before them, not a gap of 0."""
+    from runlm.bench.streams import token_latencies
+
+    times = [0.0, 0.010, 0.030, 0.030 + 1e-6, 0.030 + 2e-6, 0.050]
+    assert token_latencies(times) == pytest.approx([0.010, 0.020 / 3, 0.020 / 3, 0.020 / 3, 0.020], abs=1e-5)
+    assert token_latencies([1.0]) == [] and token_latencies([]) == []
+
+
 def test_bench_streams_reports_batching_admission_serving_and_routes(smollm2_gguf, capsys):
     """The engine bench (`--streams`): its table, the long-prompt admission line, served vs direct and the
     route-invariance line, with numbers in them (the procedure; the speed is the README's table)."""
