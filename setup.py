@@ -2,6 +2,7 @@
 library, once per instruction-set variant (runlm.native.build.variants; the one the CPU runs is chosen at run time).
 Everything else about the package is in pyproject.toml."""
 
+import copy
 import os
 import sys
 
@@ -22,8 +23,13 @@ class BuildKernels(build_ext):
             self.parallel = min(4, os.cpu_count() or 1)
 
     def build_extension(self, ext):
+        # Every variant compiles the one kernels.cpp, and two variants built at once would write one object file (a
+        # link that fails on the other's half-written object, or one variant's code in another's library): each
+        # builds in a folder of its own, on a copy of this command (the variants build on threads of one command).
+        own = copy.copy(self)
+        own.build_temp = os.path.join(self.build_temp, ext.name.rsplit(".", 1)[-1])
         try:
-            super().build_extension(ext)
+            build_ext.build_extension(own, ext)
         except Exception as exc:  # noqa: BLE001  a compiler error of one variant
             print(f"runlm: not building {ext.name} ({exc}); it is compiled at first use where needed",
                   file=sys.stderr)

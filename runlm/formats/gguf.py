@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
 import mmap
 import os
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from runlm.errors import ModelLoadError
+from runlm.errors import ModelLoadError, RunlmError
 from runlm.formats import ShapeRule, WeightSource
 from runlm.native.build import BLOCK_LAYOUTS, RUN_TYPES
 
@@ -348,31 +349,50 @@ def _tensor_type(type_id: int) -> tuple[str, int, int]:
     return qtype.name, *GGML_QUANT_SIZES[qtype]
 
 
-def _read_strings(buf: np.ndarray, at: int, count: int) -> tuple[list[str], int]:
-    """A string array of `count` items at byte `at` (a vocabulary: 262k strings) and where it ends. Python walks only
-    the length prefixes; numpy turns each prefix's last byte into a NUL and drops the other seven, so one decode and
-    one split make every string (a string that holds a NUL itself sends the array through slices one by one)."""
-    mem, unpack_u64, starts, start = memoryview(buf), _U64.unpack_from, [0] * count, at
+def _string_starts(buf: np.ndarray, at: int, count: int) -> tuple[np.ndarray, int]:
+    """Where each of `count` strings from byte `at` starts, and where the last ends (past the buffer's end where one
+    runs past it): walked by the kernels' library where the install built it (Gemma 3's 262k: 2 ms, not 60)."""
+    starts = np.empty(count, dtype=np.int64)
+    try:
+        from runlm.native import library
+
+        lib = library.library(build_missing=False)
+    except (RunlmError, OSError):
+        lib = None
+    if lib is not None and count:
+        end = lib.rl_gguf_string_starts(library.address(buf), len(buf), at, count,
+                                        starts.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)))
+        return starts, end if end >= 0 else len(buf) + 1
+    mem, unpack_u64 = memoryview(buf), _U64.unpack_from
     try:
         for i in range(count):
             starts[i] = at
             at += 8 + unpack_u64(mem, at)[0]
     except (struct.error, OverflowError):  # a length that runs past the end of the map, or past 2^63
         at = len(buf) + 1
+    return starts, at
+
+
+def _read_strings(buf: np.ndarray, at: int, count: int) -> tuple[list[str], int]:
+    """A string array of `count` items at byte `at` (a vocabulary: 262k strings) and where it ends. Python walks only
+    the length prefixes; numpy turns each prefix's last byte into a NUL and drops the other seven, so one decode and
+    one split make every string (a string that holds a NUL itself sends the array through slices one by one)."""
+    mem, start = memoryview(buf), at
+    starts, at = _string_starts(buf, at, count)
     if at > len(buf):
         raise _Corrupt(f"an array of {count} strings at byte {start} runs past the end of the file")
     if count == 0:
         return [], at
     region = buf[start:at].copy()
-    prefixes = np.asarray(starts, dtype=np.int64) - start
+    prefixes = starts - start
     keep = np.ones(len(region), dtype=bool)
     keep[(prefixes[:, None] + np.arange(7)).ravel()] = False
     region[prefixes + 7] = 0
     items = region[keep].tobytes().decode("utf-8", "replace").split("\0")[1:]
     if len(items) == count:
         return items, at
-    ends = [*starts[1:], at]
-    return [str(mem[s + 8 : e], "utf-8", "replace") for s, e in zip(starts, ends, strict=True)], at
+    ends = [*starts[1:].tolist(), at]
+    return [str(mem[s + 8 : e], "utf-8", "replace") for s, e in zip(starts.tolist(), ends, strict=True)], at
 
 
 def _parse(buf: np.ndarray) -> tuple[dict[str, Any], dict[str, _TensorInfo]]:

@@ -43,6 +43,7 @@ _SIGNATURES = {
     "rl_stack_new": ([], _ptr),
     "rl_stack_free": ([_ptr], None),
     "rl_stack_add_block": ([_ptr, ctypes.c_void_p], ctypes.c_int),
+    "rl_gguf_string_starts": ([_ptr, _i64, _i64, _i64, _PI], _i64),
     "rl_spm_new": ([ctypes.c_char_p, _i64, _i64, _ptr, _i64], _ptr),
     "rl_spm_add_token": ([_ptr, ctypes.c_char_p, _i64, _i64, _i64], ctypes.c_int),
     "rl_spm_set_unknown": ([_ptr, _i64], ctypes.c_int),
@@ -168,14 +169,18 @@ def _built_library() -> ctypes.CDLL:
     raise ModelLoadError(f"runlm's kernels: {path} does not load after building it again")
 
 
-def library() -> ctypes.CDLL:
-    """The standalone kernels, built on first use; the decode walk and its signatures set."""
+def library(build_missing: bool = True) -> ctypes.CDLL:
+    """The standalone kernels, built on first use (ModelLoadError where `build_missing` is false and the install built
+    none); the decode walk and its signatures set."""
     global _library
     with _lock:
         if _library is None:
             if build.variant() == "off":
                 raise ModelLoadError(f"the native runtime needs runlm's C++ kernels, which {build.ENV_VAR}=0 turns off")
-            lib = installed_library() or _built_library()
+            lib = installed_library()
+            if lib is None and not build_missing:
+                raise ModelLoadError("runlm's kernels: the install built none for this CPU")
+            lib = lib or _built_library()
             for name, (args, result) in _SIGNATURES.items():
                 function = getattr(lib, name)
                 function.argtypes, function.restype = args, result

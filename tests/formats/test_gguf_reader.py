@@ -86,3 +86,36 @@ def test_type_table_matches_the_gguf_package():
         reference = GGMLQuantizationType(type_id)
         assert _tensor_type(type_id) == (reference.name, *GGML_QUANT_SIZES[reference])
     assert _tensor_type(16) == ("IQ2_XXS", *GGML_QUANT_SIZES[GGMLQuantizationType.IQ2_XXS])  # one runlm does not run
+
+
+def test_string_walk_of_the_kernels_library_and_of_python_agree(tmp_path, smollm2_gguf, monkeypatch):
+    """The header's string arrays are walked by the kernels' library where the install built it, else in Python:
+    the same metadata from a whole file, the same error from one whose vocabulary runs past its end (a length forged
+    past 2^63 among them)."""
+    from runlm.formats import gguf as gguf_module
+    from runlm.native import library
+
+    data = smollm2_gguf.read_bytes()
+    at = data.index(b"tokenizer.ggml.tokens") + len(b"tokenizer.ggml.tokens") + 4 + 4 + 8  # type, item type, count
+    forged = tmp_path / "forged.gguf"
+    forged.write_bytes(data[:at] + (2**63 + 5).to_bytes(8, "little") + data[at + 8 :])
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:at + 50_000])
+
+    def outcomes() -> list[object]:
+        found: list[object] = [GGUFFile(smollm2_gguf).metadata]
+        for broken in (forged, cut):
+            with pytest.raises(ModelLoadError, match="corrupt or truncated") as caught:
+                GGUFFile(broken)
+            found.append(str(caught.value))
+        return found
+
+    assert library.library(build_missing=False) is not None  # the install built it: the first route is the library's
+    natively = outcomes()
+
+    def no_library(build_missing: bool = True):
+        raise ModelLoadError("no kernels here")
+
+    monkeypatch.setattr(library, "library", no_library)
+    assert outcomes() == natively
+    assert natively[0]["tokenizer.ggml.tokens"][:3] == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

@@ -1,4 +1,5 @@
-// runlm kernels: SentencePiece BPE encoding for the native runtime's tokenizer (runlm.text.spm).
+// runlm kernels: SentencePiece BPE encoding for the native runtime's tokenizer (runlm.text.spm), and the walk over a
+// GGUF vocabulary's string lengths (runlm.formats.gguf).
 // A part of kernels.cpp's one translation unit, included in order (the C library build only).
 //
 // GGUF's 'llama' tokenizer model stores pieces and scores, no merges. runlm.text.tokenizer turns them into the merge
@@ -332,6 +333,20 @@ int rl_spm_encode(void* handle, const char* text, int64_t bytes, int64_t flags, 
     *count = static_cast<int64_t>(ids.size());
     if (*count <= cap) std::copy(ids.begin(), ids.end(), out);
   });
+}
+
+// Where each of `count` GGUF strings (a u64 byte length, then the bytes) starts, the first at byte `at` of a buffer of
+// `size` bytes: starts[i] (the length's offset); returns where the last one ends, or -1 where one runs past the end.
+int64_t rl_gguf_string_starts(const uint8_t* buf, int64_t size, int64_t at, int64_t count, int64_t* starts) {
+  for (int64_t i = 0; i < count; ++i) {
+    if (at < 0 || size - at < 8) return -1;
+    uint64_t length;
+    std::memcpy(&length, buf + at, 8);
+    if (length > static_cast<uint64_t>(size - at - 8)) return -1;
+    starts[i] = at;
+    at += 8 + static_cast<int64_t>(length);
+  }
+  return at;
 }
 
 }  // extern "C"
