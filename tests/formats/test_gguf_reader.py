@@ -92,7 +92,6 @@ def test_string_walk_of_the_kernels_library_and_of_python_agree(tmp_path, smollm
     """The header's string arrays are walked by the kernels' library where the install built it, else in Python:
     the same metadata from a whole file, the same error from one whose vocabulary runs past its end (a length forged
     past 2^63 among them)."""
-    from runlm.formats import gguf as gguf_module
     from runlm.native import library
 
     data = smollm2_gguf.read_bytes()
