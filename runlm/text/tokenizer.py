@@ -888,7 +888,8 @@ def _gguf_added_tokens(
     """The tokens matched whole in text, id -> (text, special): control tokens special, user-defined ones plain
     (llama.cpp does the same; without this `<|im_start|>` is cut into pieces). A token counts where the vocabulary
     finds its text at its id (`own` says which of some ids do)."""
-    marked = [i for i, kind in enumerate(types) if kind == _CONTROL or kind == _USER_DEFINED]
+    kinds = np.asarray(types, dtype=np.int64)
+    marked = np.flatnonzero((kinds == _CONTROL) | (kinds == _USER_DEFINED)).tolist()
     specials = {i for i in marked if types[i] == _CONTROL}
     for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
         value = metadata.get(f"tokenizer.ggml.{key}")

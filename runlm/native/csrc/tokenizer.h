@@ -291,27 +291,6 @@ int64_t rl_spm_piece_id(void* handle, const char* text, int64_t bytes) {
   return static_cast<const SpmTokenizer*>(handle)->lookup(std::string_view(text, bytes));
 }
 
-// The spellings of n pieces, each ended by a NUL, into out[0, cap); *bytes is their size, which may exceed cap (then
-// nothing is written: call again with room for *bytes).
-int rl_spm_pieces(void* handle, const int64_t* ids, int64_t n, char* out, int64_t cap, int64_t* bytes) {
-  return guarded([&] {
-    const SpmTokenizer& t = *static_cast<const SpmTokenizer*>(handle);
-    int64_t size = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      RUNLM_CHECK(ids[i] >= 0 && ids[i] < static_cast<int64_t>(t.chars.size()), "piece id ", ids[i], " out of range");
-      size += static_cast<int64_t>(t.piece(static_cast<int32_t>(ids[i])).size()) + 1;
-    }
-    *bytes = size;
-    if (size > cap) return;
-    for (int64_t i = 0; i < n; ++i) {
-      const std::string_view p = t.piece(static_cast<int32_t>(ids[i]));
-      std::copy(p.begin(), p.end(), out);
-      out += p.size();
-      *out++ = 0;
-    }
-  });
-}
-
 // For each of n ids: 1 where the vocabulary finds that piece's spelling at that id (not at a later repeat), else 0.
 int rl_spm_own_ids(void* handle, const int64_t* ids, int64_t n, uint8_t* out) {
   return guarded([&] {
