@@ -119,10 +119,10 @@ def run_long_prompt_admission(loaded: ServedModel, ids: list[int], streams: int,
             time.sleep(0.01)
 
     control, _ = _timed_streams(loaded, ids, streams, meanwhile=unhurried)
-    during = [gaps[k - 1] for t, (a, b) in zip(times, windows) for gaps in [token_latencies(t)]
-              for k in range(a, b + 1)]
-    normal = [gaps[k - 1] for t, (a, b) in zip(control, windows) for gaps in [token_latencies(t)]
-              for k in range(a, b + 1)]
+    def in_windows(runs: list[list[float]]) -> list[float]:
+        return [latency for t, (a, b) in zip(runs, windows) for latency in token_latencies(t)[a - 1 : b]]
+
+    during, normal = in_windows(times), in_windows(control)
     return normal, during, first_at - admitted_at
 
 

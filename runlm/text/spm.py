@@ -52,14 +52,13 @@ class SpmEncoder:
         self._blob = blob
         self._ends = array.array("q")
         self._ends.frombytes(np.flatnonzero(np.frombuffer(blob, dtype=np.uint8) == 0).astype(np.int64).tobytes())
-        self.size = len(pieces)
         self.strip_one_space = strip_one_space
         # a repeated piece answers to its last id only, as in `tokenizers`' vocabulary
         self.vocab_size: int = self._lib.rl_spm_size(self._handle)
         self.hidden_ids: frozenset[int] = frozenset()
         if self.vocab_size != len(pieces):
-            last = {piece: index for index, piece in enumerate(pieces)}
-            self.hidden_ids = frozenset(range(len(pieces))) - frozenset(last.values())
+            every = range(len(pieces))
+            self.hidden_ids = frozenset(i for i, owned in zip(every, self.own_ids(every), strict=True) if not owned)
         self.added: dict[int, tuple[str, bool]] = {}
         self.added_ids: dict[str, int] = {}
 

@@ -251,23 +251,30 @@ def _spm_pieces(metadata: Mapping[str, Any], tokens: list[str]) -> list[str]:
     return ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
 
 
+def _spm_ranking(metadata: Mapping[str, Any], count: int) -> np.ndarray:
+    """The ranking of the merge that makes each of a SentencePiece vocabulary's `count` pieces (higher merges first):
+    its scores, or the file's order where the file is Gemma's (its scores put its added tokens last) or has no scores
+    for every piece."""
+    gemma, _ = _spm_style(metadata)
+    scores = metadata.get("tokenizer.ggml.scores")
+    if gemma or not isinstance(scores, list) or len(scores) != count:
+        return -np.arange(count, dtype=np.float64)
+    return np.asarray(scores, dtype=np.float64)
+
+
 def _native_sentencepiece(metadata: Mapping[str, Any], tokens: list[str], types: list[int]) -> SpmEncoder | None:
     """The SentencePiece vocabulary encoded by the native library (runlm.text.spm), or None where the `tokenizers`
     route takes it: a file that lists its merges, or no library to run it."""
     if isinstance(metadata.get("tokenizer.ggml.merges"), list) and metadata["tokenizer.ggml.merges"]:
         return None
     gemma, add_prefix = _spm_style(metadata)
-    scores = metadata.get("tokenizer.ggml.scores")
-    if gemma or not isinstance(scores, list) or len(scores) != len(tokens):
-        ranking = -np.arange(len(tokens), dtype=np.float64)  # Gemma's file order is its merge order
-    else:
-        ranking = np.asarray(scores, dtype=np.float64)
     if gemma:  # GemmaTokenizer's normalizer puts ▁ before every piece of text between added tokens
         prefix = PREFIX_EACH_PIECE if add_prefix else PREFIX_NONE
     else:  # LlamaTokenizer's Metaspace only before the start of the text
         prefix = PREFIX_FIRST_PIECE if add_prefix else PREFIX_NONE
     pieces = _spm_pieces(metadata, tokens)
     try:
+        ranking = _spm_ranking(metadata, len(tokens))
         spm = SpmEncoder(pieces, ranking, prefix=prefix, strip_one_space=add_prefix and not gemma)
     except (RunlmError, OSError) as exc:
         log.debug("SentencePiece vocabulary left to the tokenizers library: %s", exc)
@@ -614,14 +621,9 @@ class Tokenizer:
         if isinstance(raw_merges, list) and raw_merges:
             merges = [_split_merge(m) for m in raw_merges]
         else:
-            scores = metadata.get("tokenizer.ggml.scores")
 
             def generate() -> list[tuple[str, str]]:
-                if gemma or not isinstance(scores, list) or len(scores) != len(tokens):
-                    # Gemma's scores put its added tokens last; the file order is its merge order.
-                    ranking = {token: -float(index) for index, token in enumerate(tokens)}
-                else:
-                    ranking = dict(zip(tokens, (float(s) for s in scores), strict=True))
+                ranking = dict(zip(tokens, _spm_ranking(metadata, len(tokens)).tolist(), strict=True))
                 return _generate_merges(vocab, ranking)
 
             merges = _cached_merges(metadata, tokens, types, vocab, generate)
@@ -889,14 +891,13 @@ def _gguf_added_tokens(
     (llama.cpp does the same; without this `<|im_start|>` is cut into pieces). A token counts where the vocabulary
     finds its text at its id (`own` says which of some ids do)."""
     kinds = np.asarray(types, dtype=np.int64)
-    marked = np.flatnonzero((kinds == _CONTROL) | (kinds == _USER_DEFINED)).tolist()
-    specials = {i for i in marked if types[i] == _CONTROL}
+    specials = set(np.flatnonzero(kinds == _CONTROL).tolist())
     for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
         value = metadata.get(f"tokenizer.ggml.{key}")
         if isinstance(value, int) and 0 <= value < len(tokens):
             specials.add(value)
     control = sorted(specials)
-    user = [i for i in marked if types[i] == _USER_DEFINED and i not in specials]
+    user = [i for i in np.flatnonzero(kinds == _USER_DEFINED).tolist() if i not in specials]
     added = {i: (tokens[i], True) for i, owned in zip(control, own(control), strict=True) if owned}
     added.update((i, (tokens[i], False)) for i, owned in zip(user, own(user), strict=True) if owned)
     return added
