@@ -115,6 +115,22 @@ inline void quantize_ak(const float* x, AK* y, int64_t nb) {
   }
 }
 
+// AK's codes (the same values) in AKI's order.
+inline void quantize_row(const float* x, AKI* y, int64_t nb) {
+  AK k;
+  for (int64_t b = 0; b < nb; ++b, x += QK_K) {
+    quantize_ak(x, &k, 1);
+    y[b].d = k.d;
+    for (int p = 0; p < 4; ++p) {
+      const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k.qs + 64 * p));
+      const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k.qs + 64 * p + 32));
+      const __m256i lo = _mm256_permute2x128_si256(v0, v1, 0x20), hi = _mm256_permute2x128_si256(v0, v1, 0x31);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs + 64 * p), lo);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs + 64 * p + 32), hi);
+    }
+  }
+}
+
 #else
 
 inline void quantize_a32(const float* x, A32* y, int64_t nb) { quantize_a32_scalar(x, y, nb); }

@@ -278,6 +278,14 @@ struct AK {
   int8_t qs[QK_K];
 };
 
+// AK's codes as the AVX2 IQ4_XS row kernel takes them: each 64 values in the order a 32-byte load of two sub-blocks'
+// IQ4_XS codes unpacks to (values 0-15 and 32-47, then 16-31 and 48-63), arranged once per activation row where
+// the natural order cost a shuffle for every weight row. 32-byte aligned: no load splits a cache line.
+struct alignas(32) AKI {
+  int8_t qs[QK_K];
+  float d;
+};
+
 inline float f16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);

@@ -310,32 +310,46 @@ inline __m128i sum_each(const __m256i* v) {
   return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
+// The exact sums of activation rows 4Q .. 4Q + 3 of R (those below R), lane r - 4Q: one quad of kquant_dot's lanes.
+template <int R, int Q>
+inline __m128i sum_quad(const __m256i* v) {
+  return sum_each<(R - 4 * Q < 4 ? R - 4 * Q : 4)>(v + 4 * Q);
+}
+
 // The K-quant dot skeleton (Q2_K .. Q6_K, row layout): block(blk, b, sumi, mins) gives weight block `blk` (block
-// index b) met by the R activation rows as int32 vectors whose lanes add up to the block's exact integer sums
-// (mins: formats with mins); the R rows' sums go to float together, lane r in kquant_step's sequence. d (and dmin
-// right after it) are the block's f16 scales at byte T::D_AT.
+// index b) met by the R activation rows (up to 8) as int32 vectors whose lanes add up to the block's exact integer
+// sums (mins: formats with mins); the rows' sums go to float together, four at a time, lane r % 4 of quad r / 4 in
+// kquant_step's sequence. d (and dmin right after it) are the block's f16 scales at byte T::D_AT.
 template <class T, int RW, int R, class Block>
-inline void kquant_dot(const uint8_t* const* w, const AK* const* a, int64_t nb, float* out, Block block) {
-  __m128 acc[RW];  // lane r: activation row r
-  for (int i = 0; i < RW; ++i) acc[i] = _mm_setzero_ps();
+inline void kquant_dot(const uint8_t* const* w, const typename T::Act* const* a, int64_t nb, float* out, Block block) {
+  static_assert(R >= 1 && R <= 8, "up to 8 activation rows");
+  constexpr int QUADS = (R + 3) / 4;
+  __m128 acc[RW][QUADS];
+  for (int i = 0; i < RW; ++i)
+    for (int q = 0; q < QUADS; ++q) acc[i][q] = _mm_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     auto act = [&](int r) { return r < R ? a[r][b].d : 0.f; };
-    const __m128 da = _mm_setr_ps(act(0), act(1), act(2), act(3));  // lane r: activation row r
+    __m128 da[QUADS];
+    for (int q = 0; q < QUADS; ++q) da[q] = _mm_setr_ps(act(4 * q), act(4 * q + 1), act(4 * q + 2), act(4 * q + 3));
     for (int i = 0; i < RW; ++i) {
       const uint8_t* blk = w[i] + b * T::SIZE;
       __m256i sumi[R], mins[R];
       block(blk, b, sumi, mins);
       const __m128 d = _mm_set1_ps(f16(blk + T::D_AT));
-      acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, da), _mm_cvtepi32_ps(sum_each<R>(sumi)), acc[i]);
+      acc[i][0] = _mm_fmadd_ps(_mm_mul_ps(d, da[0]), _mm_cvtepi32_ps(sum_quad<R, 0>(sumi)), acc[i][0]);
+      if constexpr (R > 4)
+        acc[i][1] = _mm_fmadd_ps(_mm_mul_ps(d, da[1]), _mm_cvtepi32_ps(sum_quad<R, 1>(sumi)), acc[i][1]);
       if constexpr (T::kMins) {
         const __m128 dmin = _mm_set1_ps(f16(blk + T::D_AT + 2));
-        acc[i] = _mm_fnmadd_ps(_mm_mul_ps(dmin, da), _mm_cvtepi32_ps(sum_each<R>(mins)), acc[i]);
+        acc[i][0] = _mm_fnmadd_ps(_mm_mul_ps(dmin, da[0]), _mm_cvtepi32_ps(sum_quad<R, 0>(mins)), acc[i][0]);
+        if constexpr (R > 4)
+          acc[i][1] = _mm_fnmadd_ps(_mm_mul_ps(dmin, da[1]), _mm_cvtepi32_ps(sum_quad<R, 1>(mins)), acc[i][1]);
       }
     }
   }
   for (int i = 0; i < RW; ++i) {
-    alignas(16) float o[4];
-    _mm_store_ps(o, acc[i]);
+    alignas(16) float o[4 * QUADS];
+    for (int q = 0; q < QUADS; ++q) _mm_store_ps(o + 4 * q, acc[i][q]);
     for (int r = 0; r < R; ++r) out[i * R + r] = o[r];
   }
 }

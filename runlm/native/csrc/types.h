@@ -172,7 +172,11 @@ using IQ4_NL = TableType<kIq4NlValues, f16_scale, 18>;
 struct IQ4_XS {
   static constexpr int QK = QK_K, SIZE = 136, G = 32, D_AT = 0;
   static constexpr bool kMins = false;
+#if RUNLM_AVX2
+  using Act = AKI;
+#else
   using Act = AK;
+#endif
   static int sub_scale(const uint8_t* b, int ib) {  // the signed scale of values 32 ib .. 32 ib + 31
     const int low = (b[4 + ib / 2] >> (4 * (ib % 2))) & 0x0F;
     const int high = ((b[2] | (b[3] << 8)) >> (2 * ib)) & 3;
@@ -208,36 +212,37 @@ struct IQ4_XS {
     // packs gives [s0..s3 s0..s3 | s4..s7 s4..s7]; quads 0 and 2 into each half
     return _mm256_permute4x64_epi64(_mm256_packs_epi32(s32, s32), _MM_SHUFFLE(2, 0, 2, 0));
   }
-  // 32-bit lane k of v in every lane (k a constant once the loop is unrolled)
-  static __m256i spread32(__m256i v, int k) {
-    switch (k) {
-      case 0: return _mm256_shuffle_epi32(v, 0x00);
-      case 1: return _mm256_shuffle_epi32(v, 0x55);
-      case 2: return _mm256_shuffle_epi32(v, 0xAA);
-      default: return _mm256_shuffle_epi32(v, 0xFF);
-    }
+  // pshufb controls: int16 [s(2p) x 8 | s(2p + 1) x 8] from sub_scales16's [s0 .. s7] in each half
+  static __m256i pair_scales(__m256i scales, int p) {
+    const int lo = 0x0100 * (4 * p + 1) + 4 * p, hi = lo + 0x0202;
+    return _mm256_shuffle_epi8(scales, _mm256_setr_epi16(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi));
   }
 #endif
   template <int RW, int R>
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
 #if RUNLM_AVX2
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues)));
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
     kquant_dot<IQ4_XS, RW, R>(w, a, nb, out, [&](const uint8_t* blk, int64_t b, __m256i* sums, __m256i* /*mins*/) {
       __m256i sumi[R];  // kept here, not in *sums, so it can stay in registers
       for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
       const __m256i scales = sub_scales16(blk);
-      // 32-bit lanes (s_c, s_c): c = 0..3 from the low four, 4..7 from the high four, spread by immediate shuffles
-      // (no constant per sub-block to keep in one of AVX2's 16 registers)
-      const __m256i pairs_lo = _mm256_unpacklo_epi16(scales, scales), pairs_hi = _mm256_unpackhi_epi16(scales, scales);
-#pragma GCC unroll 8
-      for (int c = 0; c < 8; ++c) {
-        const __m256i q = _mm256_shuffle_epi8(table, nibbles32(blk + 8 + 16 * c));
-        const __m256i scv = spread32(c < 4 ? pairs_lo : pairs_hi, c % 4);
-        const __m256i mag = _mm256_sign_epi8(q, q);  // |level| <= 127: pair sums stay within int16
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {  // sub-blocks 2p and 2p + 1: one 32-byte load, the low nibbles then the high
+        const __m256i codes = load256(blk + 8 + 32 * p);
+        const __m256i q_lo = _mm256_shuffle_epi8(table, _mm256_and_si256(codes, m4));
+        const __m256i q_hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(codes, 4), m4));
+        const __m256i scv = pair_scales(scales, p);
+        // the levels' magnitudes (once for the R rows), the activation codes' signs moved onto the levels
+        const __m256i mag_lo = _mm256_sign_epi8(q_lo, q_lo), mag_hi = _mm256_sign_epi8(q_hi, q_hi);
         for (int r = 0; r < R; ++r) {
-          const __m256i av = _mm256_sign_epi8(load256(a[r][b].qs + 32 * c), q);
-          sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, av), scv));
+          const int8_t* aq = a[r][b].qs + 64 * p;
+          const __m256i lo = _mm256_maddubs_epi16(mag_lo, _mm256_sign_epi8(load256(aq), q_lo));
+          const __m256i hi = _mm256_maddubs_epi16(mag_hi, _mm256_sign_epi8(load256(aq + 32), q_hi));
+          sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(_mm256_madd_epi16(lo, scv), _mm256_madd_epi16(hi, scv)));
         }
+        if constexpr (R > 1)  // (else GCC keeps each row's products for sums at the end, spilling them)
+          for (int r = 0; r < R; ++r) asm("" : "+x"(sumi[r]));
       }
       for (int r = 0; r < R; ++r) sums[r] = sumi[r];
     });
