@@ -1,12 +1,13 @@
 """A GGUF file's weights as runlm's kernels read them, made at load without PyTorch and without a second file.
 
-Projections are copied out of the file into memory of their own, regrouped in C into the interleaved layouts
-(`relayout`, as llama.cpp's CPU repack does) where the type has one: from the map a chunk at a time, each chunk's
-pages let go after it, or with pread, so the load holds no file pages beside its copy. Every tensor's shape is
-checked against the model's hyperparameters, and its type against what the kernels run, before a byte of it is read;
-the GGUF reader has already checked that its bytes lie within the file. The choices (which parts stack, which take
-the interleaved layout) are the PyTorch backend's (runlm.pytorch.kernels.GGUFLinear.from_parts), so both compute the
-same bits.
+Projections that this build regroups into the interleaved layouts (`relayout`, as llama.cpp's CPU repack does) are
+copied out of the file into memory of their own, regrouped in C: from the map a chunk at a time, each chunk's pages
+let go after it, or with pread, so the load holds no file pages beside its copy. The others (float weights, and
+quantized types kept in the file's row layout) are read where the file maps them, as llama.cpp reads every weight.
+Every tensor's shape is checked against the model's hyperparameters, and its type against what the kernels run, before
+a byte of it is read; the GGUF reader has already checked that its bytes lie within the file. The choice of which
+weights take the interleaved layout is the PyTorch backend's (runlm.pytorch.kernels.GGUFLinear.from_parts), so both
+compute the same bits.
 """
 
 from __future__ import annotations
@@ -127,28 +128,40 @@ class WeightReader:
             if raw.type_name not in RUN_TYPES or len(raw.shape) != 2:
                 raise NativeRefusal(f"its tensor {raw.name!r} is stored as {raw.type_name}, which runlm's kernels do "
                                     f"not run")
-        if all(raw.type_name in FLOAT_KERNEL_TYPES and raw.mapped and order is None
-               for raw, order in zip(raws, orders)):
-            # float weights are read where the file maps them: their kernels take the file's rows as they are, and a
-            # copy cost a load its size in page faults (Qwen2.5-1.5B's shape at F16 on an EPYC Zen 4: 6.6 s to load
-            # copied, 0.36 s mapped; decode steps 8.1 tok/s mapped against 8.9 copied, a cost kept for the load)
-            return [Part(raw.mapped_rows(0, raw.shape[0]), RUN_TYPES[raw.type_name], raw.shape[0]) for raw in raws]
+        in_place = [self._in_place(raw, order) for raw, order in zip(raws, orders)]
+        if all(in_place):
+            # read where the file maps them: float weights, and quantized ones this build keeps in the file's row
+            # layout, whose kernels take the rows as they are; a copy cost a load its size in page faults (Qwen2.5-1.5B
+            # at F16 on an EPYC Zen 4: 6.6 s to load copied, 0.36 s mapped, decode steps 8.1 tok/s mapped against 8.9
+            # copied; at IQ4_XS with the avx2 build 0.71 s against 0.14, decode even over 8 alternating rounds)
+            return [self._mapped(raw) for raw in raws]
         if len({(raw.type_name, raw.shape[1]) for raw in raws}) == 1:
             return [self._part(raws, orders)]
-        return [self._part([raw], [order]) for raw, order in zip(raws, orders)]
+        return [self._mapped(raw) if here else self._part([raw], [order])
+                for raw, order, here in zip(raws, orders, in_place)]
+
+    def _in_place(self, raw: RawTensor, order: list[int] | None) -> bool:
+        """Whether the kernels can take this weight's rows where the file maps them: float, or quantized in a type
+        this build does not regroup, its rows in the file's order."""
+        return (raw.mapped and order is None
+                and (raw.type_name in FLOAT_KERNEL_TYPES or not self._group(raw.type_name, [raw])))
+
+    def _mapped(self, raw: RawTensor) -> Part:
+        _row_bytes(raw)
+        return Part(raw.mapped_rows(0, raw.shape[0]), RUN_TYPES[raw.type_name], raw.shape[0])
+
+    @staticmethod
+    def _group(type_name: str, raws: list[RawTensor]) -> int:
+        """Rows of the interleaved groups this build regroups the weights into, or 0 where it keeps the row layout."""
+        group = library.group_rows(RUN_TYPES[type_name]) if type_name in X4_TYPES and library.simd() else 0
+        return group if group and all(raw.shape[0] % group == 0 for raw in raws) else 0
 
     def _part(self, raws: list[RawTensor], orders: list[list[int] | None]) -> Part:
         type_name, cols = raws[0].type_name, raws[0].shape[1]
-        block_values, block_bytes = BLOCK_LAYOUTS[type_name]
-        if cols % block_values:
-            raise NativeRefusal(f"its tensor {raws[0].name!r} has rows of {cols} values, not whole {type_name} blocks")
-        row_bytes = cols // block_values * block_bytes
+        row_bytes = _row_bytes(raws[0])
         type_id = RUN_TYPES[type_name]
-        group = library.group_rows(type_id) if type_name in X4_TYPES and library.simd() else 0
-        x4 = group > 0 and all(raw.shape[0] % group == 0 for raw in raws)
-        # Every quantized projection is copied (regrouped or not) into memory of its own: weights read through the map
-        # decoded 5-12% slower on a Xeon (1B IQ4_XS and gpt-oss-20b shapes, avx2) than the same bytes copied. (Float
-        # weights are not: see _linear.)
+        group = self._group(type_name, raws)
+        x4 = group > 0
         total = sum(raw.shape[0] for raw in raws)
         out, huge_rate = weight_buffer(total, row_bytes, self._huge_pages)
         if huge_rate is not None and out.nbytes >= _HUGE_FILL_PROBE:
@@ -191,6 +204,15 @@ class WeightReader:
         if self._scratch.size < rows * row_bytes:
             self._scratch = np.empty(max(_CHUNK_BYTES, rows * row_bytes), dtype=np.uint8)
         return self._scratch[: rows * row_bytes].reshape(rows, row_bytes)
+
+
+def _row_bytes(raw: RawTensor) -> int:
+    """Bytes of one of the weight's rows, which must be whole blocks of its type."""
+    block_values, block_bytes = BLOCK_LAYOUTS[raw.type_name]
+    if raw.shape[1] % block_values:
+        raise NativeRefusal(f"its tensor {raw.name!r} has rows of {raw.shape[1]} values, not whole {raw.type_name} "
+                            f"blocks")
+    return raw.shape[1] // block_values * block_bytes
 
 
 def weight_buffer(rows: int, row_bytes: int, huge_pages: bool = True) -> tuple[np.ndarray, float | None]:

@@ -57,27 +57,45 @@ def test_each_float_weight_widens_exactly(type_name):
     np.testing.assert_array_equal(columns.T, widened.astype(np.float32))
 
 
-def test_float_weights_are_read_in_place_and_a_quantized_one_beside_them_is_not(tmp_path):
-    """Float projections run on the file's map; stacked with a quantized one (q/k/v of mixed types), each is copied as
-    a part of its own, the quantized one regrouped as every quantized projection is, never read in place."""
+def test_row_layout_weights_are_read_in_place_and_regrouped_ones_are_copied(tmp_path):
+    """Float projections, and quantized ones in a type this build keeps in the file's row layout (IQ4_NL, which no
+    build regroups), run on the file's map; a type the build regroups (Q8_0 on a SIMD build) is copied into its
+    groups, and so is a weight whose rows are reordered. Stacked with mixed types (q/k/v), each part is read as its
+    type alone would be; in place or copied, the results are the file's rows'."""
     import gguf
     from reference.bare_weights import bare_weights
+    from reference.quant_blocks import random_blocks
 
-    from runlm.native.build import KERNEL_TYPES, X4
+    from runlm.native.build import KERNEL_TYPES, RUN_TYPES, X4
 
     rows, cols = 32, 64
     values = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
     q8 = gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0)
+    iq4 = random_blocks("IQ4_NL", rows, cols, seed=2)
     file, reader = bare_weights(tmp_path / "mixed.gguf", {"f16.weight": values.astype(np.float16),
-                                                          "q8.weight": (q8, gguf.GGMLQuantizationType.Q8_0)})
-    floats = [file.raw("f16.weight"), file.raw("f16.weight")]
-    assert all(np.shares_memory(part.data, raw.data) for part, raw in zip(reader._linear(floats, [None, None]), floats))
-    mixed = reader._linear([file.raw("f16.weight"), file.raw("q8.weight")], [None, None])
-    np.testing.assert_array_equal(mixed[0].data, file.raw("f16.weight").data.view(np.uint8))
-    assert not np.shares_memory(mixed[1].data, file.raw("q8.weight").data)
-    assert mixed[1].type_id in (KERNEL_TYPES["Q8_0"], KERNEL_TYPES["Q8_0"] + X4)
+                                                          "q8.weight": (q8, gguf.GGMLQuantizationType.Q8_0),
+                                                          "iq4.weight": (iq4, gguf.GGMLQuantizationType.IQ4_NL)})
+    f16_raw, q8_raw, iq4_raw = (file.raw(f"{name}.weight") for name in ("f16", "q8", "iq4"))
+    alone = reader._linear([f16_raw, f16_raw], [None, None]) + reader._linear([iq4_raw, iq4_raw], [None, None])
+    assert all(np.shares_memory(part.data, raw.data) for part, raw in zip(alone, [f16_raw] * 2 + [iq4_raw] * 2))
+    mixed = reader._linear([f16_raw, q8_raw, iq4_raw], [None, None, None])
+    assert np.shares_memory(mixed[0].data, f16_raw.data) and np.shares_memory(mixed[2].data, iq4_raw.data)
+    regrouped = reader._group("Q8_0", [q8_raw]) > 0
+    assert regrouped == library.simd()
+    assert np.shares_memory(mixed[1].data, q8_raw.data) != regrouped
+    assert mixed[1].type_id == KERNEL_TYPES["Q8_0"] + (X4 if regrouped else 0)
+    reversed_rows = list(range(rows))[::-1]
+    moved = reader._linear([iq4_raw], [reversed_rows])[0]
+    assert not np.shares_memory(moved.data, iq4_raw.data)
+
     x = np.random.default_rng(1).standard_normal((3, cols)).astype(np.float32)
-    # the interleaved layout sums a 32-wide type's blocks in another float order: equal to float rounding
-    plain = library.linear(x, file.raw("q8.weight").data, KERNEL_TYPES["Q8_0"], rows)
-    np.testing.assert_allclose(library.linear(x, mixed[1].data, mixed[1].type_id, rows), plain,
-                               rtol=0, atol=1e-6 * np.abs(plain).max())
+
+    def file_rows(raw) -> np.ndarray:
+        return library.linear(x, np.array(raw.data).view(np.uint8).reshape(rows, -1), RUN_TYPES[raw.type_name], rows)
+
+    for part, raw in zip(mixed, (f16_raw, q8_raw, iq4_raw)):
+        plain = file_rows(raw)
+        # the interleaved layout sums a 32-wide type's blocks in another float order: equal to float rounding
+        np.testing.assert_allclose(library.linear(x, part.data, part.type_id, rows), plain, rtol=0,
+                                   atol=1e-6 * np.abs(plain).max())
+    np.testing.assert_array_equal(library.linear(x, moved.data, moved.type_id, rows), file_rows(iq4_raw)[:, ::-1])
