@@ -36,11 +36,20 @@ class _FileReader:
 
     def release(self, offset: int, nbytes: int) -> None:
         """Unmap the pages of bytes [offset, offset + nbytes) from the process (the page cache keeps them; a later
-        touch maps them again), so what was read through the map does not stay resident."""
+        touch maps them again), so what was read through the map does not stay resident.
+
+        The pages wholly inside the range are also marked MADV_DONTDUMP, which gives them a VMA of their own: a fault
+        maps the page cache's folio around it (large folios, up to 2 MiB) within its VMA, so the first reads of
+        weights used in place beside a copied one mapped the copied one's pages back (Phi-4-mini IQ4_XS: 42 MiB of
+        resident memory that held nothing in use)."""
         if self.mapping is None or not hasattr(mmap, "MADV_DONTNEED") or nbytes <= 0:
             return
+        end = min(offset + nbytes, len(self.mapping))
         start = offset - offset % mmap.PAGESIZE
-        self.mapping.madvise(mmap.MADV_DONTNEED, start, min(offset + nbytes, len(self.mapping)) - start)
+        self.mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
+        inner_start, inner_end = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE, end - end % mmap.PAGESIZE
+        if hasattr(mmap, "MADV_DONTDUMP") and inner_end > inner_start:
+            self.mapping.madvise(mmap.MADV_DONTDUMP, inner_start, inner_end - inner_start)
 
     def read_into(self, offset: int, out: np.ndarray) -> None:
         view, done = memoryview(out).cast("B"), 0

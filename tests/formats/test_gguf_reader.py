@@ -118,3 +118,41 @@ def test_string_walk_of_the_kernels_library_and_of_python_agree(tmp_path, smollm
     monkeypatch.setattr(library, "library", no_library)
     assert outcomes() == natively
     assert natively[0]["tokenizer.ggml.tokens"][:3] == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def _present_pages(address: int, nbytes: int) -> int:
+    """How many of the process's pages in [address, address + nbytes) are mapped now (/proc/self/pagemap)."""
+    import struct
+
+    page = 4096
+    first, last = address // page, (address + nbytes - 1) // page
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        pagemap.seek(first * 8)
+        entries = pagemap.read((last - first + 1) * 8)
+    return sum(entry >> 63 & 1 for (entry,) in struct.iter_unpack("<Q", entries))
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/pagemap"), reason="Linux's /proc only")
+def test_released_rows_stay_unmapped_when_their_neighbours_are_read(tmp_path):
+    """A weight copied out of the map is released; reading the weights beside it through the same map (those used in
+    place) must not map its pages back: a fault maps the page cache's pages around it within its VMA, and the
+    released range is a VMA of its own."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(tmp_path / "three.gguf"), "llama")
+    for name in ("before", "copied", "after"):
+        writer.add_tensor(name, np.full((64, 256), 1.5, dtype=np.float32))  # 64 KiB each
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    file = GGUFFile(tmp_path / "three.gguf")
+    before, copied, after = (file.raw(name) for name in ("before", "copied", "after"))
+    assert float(copied.mapped_rows(0, 64).view(np.float32).sum()) == 1.5 * 64 * 256  # read through the map
+    copied.release_rows(0, 64)
+    inner = (copied.data.ctypes.data + 4095) // 4096 * 4096, 12 * 4096  # pages wholly inside it
+    assert _present_pages(*inner) == 0
+    for neighbour in (before, after):
+        assert float(neighbour.mapped_rows(0, 64).view(np.float32).sum()) == 1.5 * 64 * 256
+    assert _present_pages(*inner) == 0
+    assert float(copied.mapped_rows(0, 64).view(np.float32).sum()) == 1.5 * 64 * 256  # still readable
