@@ -141,6 +141,7 @@ class _Part:
                     raise ModelLoadError(f"{path}: not a GGUF file (magic bytes {magic!r}, expected b'GGUF')")
                 # mmap rather than np.memmap: it can madvise (the header's pages go once the header is parsed)
                 self.mmap = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            _ask_for_huge_pages(self.mmap)
             self.map = np.frombuffer(self.mmap, dtype=np.uint8)
         except OSError as exc:
             raise ModelLoadError(f"{path}: cannot read ({exc.strerror or exc})") from exc
@@ -179,6 +180,18 @@ def split_parts(path: Path) -> list[Path]:
         return [path]
     count = int(match["count"])
     return [path.with_name(f"{match['prefix']}-{i:05d}-of-{count:05d}{match['ext']}") for i in range(1, count + 1)]
+
+
+def _ask_for_huge_pages(mapping: mmap.mmap) -> None:
+    """Ask the kernel to read the file into 2 MiB page-cache folios mapped whole (Linux, on file systems with large
+    folios): the kernels walk the weights read in place, and in 4 KiB mappings their TLB misses cost. An Intel Xeon
+    VM, gpt-oss-20b's shape with its MXFP4 experts in place, the file read cold: decode at 0.76x the speed of copied
+    experts without this, 0.92x with it."""
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            mapping.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # a kernel without transparent huge pages
+            pass
 
 
 class GGUFFile:

@@ -156,3 +156,28 @@ def test_released_rows_stay_unmapped_when_their_neighbours_are_read(tmp_path):
         assert float(neighbour.mapped_rows(0, 64).view(np.float32).sum()) == 1.5 * 64 * 256
     assert _present_pages(*inner) == 0
     assert float(copied.mapped_rows(0, 64).view(np.float32).sum()) == 1.5 * 64 * 256  # still readable
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/smaps"), reason="Linux's /proc only")
+def test_the_map_asks_for_huge_pages(smollm2_gguf):
+    """The file's map carries MADV_HUGEPAGE (smaps' `hg` flag), so faults on the weights read in place bring the
+    file in 2 MiB folios, mapped whole, where its file system has large folios."""
+    import mmap
+
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        pytest.skip("no MADV_HUGEPAGE on this platform")
+    file = GGUFFile(smollm2_gguf)
+    start = file.raw(file.tensor_names()[0]).data.ctypes.data  # an address inside the map
+    flags = None
+    with open("/proc/self/smaps") as smaps:
+        inside = False
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                low, high = (int(bound, 16) for bound in head.split("-"))
+                inside = low <= start < high
+            elif inside and line.startswith("VmFlags:"):
+                flags = line.split()[1:]
+                break
+    assert flags is not None, "the map is not in /proc/self/smaps"
+    assert "hg" in flags
