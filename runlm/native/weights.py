@@ -143,8 +143,7 @@ class WeightReader:
     def _in_place(self, raw: RawTensor, order: list[int] | None) -> bool:
         """Whether the kernels can take this weight's rows where the file maps them: float, or quantized in a type
         this build does not regroup, its rows in the file's order."""
-        return (raw.mapped and order is None
-                and (raw.type_name in FLOAT_KERNEL_TYPES or not self._group(raw.type_name, [raw])))
+        return raw.mapped and order is None and not self._group(raw.type_name, [raw])  # floats have no groups
 
     def _mapped(self, raw: RawTensor) -> Part:
         _row_bytes(raw)

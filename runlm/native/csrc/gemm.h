@@ -28,24 +28,15 @@ inline void tile(const Ctx<T>& c, int64_t n, int64_t m) {
     for (int r = 0; r < R; ++r) c.y[(m + r) * c.N + n + i] = o[i * R + r];
 }
 
-// Output rows [n0, n1) x activation rows [m0, m1).
-// Software prefetch of the weight bytes kPrefetchBytes past rows [n, n + count) (rows are contiguous): with
+// Software prefetch of the weight bytes `ahead` past rows [n, n + count) (rows are contiguous), not past end: with
 // only hardware prefetching a decode GEMV reached ~14 GB/s from DRAM on the 2-core EPYC, ~25 GB/s with this.
 template <class T>
-inline void prefetch_rows(const Ctx<T>& c, int64_t n, int64_t count, const uint8_t* end) {
+inline void prefetch_rows(const Ctx<T>& c, int64_t n, int64_t count, const uint8_t* end,
+                          int64_t ahead = kPrefetchBytes) {
 #if RUNLM_AVX2
-  const uint8_t* p = c.w + n * c.row_bytes + kPrefetchBytes;
+  const uint8_t* p = c.w + n * c.row_bytes + ahead;
   const int64_t bytes = std::min<int64_t>(count * c.row_bytes, end - p);
   for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
-#endif
-}
-
-// The lines `ahead` bytes past a row's bytes at p (not past end).
-inline void row_prefetch(const uint8_t* p, int64_t bytes, int64_t ahead, const uint8_t* end) {
-#if RUNLM_AVX2
-  const uint8_t* q = p + ahead;
-  bytes = std::min<int64_t>(bytes, end - q);
-  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(q + o), _MM_HINT_T0);
 #endif
 }
 
@@ -111,7 +102,7 @@ void block_rows(const Ctx<T>& c, int64_t n0, int64_t n1, int64_t m0, int64_t m1)
       // Xeon core MXFP4's 17-byte blocks at 5.3 GMAC/s from DRAM against 18 from L2 (with the prefetch 18 from
       // DRAM; IQ4_XS 23.5 -> 26): gpt-oss-20b's shape decoded at 10.4 tok/s, now 18.4 (avx2)
       for (; n < n1; ++n) {
-        if (g_walk.line_ahead) row_prefetch(c.w + n * c.row_bytes, c.row_bytes, g_walk.line_ahead, end);
+        if (g_walk.line_ahead) prefetch_rows(c, n, 1, end, g_walk.line_ahead);
         tile<T, 1, 1>(c, n, m0);
       }
     } else {
