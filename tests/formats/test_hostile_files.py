@@ -44,11 +44,15 @@ def bases(tmp_path_factory, smollm2_gguf) -> dict[str, str]:
                                                                                   "vision")}}
 
 
+def _worker_env(workdir: Path) -> dict[str, str]:
+    return {**os.environ, "RUNLM_HOME": str(workdir / "home"), "OMP_NUM_THREADS": "1"}
+
+
 def _run_worker(indices: list[int], bases: dict[str, str], workdir: Path) -> dict[int, dict]:
     """Run `indices` in worker processes until each has an outcome; a process that dies inside a variant gives
     that variant its cause of death (a signal: crash; the time limit: hang) and a fresh worker takes the rest."""
     outcomes: dict[int, dict] = {}
-    env = {**os.environ, "RUNLM_HOME": str(workdir / "home"), "OMP_NUM_THREADS": "1"}
+    env = _worker_env(workdir)
     pending = list(indices)
     while pending:
         spec = workdir / f"spec-{pending[0]}.json"
@@ -85,6 +89,10 @@ def outcomes(bases, tmp_path_factory) -> dict[str, dict]:
     assert kernels.available() or kernels.unavailable_reason()  # build the kernels here, not in a timed variant
     variants = catalog(bases, SEED)
     workdir = tmp_path_factory.mktemp("hostile_work")
+    # The native kernels too: where the install holds none of this source (a checkout whose csrc changed since it
+    # was installed), the first load would compile them, a minute inside a variant's time limit.
+    subprocess.run([sys.executable, "-c", "from runlm.native.library import library; library()"],
+                   env=_worker_env(workdir), check=True, timeout=900)
     shards = [list(range(len(variants)))[k::WORKERS] for k in range(WORKERS)]
     results: dict[int, dict] = {}
     with ThreadPoolExecutor(WORKERS) as pool:
