@@ -110,12 +110,16 @@ struct Q8_0 {
 constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 // 2^(e - 128): the E8M0 scale, halved for the doubled code values (e 0 and 1 are subnormal floats).
-inline float e8m0_half(uint8_t e) {
-  const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+constexpr float e8m0_half(uint8_t e) {
+  return std::bit_cast<float>(e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23);
 }
+
+// e8m0_half of every exponent byte: a block's scale is one load that broadcasts, not bit assembly per block.
+constexpr std::array<float, 256> kE8m0Half = [] {
+  std::array<float, 256> t{};
+  for (int e = 0; e < 256; ++e) t[e] = e8m0_half(static_cast<uint8_t>(e));
+  return t;
+}();
 
 // IQ4_NL: 32 4-bit codes picking one of 16 non-uniform levels (llama.cpp's kvalues_iq4nl), one float16 scale. Run
 // as MXFP4 is: a byte shuffle turns the codes into their levels, which meet the 8-bit activations.
@@ -145,11 +149,11 @@ struct TableType {
       for (int i = 0; i < RW; ++i) {
         const uint8_t* blk = w[i] + b * SIZE;
         const __m256i q = _mm256_shuffle_epi8(table, nibbles32(blk + SIZE - 16));
-        const float dw = Scale(blk);
-        for (int r = 0; r < R; ++r) {
+        const __m256 dw = _mm256_set1_ps(Scale(blk));
+        for (int r = 0; r < R; ++r) {  // dw * da as the scalar product, in a vector (broadcasts are loads)
           const A32& ab = a[r][b];
           const __m256 p = _mm256_cvtepi32_ps(prod_s8s8(q, load256(ab.qs)));
-          acc[i * R + r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab.d), p, acc[i * R + r]);
+          acc[i * R + r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(&ab.d)), p, acc[i * R + r]);
         }
       }
     }
@@ -160,7 +164,7 @@ struct TableType {
   }
 };
 
-inline float mxfp4_scale(const uint8_t* b) { return e8m0_half(b[0]); }
+inline float mxfp4_scale(const uint8_t* b) { return kE8m0Half[b[0]]; }
 inline float f16_scale(const uint8_t* b) { return f16(b); }
 
 using MXFP4 = TableType<kMxfp4Values, mxfp4_scale, 17>;
