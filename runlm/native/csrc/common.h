@@ -263,6 +263,14 @@ struct A32 {
   int8_t qs[32];
 };
 
+// A32 with what MXFP4's AVX2 kernel takes off each pair of products: 12 * (a[2j] + a[2j + 1]), vpmaddubsw's pairs.
+// The kernel then meets the activation with the codes' levels plus 12 (0..24, unsigned bytes) instead of the sign
+// trick's two vpsignb, and gets the same int16 pairs exactly (|each pair| <= 2 * 24 * 127).
+constexpr int kMxfp4Lift = 12;  // MXFP4's largest |level| (doubled)
+struct A32Pairs : A32 {
+  int16_t pair_offsets[16];
+};
+
 // A32::off from its codes: the two halves of a block that the 16-row Q8_0 kernel sums in separate chains.
 inline void set_half_offsets(A32& a) {
   int s0 = 0, s1 = 0;

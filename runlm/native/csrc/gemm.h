@@ -222,7 +222,7 @@ int64_t tile_pass_rows(int64_t M, int64_t nba) {
 template <class T>
 void gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y) {
   using A = typename T::Act;
-  constexpr int64_t AQK = std::is_same_v<A, A32> ? 32 : QK_K;
+  constexpr int64_t AQK = std::is_base_of_v<A32, A> ? 32 : QK_K;
   const int64_t nba = K / AQK, nbw = K / T::QK, row_bytes = nbw * T::SIZE;
   std::vector<A> act(static_cast<size_t>(M * nba));
   A* act_p = act.data();

@@ -125,11 +125,14 @@ constexpr std::array<float, 256> kE8m0Half = [] {
 // as MXFP4 is: a byte shuffle turns the codes into their levels, which meet the 8-bit activations.
 constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-// The 32-value types whose codes index a table of 16 signed levels: `Scale` reads a block's scale.
-template <const int8_t* Table, float (*Scale)(const uint8_t*), int Size>
+// The 32-value types whose codes index a table of 16 signed levels: `Scale` reads a block's scale. With `Lift` (the
+// levels' largest magnitude, small enough that (level + Lift) * 127 pairs stay in int16), builds without VNNI take
+// the activation with its pair offsets (A32Pairs) and skip the sign trick.
+template <const int8_t* Table, float (*Scale)(const uint8_t*), int Size, int Lift = 0>
 struct TableType {
   static constexpr int QK = 32, SIZE = Size, G = 32;
-  using Act = A32;
+  static constexpr bool kLifted = Lift > 0 && RUNLM_AVX2 && !RUNLM_VNNI;
+  using Act = std::conditional_t<kLifted, A32Pairs, A32>;
   static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
     const uint8_t* codes = b + SIZE - 16;
     for (int j = 0; j < 16; ++j) {
@@ -142,7 +145,9 @@ struct TableType {
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
 #if RUNLM_AVX2
     // each (weight row, activation row) pair: one float chain of block sums, whatever the tile
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(Table)));
+    const __m256i table = _mm256_add_epi8(
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(Table))), _mm256_set1_epi8(
+            kLifted ? Lift : 0));
     __m256 acc[RW * R];
     for (int k = 0; k < RW * R; ++k) acc[k] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
@@ -151,8 +156,16 @@ struct TableType {
         const __m256i q = _mm256_shuffle_epi8(table, nibbles32(blk + SIZE - 16));
         const __m256 dw = _mm256_set1_ps(Scale(blk));
         for (int r = 0; r < R; ++r) {  // dw * da as the scalar product, in a vector (broadcasts are loads)
-          const A32& ab = a[r][b];
-          const __m256 p = _mm256_cvtepi32_ps(prod_s8s8(q, load256(ab.qs)));
+          const Act& ab = a[r][b];
+          __m256i sums;
+          if constexpr (kLifted) {  // (level + Lift) * a pairs, less Lift * a pairs: level * a pairs
+            sums = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(q, load256(ab.qs)),
+                                                      load256(reinterpret_cast<const uint8_t*>(ab.pair_offsets))),
+                                     ones16());
+          } else {
+            sums = prod_s8s8(q, load256(ab.qs));
+          }
+          const __m256 p = _mm256_cvtepi32_ps(sums);
           acc[i * R + r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(&ab.d)), p, acc[i * R + r]);
         }
       }
@@ -167,7 +180,7 @@ struct TableType {
 inline float mxfp4_scale(const uint8_t* b) { return kE8m0Half[b[0]]; }
 inline float f16_scale(const uint8_t* b) { return f16(b); }
 
-using MXFP4 = TableType<kMxfp4Values, mxfp4_scale, 17>;
+using MXFP4 = TableType<kMxfp4Values, mxfp4_scale, 17, kMxfp4Lift>;
 using IQ4_NL = TableType<kIq4NlValues, f16_scale, 18>;
 
 // IQ4_XS: IQ4_NL's levels in 256-value super-blocks: one f16 scale d, then for each 32 values a 6-bit scale stored
