@@ -173,6 +173,10 @@ library._compile = fake_compile
 assert library.library().rl_isa() and built == [path], built
 print("rebuilt")
 """
+    from runlm.native import library
+
+    if library.installed_library() is None:  # a checkout whose csrc changed since it was installed
+        pytest.skip("the installed kernels are of an older source: their copy is no build of this one")
     env = {**os.environ, "RUNLM_HOME": str(tmp_path)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and "rebuilt" in result.stdout, result.stderr[-2000:]
