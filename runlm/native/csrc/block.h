@@ -105,6 +105,18 @@ void attention_rows(const float* q, const T* knew, const T* vnew, const std::vec
             values[t - u0] = kv_row(static_cast<const T*>(sq.v), g * sq.cap + slot, D);
           }
         }
+        // A decode row's next chunk of cached keys and values (this thread's next item, as a rule): asked for now,
+        // they come while this chunk is scored instead of each row's lines missing in turn (a block of prompt rows
+        // spends long enough on each chunk that the cache keeps up). SmolLM2 at 4000 positions (avx2, Xeon): 74 ->
+        // 87 tok/s.
+        if (rb1 - rb0 == 1 && item + 1 < end) {
+          const int64_t t_end = std::min(sq.first_pos, std::min(row_pos[rb1 - 1] + 1, u1 + kKeyChunk));
+          for (int64_t t = u1; t < t_end; ++t) {
+            const int64_t slot = ring ? t % sq.cap : t;
+            prefetch_kv_row(kv_row(static_cast<const T*>(sq.k), g * sq.cap + slot, D), D);
+            prefetch_kv_row(kv_row(static_cast<const T*>(sq.v), g * sq.cap + slot, D), D);
+          }
+        }
         auto slot_of = [&](int64_t r) { return (item_start[r - r0] + g * n_chunks[r] + (c - first_chunk[r])) * rep; };
         auto attend_alone = [&](int64_t r, int64_t t0, int64_t t1, const auto* ks, const auto* vs) {
           const int64_t slot = slot_of(r);

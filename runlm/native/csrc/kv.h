@@ -20,6 +20,18 @@ template <typename T>
 constexpr size_t kv_row_bytes(int64_t D) {
   return sizeof(T) * kv_row_units<T>(D);
 }
+
+// A cache row's lines on their way into the cache (a no-op without SIMD builds' prefetch).
+template <typename T>
+inline void prefetch_kv_row(const T* row, int64_t D) {
+#if RUNLM_AVX2
+  const char* p = reinterpret_cast<const char*>(row);
+  for (size_t o = 0; o < kv_row_bytes<T>(D); o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+#else
+  (void)row, (void)D;
+#endif
+}
+
 // Row `index` of rows of D values each.
 template <typename T>
 inline T* kv_row(T* rows, int64_t index, int64_t D) {
