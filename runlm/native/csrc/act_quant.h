@@ -139,17 +139,16 @@ inline void quantize_ak(const float* x, AK* y, int64_t nb) { quantize_ak_scalar(
 #endif
 
 inline void quantize_row(const float* x, A32* y, int64_t nb) { quantize_a32(x, y, nb); }
+#if RUNLM_AVX2
+// Only MXFP4's AVX2 kernel without VNNI takes A32Pairs (TableType::kLifted).
 inline void quantize_row(const float* x, A32Pairs* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, x += 32) {
     quantize_a32(x, &y[b], 1);
-#if RUNLM_AVX2
+    const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].pair_offsets),
-                        _mm256_maddubs_epi16(_mm256_set1_epi8(kMxfp4Lift), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs))));
-#else
-    for (int j = 0; j < 16; ++j)
-      y[b].pair_offsets[j] = static_cast<int16_t>(kMxfp4Lift * (y[b].qs[2 * j] + y[b].qs[2 * j + 1]));
-#endif
+                        _mm256_maddubs_epi16(_mm256_set1_epi8(kMxfp4Lift), codes));
   }
 }
+#endif
 inline void quantize_row(const float* x, AK* y, int64_t nb) { quantize_ak(x, y, nb); }
 

@@ -145,9 +145,8 @@ struct TableType {
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
 #if RUNLM_AVX2
     // each (weight row, activation row) pair: one float chain of block sums, whatever the tile
-    const __m256i table = _mm256_add_epi8(
-        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(Table))), _mm256_set1_epi8(
-            kLifted ? Lift : 0));
+    __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(Table)));
+    if constexpr (kLifted) table = _mm256_add_epi8(table, _mm256_set1_epi8(Lift));
     __m256 acc[RW * R];
     for (int k = 0; k < RW * R; ++k) acc[k] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
