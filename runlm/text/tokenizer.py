@@ -30,6 +30,7 @@ from runlm.catalog import runlm_home
 from runlm.errors import RunlmError, TokenizerError
 from runlm.formats.gguf import GGUFFile
 from runlm.system import collection_paused
+from runlm.text.bpe import BpeEncoder, byte_alphabet, spelled_bytes
 from runlm.text.fim import FIM_ROLES, FimTokens, fim_tokens, find_fim_ids
 from runlm.text.spm import PREFIX_EACH_PIECE, PREFIX_FIRST_PIECE, PREFIX_NONE, SpmEncoder
 
@@ -90,7 +91,8 @@ _DEEPSEEK3_SPLITS = (
     r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
 )
 
-_GPT2 = "gpt2"  # ByteLevel's own GPT-2 regex
+_GPT2 = "gpt2"  # ByteLevel's own GPT-2 regex, _GPT2_SPLIT
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _DIGITS = "digits"  # every digit alone, then the GPT-2 regex (StarCoder-style vocabularies)
 
 
@@ -101,6 +103,14 @@ class _Pre:
         self.splits = splits
         self.ignore_merges = ignore_merges
         self.add_bos = add_bos
+
+    def patterns(self) -> tuple[str, ...]:
+        """The split regexes, each applied to every piece the ones before it cut (the native encoder's steps)."""
+        if self.splits == _GPT2:
+            return (_GPT2_SPLIT,)
+        if self.splits == _DIGITS:
+            return (r"\p{N}", _GPT2_SPLIT)  # Digits(individual_digits): each number character alone
+        return (self.splits,) if isinstance(self.splits, str) else self.splits
 
     def build(self) -> pre_tokenizers.PreTokenizer:
         if self.splits == _GPT2:
@@ -144,25 +154,9 @@ BPE_PRE_TYPES: dict[str, _Pre] = {
 
 
 @lru_cache(maxsize=1)
-def _byte_alphabet() -> tuple[dict[int, str], dict[str, int]]:
-    """GPT-2's printable spelling of every byte, both ways."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    printable += list(range(ord("®"), ord("ÿ") + 1))
-    chars = printable[:]
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    to_char = {b: chr(c) for b, c in zip(printable, chars, strict=True)}
-    return to_char, {c: b for b, c in to_char.items()}
-
-
-@lru_cache(maxsize=1)
 def _outside_byte_alphabet() -> re.Pattern[str]:
     """A character GPT-2's byte alphabet does not have: a token holding one is spelled as raw text."""
-    to_char, _ = _byte_alphabet()
+    to_char, _ = byte_alphabet()
     return re.compile(f"[^{re.escape(''.join(sorted(to_char.values())))}]")
 
 
@@ -260,6 +254,35 @@ def _spm_ranking(metadata: Mapping[str, Any], count: int) -> np.ndarray:
     if gemma or not isinstance(scores, list) or len(scores) != count:
         return -np.arange(count, dtype=np.float64)
     return np.asarray(scores, dtype=np.float64)
+
+
+def _bpe_pre(metadata: Mapping[str, Any]) -> _Pre:
+    """How a byte-level vocabulary splits text, by its `tokenizer.ggml.pre`."""
+    pre_name = metadata.get("tokenizer.ggml.pre") or "default"
+    pre = BPE_PRE_TYPES.get(pre_name)
+    if pre is None:
+        raise TokenizerError(
+            f"unknown tokenizer.ggml.pre {pre_name!r}: runlm does not know how this vocabulary splits text "
+            f"(known: {', '.join(sorted(BPE_PRE_TYPES))})"
+        )
+    return pre
+
+
+def _native_byte_level(
+    metadata: Mapping[str, Any], tokens: list[str], types: list[int], pre: _Pre
+) -> BpeEncoder | None:
+    """The byte-level vocabulary encoded by the native library (runlm.text.bpe), or None where the `tokenizers` route
+    takes it: a file without merges (they are made from the vocabulary there), or no library to run it."""
+    merges = metadata.get("tokenizer.ggml.merges")
+    if not isinstance(merges, list) or not merges:
+        return None
+    try:
+        bpe = BpeEncoder(tokens, types, merges, pre.patterns(), ignore_merges=pre.ignore_merges)
+    except (RunlmError, OSError) as exc:
+        log.debug("byte-level vocabulary left to the tokenizers library: %s", exc)
+        return None
+    bpe.add_tokens(_gguf_added_tokens(metadata, tokens, types, bpe.own_ids))
+    return bpe
 
 
 def _native_sentencepiece(metadata: Mapping[str, Any], tokens: list[str], types: list[int]) -> SpmEncoder | None:
@@ -433,8 +456,8 @@ class Tokenizer:
     """Text <-> token ids for one model, with its BOS/EOS conventions and end-of-turn tokens.
 
     Build it with `from_gguf` or `from_hf_dir`; the constructor takes an assembled `tokenizers` backend, or a
-    SentencePiece vocabulary the native library encodes (`spm`) with a function that builds the backend should a caller
-    ask for one.
+    vocabulary the native library encodes (`native`: SentencePiece or byte-level BPE) with a function that builds the
+    backend should a caller ask for one.
     """
 
     def __init__(
@@ -449,13 +472,14 @@ class Tokenizer:
         byte_mode: str = "byte_level",
         strip_mode: tuple[str, int] = ("none", 0),
         fim_declared: Mapping[str, Any] | None = None,
-        spm: SpmEncoder | None = None,
+        native: SpmEncoder | BpeEncoder | None = None,
+        vocab_size: int | None = None,
     ):
-        self._spm = spm
+        self._native = native
         self._backend: _Backend | None = None
         self._make_backend: Callable[[], _Backend] | None = None
         self._backend_made = threading.Lock()
-        if spm is None:
+        if native is None:
             assert isinstance(backend, _Backend)
             self._set_backend(backend)
             self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
@@ -463,9 +487,11 @@ class Tokenizer:
             self._pre_after_special = _never_prepending(backend.pre_tokenizer)
         else:
             self._make_backend = backend
-            self.vocab_size = spm.vocab_size
-            added_texts = spm.added
+            self.vocab_size = native.vocab_size
+            added_texts = native.added
             self._pre_after_special = None
+        if vocab_size is not None:  # the file's ids (a repeated spelling leaves fewer distinct pieces than ids)
+            self.vocab_size = vocab_size
         self.bos_id = bos_id if bos_id is not None and 0 <= bos_id < self.vocab_size else None
         self.eos_id = eos_id if eos_id is not None and 0 <= eos_id < self.vocab_size else None
         self.add_bos = bool(add_bos) and self.bos_id is not None
@@ -511,7 +537,7 @@ class Tokenizer:
     def _from_gguf(cls, metadata: Mapping[str, Any]) -> Tokenizer:
         _check_gguf_tokenizer_types(metadata)
         model = metadata.get("tokenizer.ggml.model")
-        spm: SpmEncoder | None = None
+        native: SpmEncoder | BpeEncoder | None = None
         tokens = metadata.get("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens:
             raise TokenizerError("GGUF metadata has no tokenizer.ggml.tokens vocabulary")
@@ -519,15 +545,20 @@ class Tokenizer:
         if not isinstance(types, list) or len(types) != len(tokens):
             types = [_NORMAL] * len(tokens)
         if model == "gpt2":
-            backend, pre = cls._gguf_byte_level(metadata, tokens, types)
+            pre = _bpe_pre(metadata)
+            native = _native_byte_level(metadata, tokens, types, pre)
+            if native is not None:  # the `tokenizers` backend only where a caller asks for it
+                backend = functools.partial(cls._gguf_byte_level, metadata, tokens, types)
+            else:
+                backend = cls._gguf_byte_level(metadata, tokens, types)
             default_add_bos = pre.add_bos
             byte_mode, strip_mode = "byte_level", ("none", 0)
         elif model == "gemma4":
             backend = cls._gguf_gemma4(metadata, tokens, types)
             default_add_bos, byte_mode, strip_mode = True, "spm", ("none", 0)
         elif model == "llama":
-            spm = _native_sentencepiece(metadata, tokens, types)
-            if spm is not None:  # the `tokenizers` backend only where a caller asks for it
+            native = _native_sentencepiece(metadata, tokens, types)
+            if native is not None:  # the `tokenizers` backend only where a caller asks for it
                 backend = functools.partial(cls._gguf_sentencepiece, metadata, tokens, types)
             else:
                 backend = cls._gguf_sentencepiece(metadata, tokens, types)
@@ -563,24 +594,19 @@ class Tokenizer:
             byte_mode=byte_mode,
             strip_mode=strip_mode,
             fim_declared=fim,
-            spm=spm,
+            native=native,
+            vocab_size=len(tokens),
         )
 
     @staticmethod
-    def _gguf_byte_level(metadata: Mapping[str, Any], tokens: list[str], types: list[int]) -> tuple[_Backend, _Pre]:
+    def _gguf_byte_level(metadata: Mapping[str, Any], tokens: list[str], types: list[int]) -> _Backend:
         """Byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM...): vocabulary + merges + a split regex."""
-        pre_name = metadata.get("tokenizer.ggml.pre") or "default"
-        pre = BPE_PRE_TYPES.get(pre_name)
-        if pre is None:
-            raise TokenizerError(
-                f"unknown tokenizer.ggml.pre {pre_name!r}: runlm does not know how this vocabulary splits text "
-                f"(known: {', '.join(sorted(BPE_PRE_TYPES))})"
-            )
+        pre = _bpe_pre(metadata)
         outside = _outside_byte_alphabet().search
         if not outside("".join(tokens)):
             vocab = dict(zip(tokens, range(len(tokens))))
         else:  # some tokens are written as raw text: respell them the way byte-level BPE produces them
-            to_char, _ = _byte_alphabet()
+            to_char, _ = byte_alphabet()
             spelled = {byte: ord(char) for byte, char in to_char.items()}
             vocab = {}
             for index, (token, kind) in enumerate(zip(tokens, types, strict=True)):
@@ -608,7 +634,7 @@ class Tokenizer:
         backend.pre_tokenizer = pre.build()
         backend.decoder = decoders.ByteLevel()
         _add_gguf_special_tokens(backend, metadata, tokens, types, vocab)
-        return backend, pre
+        return backend
 
     @staticmethod
     def _gguf_sentencepiece(metadata: Mapping[str, Any], tokens: list[str], types: list[int]) -> _Backend:
@@ -755,15 +781,15 @@ class Tokenizer:
 
     def token_to_id(self, text: str) -> int | None:
         """The id of an added token or vocabulary piece spelled `text`, or None."""
-        if self._spm is not None:
-            return self._spm.token_to_id(text)
+        if self._native is not None:
+            return self._native.token_to_id(text)
         return self.backend.token_to_id(text)
 
     def added_tokens(self) -> dict[int, AddedToken]:
         """The tokens matched whole in text (special or not), by id."""
-        if self._spm is not None:
+        if self._native is not None:
             return {i: AddedToken(text, special=special, normalized=False) for i, (text, special) in
-                    self._spm.added.items()}
+                    self._native.added.items()}
         return self.backend.get_added_tokens_decoder()
 
     def encode(self, text: str, add_bos: bool | None = None, add_eos: bool | None = None) -> list[int]:
@@ -773,8 +799,8 @@ class Tokenizer:
         """
         if not isinstance(text, str):
             raise TokenizerError(f"encode() takes a str, got {type(text).__name__}")
-        if self._spm is not None:
-            ids = self._spm.encode(text)
+        if self._native is not None:
+            ids = self._native.encode(text)
         else:
             # encode_batch, not encode: the same ids, but it lets go of the GIL while it works (a megabyte of text
             # takes 0.3 s), so a server's event loop keeps answering while a worker thread tokenizes.
@@ -793,8 +819,8 @@ class Tokenizer:
         so no second copy of a large vocabulary is held for it."""
         if not isinstance(text, str):
             raise TokenizerError(f"encode_text() takes a str, got {type(text).__name__}")
-        if self._spm is not None:
-            return self._spm.encode(text, specials_as_text=True, after_special=after_special)
+        if self._native is not None:
+            return self._native.encode(text, specials_as_text=True, after_special=after_special)
         backend = self.backend
         swap = after_special and self._pre_after_special is not None
         with self._modes.alone():
@@ -827,14 +853,14 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         """The text of `ids`; special tokens are written out unless `skip_special`."""
         checked = self._check_ids(ids)
-        if self._spm is not None:
-            return self._spm.decode(checked, skip_special)
+        if self._native is not None:
+            return self._native.decode(checked, skip_special)
         return self.backend.decode(checked, skip_special_tokens=skip_special)
 
     def token_str(self, token_id: int) -> str:
         """The vocabulary's spelling of a token ('Ġhello', '▁hello', '<0x0A>', '<|im_end|>')."""
         (token_id,) = self._check_ids([token_id])
-        text = self._spm.id_to_token(token_id) if self._spm is not None else self.backend.id_to_token(token_id)
+        text = self._native.id_to_token(token_id) if self._native is not None else self.backend.id_to_token(token_id)
         if text is None:
             raise TokenizerError(f"token id {token_id} has no entry in the vocabulary")
         return text
@@ -854,11 +880,7 @@ class Tokenizer:
             return cached
         token = self.token_str(token_id)
         if self._byte_mode == "byte_level":
-            _, from_char = _byte_alphabet()
-            try:
-                data = bytes(from_char[c] for c in token)
-            except KeyError:  # not byte-level spelled (an added token written as text)
-                data = token.encode("utf-8")
+            data = spelled_bytes(token)
         elif self._byte_mode == "spm":
             match = _BYTE_TOKEN.fullmatch(token)
             data = bytes([int(match.group(1), 16)]) if match else token.replace("▁", " ").encode("utf-8")

@@ -42,11 +42,11 @@ def _texts(pieces: list[str], count: int, seed: int) -> list[str]:
 
 def _both(metadata: dict, monkeypatch: pytest.MonkeyPatch) -> tuple[Tokenizer, Tokenizer]:
     native = Tokenizer.from_gguf(metadata)
-    assert native._spm is not None, "the native encoder was not built"
+    assert native._native is not None, "the native encoder was not built"
     with monkeypatch.context() as patched:
         patched.setattr(tokenizer_module, "_native_sentencepiece", lambda *args: None)
         reference = Tokenizer.from_gguf(metadata)
-    assert reference._spm is None
+    assert reference._native is None
     return native, reference
 
 
@@ -130,4 +130,4 @@ def test_a_vocabulary_the_native_encoder_cannot_hold_takes_the_tokenizers_route(
     metadata = _random_vocabulary(0, prefix=True, repeats=False, bytes_missing=False)
     metadata["tokenizer.ggml.tokens"] = [*metadata["tokenizer.ggml.tokens"][:-1], "a\0b"]  # a piece with a NUL in it
     tok = Tokenizer.from_gguf(metadata)
-    assert tok._spm is None and tok.encode("hello world")[0] == 1
+    assert tok._native is None and tok.encode("hello world")[0] == 1

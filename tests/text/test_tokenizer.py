@@ -165,9 +165,9 @@ def test_unsupported_model_and_missing_vocab():
 @pytest.mark.parametrize("pre", sorted(BPE_PRE_TYPES))
 def test_every_known_pre_tokenizer_builds(pre):
     # A tiny byte-level vocabulary (all 256 byte symbols + one merge) under each pre-tokenizer.
-    from runlm.text.tokenizer import _byte_alphabet
+    from runlm.text.bpe import byte_alphabet
 
-    alphabet = list(_byte_alphabet()[0].values())
+    alphabet = list(byte_alphabet()[0].values())
     metadata = {
         "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.pre": pre,
@@ -320,9 +320,9 @@ def test_plain_encodes_never_see_encode_texts_modes(smollm2_gguf):
 def test_byte_level_tokens_written_as_raw_text_are_respelled():
     """A byte-level vocabulary whose file writes some pieces as raw text (a space, not Ġ): those are looked up as the
     BPE spells them, while control tokens keep their text and stay matched whole."""
-    from runlm.text.tokenizer import _byte_alphabet
+    from runlm.text.bpe import byte_alphabet
 
-    alphabet = list(_byte_alphabet()[0].values())
+    alphabet = list(byte_alphabet()[0].values())
     metadata = {
         "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.pre": "default",
@@ -332,6 +332,7 @@ def test_byte_level_tokens_written_as_raw_text_are_respelled():
         "tokenizer.ggml.eos_token_id": 258,
     }
     tok = Tokenizer.from_gguf(metadata)
-    assert tok._backend.token_to_id("Ġb") == 257 and tok._backend.token_to_id(" b") is None
+    for lookup in (tok.token_to_id, tok.backend.token_to_id):  # the native encoder's and the `tokenizers` backend's
+        assert lookup("Ġb") == 257 and lookup(" b") is None
     assert tok.encode(" a b<|end of text|>") == [256, 257, 258]
     assert tok.decode([256, 257]) == " a b"

@@ -17,4 +17,6 @@
 #include "moe.h"
 #include "block.h"
 #include "api.h"
+#include "unicode_classes.h"
+#include "pretok.h"
 #include "tokenizer.h"
