@@ -76,10 +76,10 @@ def test_huge_pages_made_slowly_are_given_up_after_one_step(monkeypatch):
 def test_a_load_gives_huge_pages_up_where_the_kernel_makes_them_slowly(tmp_path, monkeypatch, rate, later):
     """A VM whose host backs memory only at first touch makes huge pages at ~0.6 GB/s, 1B Q8_0 loading in 2.5 s
     against 0.9 s in small pages: after one slow weight of 8 MB or more the load asks for no more of them."""
-    rows, cols = 2048, 4096  # 8.9 MB of Q8_0
-    blocks = np.random.default_rng(0).integers(0, 256, (rows, cols // 32 * 34), dtype=np.uint8)
-    q8 = (blocks, gguf.GGMLQuantizationType.Q8_0)
-    file, reader = bare_weights(tmp_path / "big.gguf", {"a.weight": q8, "b.weight": q8})
+    rows, cols = 2048, 8192  # 9.4 MB of Q4_0, which every vector build regroups (Q8_0 some read in place)
+    blocks = np.random.default_rng(0).integers(0, 256, (rows, cols // 32 * 18), dtype=np.uint8)
+    q4 = (blocks, gguf.GGMLQuantizationType.Q4_0)
+    file, reader = bare_weights(tmp_path / "big.gguf", {"a.weight": q4, "b.weight": q4})
     asked = []
 
     def timed_buffer(rows: int, row_bytes: int, huge_pages: bool = True):

@@ -554,19 +554,20 @@ for type_name in kernels.KERNEL_TYPES:
     for rows in t.ROWS_M:
         assert torch.equal(module.dequantized(), weight)
         t.check_against_references(module, type_name, weight, x[:rows])
-        if module.x4:  # rows alike for any row count
-            assert torch.equal(module(x[:rows]), single[:rows]), (type_name, rows)
+        assert torch.equal(module(x[:rows]), single[:rows]), (type_name, rows)  # rows alike for any row count
     if kernels.group_rows(type_name) and not module.x4:  # the x4 kernels' portable path, through the op
         x4 = torch.ops.runlm.gguf_relayout(module.blocks, module.type_id, *shape)
         out = torch.ops.runlm.gguf_linear(x[:5], x4, module.type_id + kernels.X4, *shape)
         if type_name in expected:  # K-quants: the row layout's integer sums and float steps
             assert torch.equal(out, module(x[:5])), type_name
         assert t.rel_err(out, module(x[:5])) < t.EXACT_TOL, type_name
-for type_name in t.WIDE32_TYPES:  # this build's 4-row groups: the same integers, in the same float chains as 16 rows
+for type_name in t.WIDE32_TYPES:  # this build's 4-row groups (Q8_0: its rows read 4 at a time as groups, unless it
+    # regroups them): the same integers, in the same float chains as 16 rows
     if type_name + " x4" in expected:
         shape, x = t.GROUPS_CASE, t.variant_case(type_name)[1]
         module = t.kernel_module(type_name, t.weight_data(type_name, *shape, seed=7), shape)
-        assert module.x4 and torch.equal(module(x), expected[type_name + " x4"]), type_name
+        assert module.x4 == (type_name != "Q8_0" or kernels.group_rows(type_name) > 0), type_name
+        assert torch.equal(module(x), expected[type_name + " x4"]), type_name
 t.check_half_cache()
 t.check_q8_0_cache()
 print("variant ok")

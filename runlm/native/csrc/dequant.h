@@ -219,7 +219,7 @@ int64_t group_rows(int64_t type) {
     case T_Q4_1: return X4Fields<Q4_1>::ROWS;
     case T_Q5_0: return X4Fields<Q5_0>::ROWS;
     case T_Q5_1: return X4Fields<Q5_1>::ROWS;
-    case T_Q8_0: return X4Fields<Q8_0>::ROWS;
+    case T_Q8_0: return kQ8_0InRows ? 0 : X4Fields<Q8_0>::ROWS;  // read in place by X4Rows
     case T_Q4_K: return X4Fields<Q4_K>::ROWS;
     case T_Q5_K: return X4Fields<Q5_K>::ROWS;
     case T_Q6_K: return X4Fields<Q6_K>::ROWS;

@@ -221,6 +221,9 @@ int64_t tile_pass_rows(int64_t M, int64_t nba) {
 
 template <class T>
 void gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y) {
+  if constexpr (std::is_same_v<T, Q8_0> && kQ8_0InRows) {  // the x4 kernel, 4 rows at a time (X4Rows)
+    if (N % 4 == 0) return gemm<X4Rows<Q8_0>>(x, M, K, w, N, y);
+  }
   using A = typename T::Act;
   constexpr int64_t AQK = std::is_base_of_v<A32, A> ? 32 : QK_K;
   const int64_t nba = K / AQK, nbw = K / T::QK, row_bytes = nbw * T::SIZE;
@@ -272,6 +275,16 @@ void gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, flo
     }
     for (int64_t nt = n0; nt < n1; nt += n_tile) {
       const int64_t ne = std::min(n1, nt + n_tile);
+      if constexpr (std::is_same_v<T, X4Rows<Q8_0>>) {
+        if (M > 16) {  // Q8_0 rows with many activation rows: the tile regrouped once, then the x4 kernels
+          thread_local std::vector<uint8_t> tile_x4;
+          tile_x4.resize(static_cast<size_t>((ne - nt) * row_bytes));
+          q8_0_to_x4(w + nt * row_bytes, ne - nt, row_bytes, nbw, tile_x4.data());
+          const Ctx<X4Layout<Q8_0>> x4{tile_x4.data(), row_bytes, nbw, act_p, nba, N, y + nt};
+          for (int64_t mt = 0; mt < M; mt += kMTile) block_rows(x4, 0, ne - nt, mt, std::min(M, mt + kMTile));
+          continue;
+        }
+      }
       for (int64_t mt = 0; mt < M; mt += kMTile) block_rows<T>(c, nt, ne, mt, std::min(M, mt + kMTile));
     }
   });

@@ -249,6 +249,133 @@ void x4_portable_dot(const uint8_t* group, const typename T::Act* const* a, int6
   T::template dot<4, R>(rows, a, nb, out);
 }
 
+#if RUNLM_AVX2
+// [16 bytes at low | 16 bytes at high]
+inline __m256i load_pair(const uint8_t* low, const uint8_t* high) {
+  return _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(high), reinterpret_cast<const __m128i*>(low));
+}
+#endif
+
+// The float16 scales of 4 Q8_0 blocks, side by side as the x4 layout stores them.
+inline uint64_t q8_0_scales4(const uint8_t* const* blocks) {
+  uint64_t d = 0;
+  for (int i = 0; i < 4; ++i) d |= uint64_t{u32(blocks[i]) & 0xFFFFu} << (16 * i);
+  return d;
+}
+
+// The 32-wide types' 4-row kernel: w[0] is an x4 group's first byte, or with kRows (Q8_0 only) w[0..3] are 4 rows
+// of GGUF's row layout, whose pieces each block's loads gather into the registers the group's loads give (the same
+// sums, bit for bit).
+template <class T, int R, bool kRows>
+void x4_dot32(const uint8_t* const* w, const A32* const* a, int64_t nb, float* out) {
+  constexpr int QK = T::QK, SIZE = T::SIZE;
+#if RUNLM_AVX2
+  using F = X4Fields<T>;
+  constexpr bool kQ8 = std::is_same_v<T, Q8_0>, kMin = F::M >= 0, kQH = F::QH >= 0;
+  static_assert(kQ8 || !kRows, "only Q8_0 is read from rows as groups");
+  constexpr bool kCorr = !kQ8;
+  constexpr float kCorrMult = kMin ? 1.f : (kQH ? -16.f : -8.f);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m16 = _mm256_set1_epi8(0x10);
+  const __m256i shift_lo = _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3), shift_hi = _mm256_setr_epi32(4, 3, 2, 1, 4, 3, 2, 1);
+  const __m256i dd_perm = _mm256_setr_epi32(0, 0, 2, 2, 1, 1, 3, 3);
+  __m256 acc[R];
+  __m128 corr[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    corr[r] = _mm_setzero_ps();
+  }
+  const uint8_t* blk = w[0];
+  for (int64_t b = 0; b < nb; ++b, blk += 4 * SIZE) {
+    __m256i lo01, hi01, lo23, hi23;
+    __m128 d4;
+    if constexpr (kRows) {
+      const uint8_t* r[4];
+      for (int i = 0; i < 4; ++i) r[i] = w[i] + b * SIZE;
+      // the next group's same blocks, a line every other block: a prefetch a fixed distance on (x4_prefetch) would
+      // land inside these rows, which are short (a 2048-wide row is 2176 bytes)
+      if (g_walk.line_ahead && (b & 1) == 0)
+        for (int i = 0; i < 4; ++i) _mm_prefetch(reinterpret_cast<const char*>(r[i] + 4 * nb * SIZE), _MM_HINT_T0);
+      lo01 = load_pair(r[0] + 2, r[1] + 2), lo23 = load_pair(r[2] + 2, r[3] + 2);
+      hi01 = load_pair(r[0] + 18, r[1] + 18), hi23 = load_pair(r[2] + 18, r[3] + 18);
+      d4 = _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(q8_0_scales4(r))));
+    } else if constexpr (kQ8) {
+      x4_prefetch(blk, 4 * SIZE, QK);
+      lo01 = load256(blk + F::QS), lo23 = load256(blk + F::QS + 32);
+      hi01 = load256(blk + F::QS + 64), hi23 = load256(blk + F::QS + 96);
+    } else {
+      x4_prefetch(blk, 4 * SIZE, QK);
+      const __m256i v01 = load256(blk + F::QS), v23 = load256(blk + F::QS + 32);
+      lo01 = _mm256_and_si256(v01, m4), hi01 = _mm256_and_si256(_mm256_srli_epi16(v01, 4), m4);
+      lo23 = _mm256_and_si256(v23, m4), hi23 = _mm256_and_si256(_mm256_srli_epi16(v23, 4), m4);
+      if constexpr (kQH) {
+        // fifth bits (reordered by the repack, see qh_x4_bit): lane k of q01 holds row k's 32 bits
+        const __m256i qh = _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + F::QH)));
+        const __m256i q01 = _mm256_permutevar8x32_epi32(qh, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+        const __m256i q23 = _mm256_permutevar8x32_epi32(qh, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3));
+        lo01 = _mm256_or_si256(lo01, _mm256_and_si256(_mm256_srlv_epi32(q01, shift_lo), m16));
+        hi01 = _mm256_or_si256(hi01, _mm256_and_si256(_mm256_sllv_epi32(q01, shift_hi), m16));
+        lo23 = _mm256_or_si256(lo23, _mm256_and_si256(_mm256_srlv_epi32(q23, shift_lo), m16));
+        hi23 = _mm256_or_si256(hi23, _mm256_and_si256(_mm256_sllv_epi32(q23, shift_hi), m16));
+      }
+    }
+    if constexpr (!kRows) d4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk)));
+    const __m256 dd = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d4), dd_perm);
+    __m128 c4 = d4;
+    if constexpr (kMin) c4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + F::M)));
+    for (int r = 0; r < R; ++r) {
+      const A32& ab = a[r][b];
+      const __m256i alo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.qs)));
+      const __m256i ahi =
+          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.qs + 16)));
+      // lanes: [r0 r0 r2 r2 | r1 r1 r3 r3] partial sums, scaled by [d0 d0 d2 d2 | d1 d1 d3 d3]
+      __m256i sums;
+#if RUNLM_VNNI
+      const __m256i zero = _mm256_setzero_si256();
+      if constexpr (kQ8) {  // |w| (unsigned) times a carrying w's sign
+        const __m256i p01 = dot_bytes(dot_bytes(zero, _mm256_sign_epi8(lo01, lo01), _mm256_sign_epi8(alo, lo01)),
+                                      _mm256_sign_epi8(hi01, hi01), _mm256_sign_epi8(ahi, hi01));
+        const __m256i p23 = dot_bytes(dot_bytes(zero, _mm256_sign_epi8(lo23, lo23), _mm256_sign_epi8(alo, lo23)),
+                                      _mm256_sign_epi8(hi23, hi23), _mm256_sign_epi8(ahi, hi23));
+        sums = _mm256_hadd_epi32(p01, p23);
+      } else {
+        sums = _mm256_hadd_epi32(dot_bytes(dot_bytes(zero, lo01, alo), hi01, ahi),
+                                 dot_bytes(dot_bytes(zero, lo23, alo), hi23, ahi));
+      }
+#else
+      if constexpr (kQ8) {
+        sums = _mm256_hadd_epi32(_mm256_add_epi32(prod_s8s8(lo01, alo), prod_s8s8(hi01, ahi)),
+                                 _mm256_add_epi32(prod_s8s8(lo23, alo), prod_s8s8(hi23, ahi)));
+      } else {
+        // codes <= 31: the pair sums of low and high codes added (4 products) and those added in pairs (8, at most
+        // 8 * 31 * 127 = 31496) stay within int16, so one vpmaddwd widens what two and a vphaddd summed (the
+        // same integers: 1.1x the 8-stream steps of SmolLM2's Q4_1 on an EPYC Zen 1)
+        const __m256i x01 = _mm256_add_epi16(_mm256_maddubs_epi16(lo01, alo), _mm256_maddubs_epi16(hi01, ahi));
+        const __m256i x23 = _mm256_add_epi16(_mm256_maddubs_epi16(lo23, alo), _mm256_maddubs_epi16(hi23, ahi));
+        sums = _mm256_madd_epi16(_mm256_hadd_epi16(x01, x23), ones16());
+      }
+#endif
+      const __m256 f = _mm256_cvtepi32_ps(sums);
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dd, _mm256_set1_ps(ab.d)), f, acc[r]);
+      if constexpr (kCorr) corr[r] = _mm_fmadd_ps(c4, _mm_set1_ps(ab.s), corr[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const __m128 h = _mm_hadd_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));  // r0 r2 r1 r3
+    __m128 v = _mm_shuffle_ps(h, h, _MM_SHUFFLE(3, 1, 2, 0));
+    if constexpr (kCorr) v = _mm_fmadd_ps(_mm_set1_ps(kCorrMult), corr[r], v);
+    alignas(16) float o[4];
+    _mm_store_ps(o, v);
+    for (int i = 0; i < 4; ++i) out[i * R + r] = o[i];
+  }
+#else
+  if constexpr (kRows) {
+    T::template dot<4, R>(w, a, nb, out);
+  } else {
+    x4_portable_dot<T, R>(w[0], a, nb, out);
+  }
+#endif
+}
+
 template <class T>
 struct X4Layout {
   static constexpr int QK = T::QK, SIZE = T::SIZE, G = T::G, ROWS = 4;
@@ -259,94 +386,50 @@ struct X4Layout {
   template <int RW, int R>
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
     static_assert(RW == 4, "x4 groups are 4 rows");
+    x4_dot32<T, R, false>(w, a, nb, out);
+  }
+};
+
+// Q8_0 weights in GGUF's row layout run by the x4 kernel, 4 rows at a time: the x4 layout's results, with the weights
+// read where the file maps them instead of regrouped into a copy at load. The 4-row builds keep Q8_0 so (group_rows
+// 0): on an Intel Xeon (avx2, 2 threads) the 1B Q8_0 shape loaded in 0.18 s against 0.6 regrouped (most of that the
+// first touches of the copy's fresh pages), decoded at 15.8-16.3 tok/s against 15.0-15.2, and its GEMMs of many rows
+// regroup each tile as they go (gemm), at 0.98x the regrouped weights' speed.
+constexpr bool kQ8_0InRows = RUNLM_AVX2 && !RUNLM_AVX512;
+
+// Q8_0 rows [0, rows) (a multiple of 4; rows row_bytes apart, nb blocks each) into the x4 layout at out.
+inline void q8_0_to_x4(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t nb, uint8_t* out) {
+  constexpr int S = Q8_0::SIZE;
+  for (int64_t g = 0; g < rows; g += 4) {
+    const uint8_t* r[4];
+    for (int i = 0; i < 4; ++i) r[i] = w + (g + i) * row_bytes;
+    uint8_t* o = out + g * row_bytes;
+    for (int64_t b = 0; b < nb; ++b, o += 4 * S) {
 #if RUNLM_AVX2
-    using F = X4Fields<T>;
-    constexpr bool kQ8 = std::is_same_v<T, Q8_0>, kMin = F::M >= 0, kQH = F::QH >= 0;
-    constexpr bool kCorr = !kQ8;
-    constexpr float kCorrMult = kMin ? 1.f : (kQH ? -16.f : -8.f);
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m16 = _mm256_set1_epi8(0x10);
-    const __m256i shift_lo = _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3), shift_hi = _mm256_setr_epi32(4, 3, 2, 1, 4, 3, 2, 1);
-    const __m256i dd_perm = _mm256_setr_epi32(0, 0, 2, 2, 1, 1, 3, 3);
-    __m256 acc[R];
-    __m128 corr[R];
-    for (int r = 0; r < R; ++r) {
-      acc[r] = _mm256_setzero_ps();
-      corr[r] = _mm_setzero_ps();
-    }
-    const uint8_t* blk = w[0];
-    for (int64_t b = 0; b < nb; ++b, blk += 4 * SIZE) {
-      x4_prefetch(blk, 4 * SIZE, QK);
-      __m256i lo01, hi01, lo23, hi23;
-      if constexpr (kQ8) {
-        lo01 = load256(blk + F::QS), lo23 = load256(blk + F::QS + 32);
-        hi01 = load256(blk + F::QS + 64), hi23 = load256(blk + F::QS + 96);
-      } else {
-        const __m256i v01 = load256(blk + F::QS), v23 = load256(blk + F::QS + 32);
-        lo01 = _mm256_and_si256(v01, m4), hi01 = _mm256_and_si256(_mm256_srli_epi16(v01, 4), m4);
-        lo23 = _mm256_and_si256(v23, m4), hi23 = _mm256_and_si256(_mm256_srli_epi16(v23, 4), m4);
-        if constexpr (kQH) {
-          // fifth bits (reordered by the repack, see qh_x4_bit): lane k of q01 holds row k's 32 bits
-          const __m256i qh = _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + F::QH)));
-          const __m256i q01 = _mm256_permutevar8x32_epi32(qh, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
-          const __m256i q23 = _mm256_permutevar8x32_epi32(qh, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3));
-          lo01 = _mm256_or_si256(lo01, _mm256_and_si256(_mm256_srlv_epi32(q01, shift_lo), m16));
-          hi01 = _mm256_or_si256(hi01, _mm256_and_si256(_mm256_sllv_epi32(q01, shift_hi), m16));
-          lo23 = _mm256_or_si256(lo23, _mm256_and_si256(_mm256_srlv_epi32(q23, shift_lo), m16));
-          hi23 = _mm256_or_si256(hi23, _mm256_and_si256(_mm256_sllv_epi32(q23, shift_hi), m16));
-        }
-      }
-      const __m128 d4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk)));
-      const __m256 dd = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d4), dd_perm);
-      __m128 c4 = d4;
-      if constexpr (kMin) c4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + F::M)));
-      for (int r = 0; r < R; ++r) {
-        const A32& ab = a[r][b];
-        const __m256i alo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.qs)));
-        const __m256i ahi =
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.qs + 16)));
-        // lanes: [r0 r0 r2 r2 | r1 r1 r3 r3] partial sums, scaled by [d0 d0 d2 d2 | d1 d1 d3 d3]
-        __m256i sums;
-#if RUNLM_VNNI
-        const __m256i zero = _mm256_setzero_si256();
-        if constexpr (kQ8) {  // |w| (unsigned) times a carrying w's sign
-          const __m256i p01 = dot_bytes(dot_bytes(zero, _mm256_sign_epi8(lo01, lo01), _mm256_sign_epi8(alo, lo01)),
-                                        _mm256_sign_epi8(hi01, hi01), _mm256_sign_epi8(ahi, hi01));
-          const __m256i p23 = dot_bytes(dot_bytes(zero, _mm256_sign_epi8(lo23, lo23), _mm256_sign_epi8(alo, lo23)),
-                                        _mm256_sign_epi8(hi23, hi23), _mm256_sign_epi8(ahi, hi23));
-          sums = _mm256_hadd_epi32(p01, p23);
-        } else {
-          sums = _mm256_hadd_epi32(dot_bytes(dot_bytes(zero, lo01, alo), hi01, ahi),
-                                   dot_bytes(dot_bytes(zero, lo23, alo), hi23, ahi));
-        }
+      const uint64_t d = q8_0_scales4(r);
+      std::memcpy(o, &d, 8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 8), load_pair(r[0] + 2, r[1] + 2));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 40), load_pair(r[2] + 2, r[3] + 2));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 72), load_pair(r[0] + 18, r[1] + 18));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 104), load_pair(r[2] + 18, r[3] + 18));
 #else
-        if constexpr (kQ8) {
-          sums = _mm256_hadd_epi32(_mm256_add_epi32(prod_s8s8(lo01, alo), prod_s8s8(hi01, ahi)),
-                                   _mm256_add_epi32(prod_s8s8(lo23, alo), prod_s8s8(hi23, ahi)));
-        } else {
-          // codes <= 31: the pair sums of low and high codes added (4 products) and those added in pairs (8, at most
-          // 8 * 31 * 127 = 31496) stay within int16, so one vpmaddwd widens what two and a vphaddd summed (the
-          // same integers: 1.1x the 8-stream steps of SmolLM2's Q4_1 on an EPYC Zen 1)
-          const __m256i x01 = _mm256_add_epi16(_mm256_maddubs_epi16(lo01, alo), _mm256_maddubs_epi16(hi01, ahi));
-          const __m256i x23 = _mm256_add_epi16(_mm256_maddubs_epi16(lo23, alo), _mm256_maddubs_epi16(hi23, ahi));
-          sums = _mm256_madd_epi16(_mm256_hadd_epi16(x01, x23), ones16());
-        }
+      for (int i = 0; i < 4; ++i) x4_move<Q8_0, false>(o, i, const_cast<uint8_t*>(r[i]));
 #endif
-        const __m256 f = _mm256_cvtepi32_ps(sums);
-        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dd, _mm256_set1_ps(ab.d)), f, acc[r]);
-        if constexpr (kCorr) corr[r] = _mm_fmadd_ps(c4, _mm_set1_ps(ab.s), corr[r]);
-      }
+      for (int i = 0; i < 4; ++i) r[i] += S;
     }
-    for (int r = 0; r < R; ++r) {
-      const __m128 h = _mm_hadd_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));  // r0 r2 r1 r3
-      __m128 v = _mm_shuffle_ps(h, h, _MM_SHUFFLE(3, 1, 2, 0));
-      if constexpr (kCorr) v = _mm_fmadd_ps(_mm_set1_ps(kCorrMult), corr[r], v);
-      alignas(16) float o[4];
-      _mm_store_ps(o, v);
-      for (int i = 0; i < 4; ++i) out[i * R + r] = o[i];
-    }
-#else
-    x4_portable_dot<T, R>(w[0], a, nb, out);
-#endif
+  }
+}
+
+template <class T>
+struct X4Rows {
+  static constexpr int QK = T::QK, SIZE = T::SIZE, G = T::G, ROWS = 4;
+  using Act = A32;
+  using Plain = T;
+
+  template <int RW, int R>
+  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
+    static_assert(RW == 4, "4 rows at a time");
+    x4_dot32<T, R, true>(w, a, nb, out);
   }
 };
 

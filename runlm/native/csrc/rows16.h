@@ -771,4 +771,6 @@ template <class T>
 struct IsX4 : std::false_type {};
 template <class T>
 struct IsX4<X4Layout<T>> : std::true_type {};
+template <class T>
+struct IsX4<X4Rows<T>> : std::true_type {};
 
