@@ -70,7 +70,10 @@ class BpeEncoder:
             merge_blob = ("\0".join(merges) + "\0").encode("utf-8", "surrogatepass") if merges else b""
         except UnicodeEncodeError as exc:
             raise TokenizerError(f"a piece of the vocabulary is not text: {exc}") from None
-        kinds = np.ascontiguousarray(types, dtype=np.int32)
+        try:
+            kinds = np.ascontiguousarray(types, dtype=np.int32)
+        except (OverflowError, ValueError, TypeError):
+            raise TokenizerError("token types must be small integers") from None
         if kinds.shape != (len(tokens),):
             raise TokenizerError(f"{kinds.size} token types for {len(tokens)} tokens")
         pattern_blob = ("\0".join(patterns) + "\0").encode("utf-8")

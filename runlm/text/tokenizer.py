@@ -912,7 +912,10 @@ def _gguf_added_tokens(
     """The tokens matched whole in text, id -> (text, special): control tokens special, user-defined ones plain
     (llama.cpp does the same; without this `<|im_start|>` is cut into pieces). A token counts where the vocabulary
     finds its text at its id (`own` says which of some ids do)."""
-    kinds = np.asarray(types, dtype=np.int64)
+    try:
+        kinds = np.asarray(types, dtype=np.int64)
+    except OverflowError:
+        raise TokenizerError("GGUF metadata tokenizer.ggml.token_type holds a type past 64 bits") from None
     specials = set(np.flatnonzero(kinds == _CONTROL).tolist())
     for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
         value = metadata.get(f"tokenizer.ggml.{key}")

@@ -134,3 +134,11 @@ def test_a_merge_of_unknown_pieces_is_refused_by_both_routes(smollm2_metadata):
     metadata["tokenizer.ggml.merges"] = [*smollm2_metadata["tokenizer.ggml.merges"], "zzzq qqqz"]
     with pytest.raises(tokenizer_module.TokenizerError):
         Tokenizer.from_gguf(metadata)
+
+
+def test_token_types_past_int32_take_the_tokenizers_route_and_past_64_bits_are_refused(smollm2_metadata):
+    types = smollm2_metadata["tokenizer.ggml.token_type"]
+    tok = Tokenizer.from_gguf({**smollm2_metadata, "tokenizer.ggml.token_type": [2**40, *types[1:]]})
+    assert tok._native is None and tok.decode(tok.encode("hello world")) == "hello world"
+    with pytest.raises(tokenizer_module.TokenizerError, match="64 bits"):
+        Tokenizer.from_gguf({**smollm2_metadata, "tokenizer.ggml.token_type": [2**63 + 5, *types[1:]]})
