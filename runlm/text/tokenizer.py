@@ -837,6 +837,9 @@ class Tokenizer:
 
     def encode_with_post_processor(self, text: str) -> tuple[list[int], list[int]]:
         """The backend's own ids of `text` without and with its post-processor's special tokens."""
+        if self._native is not None:  # a GGUF vocabulary, whose backend has no post-processor
+            ids = self._native.encode(text)
+            return ids, list(ids)
         backend = self.backend
         with self._modes.shared():
             return (backend.encode(text, add_special_tokens=False).ids,

@@ -65,6 +65,7 @@ def _assert_same(native: Tokenizer, reference: Tokenizer, texts: list[str]) -> N
             assert native.encode_text(text, after_special=after) == reference.encode_text(text, after_special=after), \
                 repr(text)
         assert native.decode(ids) == reference.decode(ids), repr(text)
+        assert native.encode_with_post_processor(text) == reference.encode_with_post_processor(text), repr(text)
         assert native.decode(ids, skip_special=True) == reference.decode(ids, skip_special=True), repr(text)
     assert (native.vocab_size, native.special_ids, native.stop_ids) == (
         reference.vocab_size, reference.special_ids, reference.stop_ids)
