@@ -65,6 +65,8 @@ class SpmEncoder:
     def add_tokens(self, added: Mapping[int, tuple[str, bool]]) -> None:
         """Tokens matched whole in text, id -> (text, special); a special one is read as text where asked."""
         for token_id, (text, special) in added.items():
+            if not text:  # nothing in text can match it (`tokenizers` leaves an empty token out too)
+                continue
             data = text.encode("utf-8", "surrogatepass")
             self._check(self._lib.rl_spm_add_token(self._handle, data, len(data), token_id, int(special)))
             self.added[token_id] = (text, special)

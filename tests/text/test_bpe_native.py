@@ -142,3 +142,12 @@ def test_token_types_past_int32_take_the_tokenizers_route_and_past_64_bits_are_r
     assert tok._native is None and tok.decode(tok.encode("hello world")) == "hello world"
     with pytest.raises(tokenizer_module.TokenizerError, match="64 bits"):
         Tokenizer.from_gguf({**smollm2_metadata, "tokenizer.ggml.token_type": [2**63 + 5, *types[1:]]})
+
+
+def test_an_empty_control_token_is_left_out_as_the_tokenizers_route_leaves_it(smollm2_metadata, monkeypatch):
+    tokens = [*smollm2_metadata["tokenizer.ggml.tokens"]]
+    types = [*smollm2_metadata["tokenizer.ggml.token_type"]]
+    tokens[5], types[5] = "", 3
+    native, reference = _both({**smollm2_metadata, "tokenizer.ggml.tokens": tokens,
+                               "tokenizer.ggml.token_type": types}, monkeypatch)
+    _assert_same(native, reference, BYTE_LEVEL_TEXTS)
