@@ -8,13 +8,14 @@ for and the merges by the pair of ids they join, and gives the `tokenizers` back
 
 from __future__ import annotations
 
-import ctypes
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
 import numpy as np
 
 from runlm.errors import TokenizerError
+from runlm.text.native_vocab import NativeVocabulary
 
 _CONTROL, _USER_DEFINED = 3, 4  # GGUF token types whose text, outside the byte alphabet, stays as written
 _SPECIALS_AS_TEXT = 1  # tokenizer.h's kSpecialsAsText
@@ -36,6 +37,13 @@ def byte_alphabet() -> tuple[dict[int, str], dict[str, int]]:
     return to_char, {c: b for b, c in to_char.items()}
 
 
+@lru_cache(maxsize=1)
+def outside_byte_alphabet() -> re.Pattern[str]:
+    """A character GPT-2's byte alphabet does not have: a token holding one is spelled as raw text."""
+    to_char, _ = byte_alphabet()
+    return re.compile(f"[^{re.escape(''.join(sorted(to_char.values())))}]")
+
+
 def respelled(token: str) -> str:
     """A token written as raw text, spelled the way byte-level BPE spells its bytes."""
     to_char, _ = byte_alphabet()
@@ -52,7 +60,7 @@ def spelled_bytes(token: str) -> bytes:
         return token.encode("utf-8")
 
 
-class BpeEncoder:
+class BpeEncoder(NativeVocabulary):
     """One byte-level BPE vocabulary: the native encoder, its added tokens (matched whole in text), and the decoder.
 
     `tokens` are the file's spellings and `types` their GGUF token types; `merges` the file's "left right" merges, best
@@ -60,11 +68,13 @@ class BpeEncoder:
     the vocabulary holds whole is that token (Llama 3's rule).
     """
 
+    _PREFIX = "rl_bpe_"
+
     def __init__(self, tokens: Sequence[str], types: Sequence[int], merges: Sequence[str],
                  patterns: Sequence[str], *, ignore_merges: bool):
         from runlm.native.library import library  # the kernels' library: loaded by the native runtime anyway
 
-        self._lib = library()
+        lib = library()
         try:
             blob = ("\0".join(tokens) + "\0").encode("utf-8", "surrogatepass")
             merge_blob = ("\0".join(merges) + "\0").encode("utf-8", "surrogatepass") if merges else b""
@@ -76,75 +86,24 @@ class BpeEncoder:
             raise TokenizerError("token types must be small integers") from None
         if kinds.shape != (len(tokens),):
             raise TokenizerError(f"{kinds.size} token types for {len(tokens)} tokens")
-        pattern_blob = ("\0".join(patterns) + "\0").encode("utf-8")
-        handle = self._lib.rl_bpe_new(blob, len(blob), len(tokens), kinds.ctypes.data, merge_blob, len(merge_blob),
-                                      len(merges), pattern_blob, len(pattern_blob), len(patterns), int(ignore_merges))
-        if not handle:  # a pattern outside the native language, a piece holding a NUL: the `tokenizers` route
-            raise TokenizerError(self._lib.rl_last_error().decode(errors="replace"))
-        self._handle = ctypes.c_void_p(handle)
-        self._free = self._lib.rl_bpe_free
         self._tokens = tokens
         self._types = kinds
-        self.vocab_size: int = self._lib.rl_bpe_size(self._handle)
-        self.hidden_ids: frozenset[int] = frozenset()
-        if self.vocab_size != len(tokens):  # a repeated spelling answers to its last id only, as in `tokenizers`
-            every = range(len(tokens))
-            self.hidden_ids = frozenset(i for i, owned in zip(every, self.own_ids(every), strict=True) if not owned)
-        self.added: dict[int, tuple[str, bool]] = {}
-        self.added_ids: dict[str, int] = {}
         self._bytes: dict[int, bytes] = {}
-
-    def add_tokens(self, added: Mapping[int, tuple[str, bool]]) -> None:
-        """Tokens matched whole in text, id -> (text, special); a special one is read as text where asked."""
-        for token_id, (text, special) in added.items():
-            if not text:  # nothing in text can match it (`tokenizers` leaves an empty token out too)
-                continue
-            data = text.encode("utf-8", "surrogatepass")
-            self._check(self._lib.rl_bpe_add_token(self._handle, data, len(data), token_id, int(special)))
-            self.added[token_id] = (text, special)
-            self.added_ids[text] = token_id
-
-    def __del__(self) -> None:
-        handle, self._handle = getattr(self, "_handle", None), None
-        if handle:
-            self._free(handle)
-
-    def _check(self, rc: int) -> None:
-        if rc != 0:
-            raise TokenizerError(self._lib.rl_last_error().decode(errors="replace"))
+        pattern_blob = ("\0".join(patterns) + "\0").encode("utf-8")
+        # a pattern outside the native language or a piece holding a NUL makes the library refuse it
+        self._open(lib, lib.rl_bpe_new(blob, len(blob), len(tokens), kinds.ctypes.data, merge_blob, len(merge_blob),
+                                       len(merges), pattern_blob, len(pattern_blob), len(patterns),
+                                       int(ignore_merges)), len(tokens))
 
     def encode(self, text: str, *, specials_as_text: bool = False, after_special: bool = False) -> list[int]:
-        """Ids of `text` (`after_special` changes nothing: byte-level BPE adds no prefix); the native call lets go of
-        the GIL, as `tokenizers`' encode_batch does."""
-        try:
-            data = text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise TokenizerError(f"the text is not valid Unicode: {exc}") from None
-        count = ctypes.c_int64(0)
-        room = len(data) + 16
-        while True:
-            out = np.empty(room, dtype=np.int32)
-            self._check(self._lib.rl_bpe_encode(self._handle, data, len(data), _SPECIALS_AS_TEXT if specials_as_text
-                                                else 0, out.ctypes.data, room, ctypes.byref(count)))
-            if count.value <= room:
-                return out[: count.value].tolist()
-            room = count.value
-
-    def piece_id(self, text: str) -> int | None:
-        """The id of the piece spelled `text` (its last where spellings repeat), or None."""
-        data = text.encode("utf-8", "surrogatepass")
-        found = self._lib.rl_bpe_piece_id(self._handle, data, len(data))
-        return found if found >= 0 else None
+        """Ids of `text` (`after_special` changes nothing: byte-level BPE adds no prefix)."""
+        return self._encode(text, _SPECIALS_AS_TEXT if specials_as_text else 0)
 
     def own_ids(self, ids: Iterable[int]) -> list[bool]:
-        """For each id, whether the vocabulary finds that piece's spelling at it (not at a later repeat)."""
-        ids_array = np.ascontiguousarray(list(ids), dtype=np.int64)
-        out = np.zeros(len(ids_array), dtype=np.uint8)
-        self._check(self._lib.rl_bpe_own_ids(self._handle, ids_array.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
-                                             len(ids_array), out.ctypes.data))
-        owned = out.astype(bool).tolist()
+        ids = list(ids)
+        owned = super().own_ids(ids)
         # a control token written outside the byte alphabet is keyed by its text: owned where no later one repeats it
-        for k, token_id in enumerate(ids_array.tolist()):
+        for k, token_id in enumerate(ids):
             if not owned[k] and self._types[token_id] in (_CONTROL, _USER_DEFINED):
                 owned[k] = self.piece_id(self._tokens[token_id]) == token_id
         return owned
@@ -152,29 +111,14 @@ class BpeEncoder:
     def spelling(self, token_id: int) -> str:
         """Piece `token_id`'s spelling in the vocabulary: byte-level, or respelled where the file wrote it as text."""
         token = self._tokens[token_id]
-        _, from_char = byte_alphabet()
-        if self._types[token_id] in (_CONTROL, _USER_DEFINED) or all(c in from_char for c in token):
+        if self._types[token_id] in (_CONTROL, _USER_DEFINED) or not outside_byte_alphabet().search(token):
             return token
         return respelled(token)
 
-    def token_to_id(self, text: str) -> int | None:
-        """An added token's id, else the piece's."""
-        found = self.added_ids.get(text)
-        return found if found is not None else self.piece_id(text)
-
-    def id_to_token(self, token_id: int) -> str | None:
-        """An added token's text, else the piece's spelling; None for a repeated spelling's earlier ids."""
-        added = self.added.get(token_id)
-        if added is not None:
-            return added[0]
-        return None if token_id in self.hidden_ids else self.spelling(token_id)
-
     def decode(self, ids: Iterable[int], skip_special: bool) -> str:
-        added, hidden, cache = self.added, self.hidden_ids, self._bytes
+        added, cache = self.added, self._bytes
         parts = []
-        for i in ids:
-            if i in hidden or (skip_special and added.get(i, ("", False))[1]):
-                continue
+        for i in self.kept(ids, skip_special):
             data = cache.get(i)
             if data is None:
                 data = cache[i] = spelled_bytes(added[i][0] if i in added else self.spelling(i))

@@ -9,12 +9,12 @@ load. The native encoder ranks a pair when it meets it, from the same keys the m
 from __future__ import annotations
 
 import array
-import ctypes
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from runlm.errors import TokenizerError
+from runlm.text.native_vocab import NativeVocabulary
 
 META = "▁"  # U+2581, SentencePiece's space
 PREFIX_NONE, PREFIX_EACH_PIECE, PREFIX_FIRST_PIECE = 0, 1, 2  # the dummy prefix rule (tokenizer.h's SpmPrefix)
@@ -22,7 +22,7 @@ _SPECIALS_AS_TEXT, _AFTER_SPECIAL = 1, 2
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 
-class SpmEncoder:
+class SpmEncoder(NativeVocabulary):
     """One SentencePiece vocabulary: the native encoder, with its added tokens (matched whole in text) and unknown
     piece, and the decoder.
 
@@ -31,10 +31,12 @@ class SpmEncoder:
     decoding drops the space that prefix reads as.
     """
 
+    _PREFIX = "rl_spm_"
+
     def __init__(self, pieces: Sequence[str], scores: np.ndarray, *, prefix: int, strip_one_space: bool):
         from runlm.native.library import library  # the kernels' library: loaded by the native runtime anyway
 
-        self._lib = library()
+        lib = library()
         scores = np.nan_to_num(np.ascontiguousarray(scores, dtype=np.float64), nan=-np.inf)
         if scores.shape != (len(pieces),):
             raise TokenizerError(f"{scores.size} scores for {len(pieces)} pieces")
@@ -42,101 +44,33 @@ class SpmEncoder:
             blob = ("\0".join(pieces) + "\0").encode("utf-8", "surrogatepass")
         except UnicodeEncodeError as exc:
             raise TokenizerError(f"a piece of the vocabulary is not text: {exc}") from None
-        handle = self._lib.rl_spm_new(blob, len(blob), len(pieces), scores.ctypes.data, prefix)
-        if not handle:  # a piece holding a NUL, say: the caller takes the `tokenizers` route
-            raise TokenizerError(self._lib.rl_last_error().decode(errors="replace"))
-        self._handle = ctypes.c_void_p(handle)
-        self._free = self._lib.rl_spm_free
         # The spellings as the library got them, NUL after each, and where each ends: 3.5 MB for Gemma's 262k where a
         # list of str took 20 MB (a grammar reads every piece's bytes, a stream each token's)
         self._blob = blob
         self._ends = array.array("q")
         self._ends.frombytes(np.flatnonzero(np.frombuffer(blob, dtype=np.uint8) == 0).astype(np.int64).tobytes())
         self.strip_one_space = strip_one_space
-        # a repeated piece answers to its last id only, as in `tokenizers`' vocabulary
-        self.vocab_size: int = self._lib.rl_spm_size(self._handle)
-        self.hidden_ids: frozenset[int] = frozenset()
-        if self.vocab_size != len(pieces):
-            every = range(len(pieces))
-            self.hidden_ids = frozenset(i for i, owned in zip(every, self.own_ids(every), strict=True) if not owned)
-        self.added: dict[int, tuple[str, bool]] = {}
-        self.added_ids: dict[str, int] = {}
-
-    def add_tokens(self, added: Mapping[int, tuple[str, bool]]) -> None:
-        """Tokens matched whole in text, id -> (text, special); a special one is read as text where asked."""
-        for token_id, (text, special) in added.items():
-            if not text:  # nothing in text can match it (`tokenizers` leaves an empty token out too)
-                continue
-            data = text.encode("utf-8", "surrogatepass")
-            self._check(self._lib.rl_spm_add_token(self._handle, data, len(data), token_id, int(special)))
-            self.added[token_id] = (text, special)
-            self.added_ids[text] = token_id
+        # a piece holding a NUL, say, makes the library refuse it
+        self._open(lib, lib.rl_spm_new(blob, len(blob), len(pieces), scores.ctypes.data, prefix), len(pieces))
 
     def set_unknown(self, unknown_id: int | None) -> None:
         """The piece a character gets that neither the vocabulary nor its byte pieces spell (None: it is dropped)."""
-        self._check(self._lib.rl_spm_set_unknown(self._handle, -1 if unknown_id is None else unknown_id))
-
-    def __del__(self) -> None:
-        handle, self._handle = getattr(self, "_handle", None), None
-        if handle:
-            self._free(handle)
-
-    def _check(self, rc: int) -> None:
-        if rc != 0:
-            raise TokenizerError(self._lib.rl_last_error().decode(errors="replace"))
+        self._check(self._call("set_unknown", -1 if unknown_id is None else unknown_id))
 
     def encode(self, text: str, *, specials_as_text: bool = False, after_special: bool = False) -> list[int]:
-        """Ids of `text`; the native call lets go of the GIL, as `tokenizers`' encode_batch does."""
-        try:
-            data = text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise TokenizerError(f"the text is not valid Unicode: {exc}") from None
-        flags = (_SPECIALS_AS_TEXT if specials_as_text else 0) | (_AFTER_SPECIAL if after_special else 0)
-        count = ctypes.c_int64(0)
-        room = len(data) + 16
-        while True:
-            out = np.empty(room, dtype=np.int32)
-            self._check(self._lib.rl_spm_encode(self._handle, data, len(data), flags, out.ctypes.data, room,
-                                                ctypes.byref(count)))
-            if count.value <= room:
-                return out[: count.value].tolist()
-            room = count.value
-
-    def piece_id(self, text: str) -> int | None:
-        """The id of the piece spelled `text` (its last where pieces repeat), or None."""
-        data = text.encode("utf-8", "surrogatepass")
-        found = self._lib.rl_spm_piece_id(self._handle, data, len(data))
-        return found if found >= 0 else None
-
-    def own_ids(self, ids: Sequence[int]) -> list[bool]:
-        """For each id, whether the vocabulary finds that piece's spelling at it (not at a later repeat)."""
-        ids_array = np.ascontiguousarray(ids, dtype=np.int64)
-        out = np.zeros(len(ids_array), dtype=np.uint8)
-        self._check(self._lib.rl_spm_own_ids(self._handle, ids_array.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
-                                             len(ids_array), out.ctypes.data))
-        return out.astype(bool).tolist()
+        """Ids of `text`."""
+        return self._encode(text, (_SPECIALS_AS_TEXT if specials_as_text else 0) |
+                            (_AFTER_SPECIAL if after_special else 0))
 
     def spelling(self, token_id: int) -> str:
         """Piece `token_id`'s spelling."""
         start = self._ends[token_id - 1] + 1 if token_id else 0
         return self._blob[start : self._ends[token_id]].decode("utf-8", "surrogatepass")
 
-    def token_to_id(self, text: str) -> int | None:
-        """An added token's id, else the piece's."""
-        found = self.added_ids.get(text)
-        return found if found is not None else self.piece_id(text)
-
-    def id_to_token(self, token_id: int) -> str | None:
-        """An added token's text, else the piece's spelling; None for a repeated piece's earlier ids."""
-        added = self.added.get(token_id)
-        if added is not None:
-            return added[0]
-        return None if token_id in self.hidden_ids else self.spelling(token_id)
-
     def decode(self, ids: Iterable[int], skip_special: bool) -> str:
-        added, hidden = self.added, self.hidden_ids
-        kept = [i for i in ids if i not in hidden and not (skip_special and added.get(i, ("", False))[1])]
-        return decode_pieces((added[i][0] if i in added else self.spelling(i) for i in kept), self.strip_one_space)
+        added = self.added
+        return decode_pieces((added[i][0] if i in added else self.spelling(i) for i in self.kept(ids, skip_special)),
+                             self.strip_one_space)
 
 
 def _byte_piece(token: str) -> int | None:

@@ -18,7 +18,6 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from runlm.catalog import runlm_home
 from runlm.errors import RunlmError, TokenizerError
 from runlm.formats.gguf import GGUFFile
 from runlm.system import collection_paused
-from runlm.text.bpe import BpeEncoder, byte_alphabet, spelled_bytes
+from runlm.text.bpe import BpeEncoder, outside_byte_alphabet, respelled, spelled_bytes
 from runlm.text.fim import FIM_ROLES, FimTokens, fim_tokens, find_fim_ids
 from runlm.text.spm import PREFIX_EACH_PIECE, PREFIX_FIRST_PIECE, PREFIX_NONE, SpmEncoder
 
@@ -151,13 +150,6 @@ BPE_PRE_TYPES: dict[str, _Pre] = {
     **_group("gpt-4o llama4 kanana2 talkie minimax-m2", _Pre(_GPT4O_SPLIT)),
     "deepseek-v3": _Pre(_DEEPSEEK3_SPLITS),
 }
-
-
-@lru_cache(maxsize=1)
-def _outside_byte_alphabet() -> re.Pattern[str]:
-    """A character GPT-2's byte alphabet does not have: a token holding one is spelled as raw text."""
-    to_char, _ = byte_alphabet()
-    return re.compile(f"[^{re.escape(''.join(sorted(to_char.values())))}]")
 
 
 def _split_merge(merge: str, start: int = 0) -> tuple[str, str]:
@@ -602,17 +594,13 @@ class Tokenizer:
     def _gguf_byte_level(metadata: Mapping[str, Any], tokens: list[str], types: list[int]) -> _Backend:
         """Byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM...): vocabulary + merges + a split regex."""
         pre = _bpe_pre(metadata)
-        outside = _outside_byte_alphabet().search
+        outside = outside_byte_alphabet().search
         if not outside("".join(tokens)):
             vocab = dict(zip(tokens, range(len(tokens))))
         else:  # some tokens are written as raw text: respell them the way byte-level BPE produces them
-            to_char, _ = byte_alphabet()
-            spelled = {byte: ord(char) for byte, char in to_char.items()}
             vocab = {}
             for index, (token, kind) in enumerate(zip(tokens, types, strict=True)):
-                if kind not in (_CONTROL, _USER_DEFINED) and outside(token):
-                    token = token.encode("utf-8").decode("latin-1").translate(spelled)
-                vocab[token] = index
+                vocab[respelled(token) if kind not in (_CONTROL, _USER_DEFINED) and outside(token) else token] = index
         raw_merges = metadata.get("tokenizer.ggml.merges")
         if isinstance(raw_merges, list) and raw_merges:
             merges = [_split_merge(merge, 1) for merge in raw_merges]

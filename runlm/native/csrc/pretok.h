@@ -39,6 +39,18 @@ uint8_t unicode_class(char32_t c) {
   return static_cast<uint8_t>(*run & 0xF);
 }
 
+// UTF-8 text as code points, and where each starts (bytes; one more entry: the end). Text from Python is valid UTF-8.
+void utf8_points(std::string_view text, std::vector<char32_t>& points, std::vector<int64_t>& at) {
+  points.clear(), at.clear();
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = std::min(utf8_length(static_cast<unsigned char>(text[i])), text.size() - i);
+    points.push_back(utf8_point(text.substr(i, n)));
+    at.push_back(static_cast<int64_t>(i));
+    i += n;
+  }
+  at.push_back(static_cast<int64_t>(text.size()));
+}
+
 // Oniguruma's \s: the Unicode White_Space characters.
 bool unicode_space(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
@@ -79,12 +91,8 @@ struct ReNode {
 class Regex {
  public:
   explicit Regex(std::string_view pattern) {
-    size_t at = 0;
-    while (at < pattern.size()) {
-      const size_t n = std::min(utf8_length(static_cast<unsigned char>(pattern[at])), pattern.size() - at);
-      pat_.push_back(utf8_point(pattern.substr(at, n)));
-      at += n;
-    }
+    std::vector<int64_t> starts;
+    utf8_points(pattern, pat_, starts);
     root_ = alternation(false);
     RUNLM_CHECK(pos_ == pat_.size(), "unbalanced ')' in the split pattern");
   }

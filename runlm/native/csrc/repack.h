@@ -376,19 +376,23 @@ void x4_dot32(const uint8_t* const* w, const A32* const* a, int64_t nb, float* o
 #endif
 }
 
-template <class T>
-struct X4Layout {
+// x4_dot32 as a kernel type: dot<4, R> on 4 rows of the row layout (kRows) or, else, on an x4 group (w[0] is the
+// group's first byte; rows w[0..3] of the plain kernels' convention).
+template <class T, bool kRows>
+struct X4Dot32 {
   static constexpr int QK = T::QK, SIZE = T::SIZE, G = T::G, ROWS = 4;
   using Act = A32;
   using Plain = T;
 
-  // dot<4, R>: w[0] is the group's first byte (rows w[0..3] of the plain kernels' convention).
   template <int RW, int R>
   static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
-    static_assert(RW == 4, "x4 groups are 4 rows");
-    x4_dot32<T, R, false>(w, a, nb, out);
+    static_assert(RW == 4, "4 rows at a time");
+    x4_dot32<T, R, kRows>(w, a, nb, out);
   }
 };
+
+template <class T>
+struct X4Layout : X4Dot32<T, false> {};
 
 // Q8_0 weights in GGUF's row layout run by the x4 kernel, 4 rows at a time: the x4 layout's results, with the weights
 // read where the file maps them instead of regrouped into a copy at load. The 4-row builds keep Q8_0 so (group_rows
@@ -421,17 +425,7 @@ inline void q8_0_to_x4(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_
 }
 
 template <class T>
-struct X4Rows {
-  static constexpr int QK = T::QK, SIZE = T::SIZE, G = T::G, ROWS = 4;
-  using Act = A32;
-  using Plain = T;
-
-  template <int RW, int R>
-  static void dot(const uint8_t* const* w, const Act* const* a, int64_t nb, float* out) {
-    static_assert(RW == 4, "4 rows at a time");
-    x4_dot32<T, R, true>(w, a, nb, out);
-  }
-};
+struct X4Rows : X4Dot32<T, true> {};
 
 // The K-quants' x4 kernels. Each 256-bit register holds one piece of the 4 rows' codes (Q4_K, Q5_K: 8 codes of
 // each row; Q6_K: 16 codes of two rows) and meets the activation codes of those positions broadcast to match. Byte

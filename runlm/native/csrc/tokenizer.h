@@ -182,6 +182,34 @@ struct SpmSymbol {
   bool alive;
 };
 
+// Merges adjacent symbols, the best-ranked pair first (Merge's order: the top of a priority queue; a pair whose
+// pieces changed since it was queued is skipped), then appends the ids left to `out`. pair_of(left id, right id, pos,
+// &merge) says whether the two pieces at pos merge, and how the merge ranks (its .id: the piece they make).
+template <class Merge, class PairOf>
+void merge_symbols(std::vector<SpmSymbol>& symbols, PairOf pair_of, std::vector<int32_t>& out) {
+  if (symbols.empty()) return;
+  symbols.back().next = -1;
+  std::priority_queue<Merge> queue;
+  Merge m;
+  for (int32_t i = 0; i + 1 < static_cast<int32_t>(symbols.size()); ++i)
+    if (pair_of(symbols[i].id, symbols[i + 1].id, i, &m)) queue.push(m);
+  while (!queue.empty()) {
+    const Merge top = queue.top();
+    queue.pop();
+    SpmSymbol& left = symbols[top.pos];
+    if (!left.alive || left.next < 0) continue;
+    const SpmSymbol right = symbols[left.next];
+    if (!pair_of(left.id, right.id, top.pos, &m) || m.id != top.id) continue;  // a stale pair
+    symbols[left.next].alive = false;
+    left.id = top.id;
+    left.next = right.next;
+    if (right.next >= 0) symbols[right.next].prev = top.pos;
+    if (left.prev >= 0 && pair_of(symbols[left.prev].id, left.id, left.prev, &m)) queue.push(m);
+    if (left.next >= 0 && pair_of(left.id, symbols[left.next].id, top.pos, &m)) queue.push(m);
+  }
+  for (int32_t i = 0; i >= 0; i = symbols[i].next) out.push_back(symbols[i].id);
+}
+
 // The piece two adjacent pieces make, as a merge ranked for the queue; false where the vocabulary has none.
 bool spm_pair(const SpmTokenizer& t, int32_t left, int32_t right, int32_t pos, std::string& scratch, SpmMerge* out) {
   const std::string_view a = t.piece(left), b = t.piece(right);
@@ -221,29 +249,10 @@ void spm_word(const SpmTokenizer& t, std::string_view text, std::vector<int32_t>
     i += n;
   }
   if (unk_pending) add(t.unk);
-  if (symbols.empty()) return;
-  symbols.back().next = -1;
-
-  std::priority_queue<SpmMerge> queue;
   std::string scratch;
-  SpmMerge m;
-  for (int32_t i = 0; i + 1 < static_cast<int32_t>(symbols.size()); ++i)
-    if (spm_pair(t, symbols[i].id, symbols[i + 1].id, i, scratch, &m)) queue.push(m);
-  while (!queue.empty()) {
-    const SpmMerge top = queue.top();
-    queue.pop();
-    SpmSymbol& left = symbols[top.pos];
-    if (!left.alive || left.next < 0) continue;
-    const SpmSymbol right = symbols[left.next];
-    if (!spm_pair(t, left.id, right.id, top.pos, scratch, &m) || m.id != top.id) continue;  // a stale pair
-    symbols[left.next].alive = false;
-    left.id = top.id;
-    left.next = right.next;
-    if (right.next >= 0) symbols[right.next].prev = top.pos;
-    if (left.prev >= 0 && spm_pair(t, symbols[left.prev].id, left.id, left.prev, scratch, &m)) queue.push(m);
-    if (left.next >= 0 && spm_pair(t, left.id, symbols[left.next].id, top.pos, scratch, &m)) queue.push(m);
-  }
-  for (int32_t i = 0; i >= 0; i = symbols[i].next) out.push_back(symbols[i].id);
+  merge_symbols<SpmMerge>(symbols, [&](int32_t left, int32_t right, int32_t pos, SpmMerge* m) {
+    return spm_pair(t, left, right, pos, scratch, m);
+  }, out);
 }
 
 // A piece of text between added tokens: normalized, then encoded.
@@ -287,18 +296,6 @@ struct ByteAlphabet {
   int byte(char32_t c) const { return c < 0x144 ? byte_of[c] : -1; }
 };
 const ByteAlphabet kByteAlphabet;
-
-// UTF-8 text as code points, and where each starts (bytes; one more entry: the end). Text from Python is valid UTF-8.
-void utf8_points(std::string_view text, std::vector<char32_t>& points, std::vector<int64_t>& at) {
-  points.clear(), at.clear();
-  for (size_t i = 0; i < text.size();) {
-    const size_t n = std::min(utf8_length(static_cast<unsigned char>(text[i])), text.size() - i);
-    points.push_back(utf8_point(text.substr(i, n)));
-    at.push_back(static_cast<int64_t>(i));
-    i += n;
-  }
-  at.push_back(static_cast<int64_t>(text.size()));
-}
 
 // The bytes a byte-level spelling stands for (into *out); false where a character is outside the byte alphabet.
 bool spelled_bytes(std::string_view spelling, std::string* out, std::vector<char32_t>& points,
@@ -369,29 +366,11 @@ void bpe_word(const BpeTokenizer& t, std::string_view bytes, std::vector<int32_t
     const int32_t at = static_cast<int32_t>(symbols.size());
     symbols.push_back(SpmSymbol{id, at - 1, at + 1, true});
   }
-  if (symbols.empty()) return;
-  symbols.back().next = -1;
-  std::priority_queue<BpeMerge> queue;
-  for (int32_t i = 0; i + 1 < static_cast<int32_t>(symbols.size()); ++i)
-    if (const auto* m = t.merge(symbols[i].id, symbols[i + 1].id)) queue.push(BpeMerge{m->first, i, m->second});
-  while (!queue.empty()) {
-    const BpeMerge top = queue.top();
-    queue.pop();
-    SpmSymbol& left = symbols[top.pos];
-    if (!left.alive || left.next < 0) continue;
-    const SpmSymbol right = symbols[left.next];
-    const auto* now = t.merge(left.id, right.id);
-    if (now == nullptr || now->second != top.id) continue;  // a stale pair
-    symbols[left.next].alive = false;
-    left.id = top.id;
-    left.next = right.next;
-    if (right.next >= 0) symbols[right.next].prev = top.pos;
-    if (left.prev >= 0)
-      if (const auto* m = t.merge(symbols[left.prev].id, left.id)) queue.push(BpeMerge{m->first, left.prev, m->second});
-    if (left.next >= 0)
-      if (const auto* m = t.merge(left.id, symbols[left.next].id)) queue.push(BpeMerge{m->first, top.pos, m->second});
-  }
-  for (int32_t i = 0; i >= 0; i = symbols[i].next) out.push_back(symbols[i].id);
+  merge_symbols<BpeMerge>(symbols, [&](int32_t left, int32_t right, int32_t pos, BpeMerge* m) {
+    const auto* found = t.merge(left, right);
+    if (found != nullptr) *m = BpeMerge{found->first, pos, found->second};
+    return found != nullptr;
+  }, out);
 }
 
 // Text between added tokens: cut by each split pattern in turn, then each piece merged.
