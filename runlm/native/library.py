@@ -61,7 +61,7 @@ _SIGNATURES = {
     "rl_bpe_own_ids": ([_ptr, _PI, _i64, _ptr], ctypes.c_int),
     "rl_bpe_encode": ([_ptr, ctypes.c_char_p, _i64, _i64, _ptr, _i64, _PI], ctypes.c_int),
     "rl_stack_run": (
-        [_ptr, _ptr, _i64, _PP, _PP, _i64, _PI, _PP, _PP, _PI, _PI, _i64, _i64, _PI, _PI, _ptr],
+        [_ptr, _ptr, _i64, _PP, _PP, _i64, _PI, _ptr, _ptr, _ptr, _PI, _i64, _i64, _PI, _PI, _ptr],
         ctypes.c_int,
     ),
 }

@@ -74,9 +74,11 @@ void attention_rows(const float* q, const T* knew, const T* vnew, const std::vec
       std::vector<float> scores(rep * kKeyChunk), widened_k, widened_v;
       std::vector<const T*> keys(kKeyChunk), values(kKeyChunk);
       std::vector<const float*> keys_f(kKeyChunk), values_f(kKeyChunk);
+#if RUNLM_AVX512
       std::vector<float> gathered_q(kRowBlock * rep * D), gathered_scores(kRowBlock * rep * kKeyChunk),
           gathered_max(kRowBlock * rep), gathered_sum(kRowBlock * rep), gathered_out(kRowBlock * rep * D);
       std::vector<int64_t> gathered_slot(kRowBlock * rep);
+#endif
       int64_t b = std::upper_bound(block_items.begin(), block_items.end(), begin) - block_items.begin() - 1;
       for (int64_t item = begin; item < end; ++item) {
         while (item >= block_items[b + 1]) ++b;
@@ -178,7 +180,7 @@ void attention_rows(const float* q, const T* knew, const T* vnew, const std::vec
     } else {
       work(0, block_work);
     }
-    parallel_for(r0, r1, 16, [&](int64_t b0, int64_t b1) {
+    parallel_for(r0, r1, row_grain(n_heads * D), [&](int64_t b0, int64_t b1) {
       for (int64_t r = b0; r < b1; ++r) {
         const int64_t k = r - r0;
         for (int64_t h = 0; h < n_heads; ++h) {
@@ -209,7 +211,7 @@ void attend_and_store(const float* q, const std::vector<float>& knew, const std:
     kt = knew.data(), vt = vnew.data();
   } else {
     k_typed.resize(R * n_kv * kv_row_units<T>(D)), v_typed.resize(R * n_kv * kv_row_units<T>(D));
-    parallel_for(0, R, 64, [&](int64_t r0, int64_t r1) {
+    parallel_for(0, R, row_grain(2 * kv_width), [&](int64_t r0, int64_t r1) {
       kv_store(knew.data() + r0 * kv_width, kv_row(k_typed.data(), r0 * n_kv, D), (r1 - r0) * kv_width);
       kv_store(vnew.data() + r0 * kv_width, kv_row(v_typed.data(), r0 * n_kv, D), (r1 - r0) * kv_width);
     });
@@ -363,7 +365,7 @@ void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, co
   std::vector<float> q(R * q_width), knew(R * kv_width);
   const int64_t half = D / 2;
   const float scale = static_cast<float>(b.scale);
-  parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+  parallel_for(0, R, row_grain(q_width + kv_width), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* c = cp + r * D;
       const float* sn = sp + r * D;

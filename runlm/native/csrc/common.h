@@ -151,6 +151,12 @@ inline void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) 
 #endif
 }
 
+// Rows per thread at least, for a row-wise pass over rows of `width` values: enough that a thread's share is worth a
+// fork (~1 us), one row never split. A batched decode step's 8 rows then go over both threads instead of one.
+constexpr int64_t row_grain(int64_t width, int64_t values = 2048) {
+  return std::max<int64_t>(1, values / std::max<int64_t>(1, width));
+}
+
 // f(i) for every i in [0, n), spread over the threads one task at a time as they come free (tasks of uneven cost:
 // a mixture's experts). Calls made from inside run on the calling thread, as parallel_for's do.
 template <class F>

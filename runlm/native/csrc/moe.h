@@ -74,7 +74,7 @@ void mlp_rows(const MlpWeights& w, int64_t activation, const float* x, int64_t R
   if (w.gate_up_bias != nullptr) add_bias_rows(gate_up.data(), R, gate_up_rows, w.gate_up_bias);
   const float* gu = gate_up.data();
   float* ap = act.data();
-  parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+  parallel_for(0, R, row_grain(2 * ffn), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* gate = gu + r * 2 * ffn;
       if (activation == kGeluTanh) {
