@@ -2,18 +2,22 @@
 
 Family files build plain blocks (`runlm.pytorch.nn.PreNormBlock`, `SandwichBlock`); `fuse_blocks(model)` then looks at
 each block's weights and, where every projection is a GGUF kernel linear, gives the block a `fused` callable that
-runs the whole block in one C++ call (`torch.ops.runlm.transformer_block`) for any rows: a prefill chunk of one
-sequence, one decode step, or one step of a batch of sequences. Every stage of that op is computed row by row,
-so a token's result does not depend on the route it took (see kernels.cpp, "Route-invariant blocks"). The
-callables gather their weight arguments once (Python attribute lookups cost ~40 us a layer), so the choice is
-redone whenever the weights move (`CachedRunner.to_device`).
+runs the whole block in one C++ call for any rows: a prefill chunk of one sequence, one decode step, or one step of
+a batch of sequences. Every stage of that call is computed row by row, so a token's result does not depend on the
+route it took (see block.h, "Route-invariant blocks"). A block reaches C as the native runtime's blocks do, one
+`runlm.native.library.Block` (RlBlock) pointing into the block's tensors, made once: the choice is redone whenever
+the weights move (`CachedRunner.to_device`).
 """
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 from torch import nn
 
+from runlm.families.spec import ACTIVATIONS
+from runlm.native.library import Block, Weight
 from runlm.pytorch import kernels
 from runlm.pytorch.int4 import ConcatLinear, DenseLinear
 from runlm.pytorch.kernels import GGUFLinear
@@ -39,6 +43,10 @@ class Rows:
                        for key, (cos, sin) in rope_tables.items()}
 
 
+def _weight(linear: GGUFLinear) -> Weight:
+    return Weight(linear.blocks.data_ptr(), linear.type_id, linear.out_features)
+
+
 class FusedBlock:
     """A pre-norm (Llama, Qwen3) or sandwich (Gemma 3) block in one call per forward, for rows of any sequences.
 
@@ -53,18 +61,23 @@ class FusedBlock:
             norms = [block.attn_norm, block.mlp_norm]
         qkv, gate_up = _kernel_parts(attn.qkv), _kernel_parts(mlp.gate_up)
         o, down = _kernel_parts(attn.o_proj)[0], _kernel_parts(mlp.down)[0]
+        q_norm = attn.q_norm.scale if attn.q_norm is not None else None
+        k_norm = attn.k_norm.scale if attn.k_norm is not None else None
+        # what the block's pointers are into (checked by `applies`), held with it
+        self.tensors = [n.scale for n in norms] + [t for t in (q_norm, k_norm) if t is not None]
+        self.tensors += [p.blocks for p in (*qkv, o, *gate_up, down)]
         self.rope = id(attn.rope)
         self.window = attn.window or 0
-        self.weights = (
-            [n.scale for n in norms], norms[0].eps,
-            attn.q_norm.scale if attn.q_norm is not None else None,
-            attn.k_norm.scale if attn.k_norm is not None else None,
-            [p.blocks for p in qkv], [p.type_id for p in qkv], [p.out_features for p in qkv],
-            o.blocks, o.type_id,
-            [p.blocks for p in gate_up], [p.type_id for p in gate_up], [p.out_features for p in gate_up],
-            down.blocks, down.type_id, mlp.activation == "gelu_tanh",
+        self.block = Block(
+            norms=(ctypes.c_void_p * 4)(*(n.scale.data_ptr() for n in norms)), n_norms=len(norms),
+            hidden=norms[0].scale.numel(), eps=norms[0].eps,
+            q_norm=None if q_norm is None else q_norm.data_ptr(), k_norm=None if k_norm is None else k_norm.data_ptr(),
+            qkv=(Weight * 3)(*map(_weight, qkv)), n_qkv=len(qkv), o=_weight(o),
+            gate_up=(Weight * 2)(*map(_weight, gate_up)), n_gate_up=len(gate_up), down=_weight(down),
+            activation=ACTIVATIONS.index(mlp.activation), rope=0, window=self.window, n_heads=attn.n_heads,
+            n_kv_heads=attn.n_kv_heads, scale=attn.scale, residual_scale=1.0, out_scale=1.0, kv_source=-1,
         )  # fmt: skip
-        self.heads = (attn.n_heads, attn.n_kv_heads, attn.scale)
+        self.stack = block_stack([self], [self.rope])  # itself alone, for the calls of one block at a time
 
     @staticmethod
     def applies(block: nn.Module) -> bool:
@@ -73,12 +86,17 @@ class FusedBlock:
         attn, mlp = block.attn, block.mlp
         singles = [_kernel_parts(attn.o_proj), _kernel_parts(mlp.down)]
         plain = [getattr(block, n) for n in ("attn_norm", "mlp_norm", "pre_attn", "pre_mlp") if hasattr(block, n)]
+        norms = [getattr(block, n) for n in ("attn_norm", "mlp_norm", "pre_attn", "post_attn", "pre_mlp", "post_mlp")
+                 if hasattr(block, n)] + [n for n in (attn.q_norm, attn.k_norm) if n is not None]
+        linears = [p for module in (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down) for p in _kernel_parts(module) or []]
         return (
             _kernel_parts(attn.qkv) is not None
             and attn.qkv_bias is None
             and not attn.qk_norm_whole
             and block.residual_scale == 1.0
             and all(isinstance(norm, RMSNorm) for norm in plain)
+            and all(n.scale.dtype == torch.float32 and n.scale.is_contiguous() for n in norms)  # C reads them
+            and all(p.blocks.is_contiguous() for p in linears)
             and _kernel_parts(mlp.gate_up) is not None
             and all(p is not None and len(p) == 1 for p in singles)
             and attn.softcap is None
@@ -97,10 +115,8 @@ class FusedBlock:
         cos, sin = rows.tables[self.rope]
         for cache, start, count in zip(caches, rows.starts, rows.counts):
             cache.prepare(start, count)
-        out = torch.ops.runlm.transformer_block.default(
-            h, *self.weights, cos, sin, [c.k for c in caches], [c.v for c in caches], self.window, caches[0].ring,
-            rows.seq, rows.pos, *self.heads,
-        )
+        out = self.stack.run(h, [cos], [sin], [c.k for c in caches], [c.v for c in caches], [int(caches[0].ring)],
+                             rows.seq, rows.pos)
         for cache, start, count in zip(caches, rows.starts, rows.counts):
             cache.commit(start, count)
         return out
@@ -112,11 +128,8 @@ class FusedStack:
     small model's decode step outside the kernels. Each block computes exactly what its FusedBlock computes."""
 
     def __init__(self, blocks: list[FusedBlock], ropes: list[nn.Module]):
-        rope_index = {id(rope): i for i, rope in enumerate(ropes)}
         self.rope_ids = [id(rope) for rope in ropes]
-        self.native = torch.classes.runlm.BlockStack()
-        for block in blocks:
-            self.native.add_block(*block.weights, rope_index[block.rope], block.window, *block.heads)
+        self.native = block_stack(blocks, self.rope_ids)
 
     def run(self, h: torch.Tensor, rows: Rows, caches: list[list]) -> torch.Tensor:
         """h [R, hidden], the rows `rows` describes; caches[i]: sequence i's caches, one per block."""
@@ -136,6 +149,16 @@ class FusedStack:
             for cache in layer_caches:
                 cache.commit(start, count)
         return out
+
+
+def block_stack(blocks: list[FusedBlock], rope_ids: list[int]):
+    """A `runlm::BlockStack` of `blocks` (each rotating with the table of its RoPE's place in `rope_ids`)."""
+    stack = torch.classes.runlm.BlockStack()
+    for fused in blocks:
+        block = Block.from_buffer_copy(fused.block)
+        block.rope = rope_ids.index(fused.rope)
+        stack.add_block(ctypes.addressof(block), fused.tensors)
+    return stack
 
 
 def fuse_blocks(model: nn.Module, dtype: torch.dtype, device: torch.device) -> int:

@@ -190,7 +190,6 @@ def _load() -> None:
         ("runlm::gguf_dequantize_rows", _fake_gguf_dequantize_rows),
         ("runlm::rms_norm", _fake_rms_norm),
         ("runlm::decode_attention", _fake_decode_attention),
-        ("runlm::transformer_block", _fake_transformer_block),
     )
     for op_name, fake in fakes:
         try:
@@ -242,10 +241,6 @@ def _fake_gguf_dequantize_rows(w: torch.Tensor, type: int, out_features: int, in
 
 def _fake_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-def _fake_transformer_block(h, *args):
-    return torch.empty_like(h, memory_format=torch.contiguous_format)
 
 
 def _fake_decode_attention(qkv, cos, sin, k_cache, v_cache, pos: int, n_heads: int, n_kv_heads: int, scale: float):

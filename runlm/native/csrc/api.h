@@ -1,9 +1,9 @@
 // runlm kernels: the C interface (standalone build) and the PyTorch ops.
 // A part of kernels.cpp's one translation unit, included in order.
-#ifdef RUNLM_STANDALONE
 // ------------------------------------------------------------------------------------------------------------
-// C interface of the standalone build (runlm.native.library calls it through ctypes). Pointers are the caller's, valid for the
-// call (a stack's weights: for the stack's life). Each function returns 0, or -1 with rl_last_error() saying why.
+// A block reaches C one way in both builds: as an RlBlock (runlm.native.library.Block), checked and turned into
+// BlockWeights by RlStack::add. The native runtime passes it to rl_stack_add_block, the PyTorch backend to
+// BlockStack.add_block (its address, with the tensors its pointers are into).
 
 // One weight as the kernels read it: GGUF blocks (type id, + X4 for the interleaved layout) of `rows` rows.
 struct RlWeight {
@@ -87,19 +87,6 @@ struct RlBlock {
 };
 
 namespace {
-thread_local std::string g_error;
-
-template <class F>
-int guarded(F&& f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    g_error = e.what();
-    return -1;
-  }
-}
-
 std::vector<Weight> weight_parts(const RlWeight* parts, int64_t n) {
   std::vector<Weight> out;
   for (int64_t i = 0; i < n; ++i) {
@@ -148,6 +135,101 @@ Experts expert_weights(const RlBlock& in) {
                                  in.expert_down_bias ? in.expert_down_bias + x * in.hidden : nullptr));
   }
   return e;
+}
+struct RlStack {
+  std::vector<BlockWeights> blocks;
+  std::vector<int64_t> ropes;
+  std::vector<int64_t> kv_sources;  // per block: the block whose cache it attends over, or -1 (its own)
+  std::vector<int64_t> ple_dims;  // per block: its per-layer input's width (0: none)
+
+  // The next block, checked (a block may attend over the cache of one before it).
+  void add(const RlBlock& in) {
+    RUNLM_CHECK(in.n_norms == 2 || in.n_norms == 4, "two (pre-norm) or four (sandwich) norms expected");
+    RUNLM_CHECK(in.norms[1] != nullptr && (in.n_norms == 2 ? in.norms[0] != nullptr : in.norms[3] != nullptr),
+                "only a sandwich block's before-norms may be left out");
+    RUNLM_CHECK(in.residual_scale > 0 && std::isfinite(in.residual_scale), "bad residual scale");
+    RUNLM_CHECK(in.n_qkv >= 1 && in.n_qkv <= 3, "one to three q/k/v parts expected");
+    RUNLM_CHECK(in.n_kv_heads > 0 && in.n_heads % in.n_kv_heads == 0, "heads must group evenly");
+    BlockWeights b;
+    b.norms.assign(in.norms, in.norms + in.n_norms);
+    b.hidden = in.hidden, b.eps = in.eps, b.q_norm = in.q_norm, b.k_norm = in.k_norm, b.scale = in.scale;
+    b.qkv = weight_parts(in.qkv, in.n_qkv);
+    RUNLM_CHECK(in.o.rows == in.hidden, "o must give hidden rows");
+    b.o = weight_parts(&in.o, 1)[0];
+    if (in.n_experts > 0) {
+      b.experts = expert_weights(in);
+      if (in.moe_norms[0] != nullptr) {  // and the dense MLP beside them
+        RUNLM_CHECK(in.moe_norms[1] != nullptr && in.moe_norms[2] != nullptr && in.n_norms == 4,
+                    "experts beside a dense MLP need their three norms, in a sandwich block");
+        b.moe_norms.assign(in.moe_norms, in.moe_norms + 3);
+        b.mlp = mlp_weights(in.gate_up, in.n_gate_up, in.down, in.hidden, in.gate_up_bias, in.down_bias);
+      }
+    } else {
+      b.mlp = mlp_weights(in.gate_up, in.n_gate_up, in.down, in.hidden, in.gate_up_bias, in.down_bias);
+  }
+  b.qkv_bias = in.qkv_bias, b.qk_norm_whole = in.qk_norm_whole != 0;
+  b.residual_scale = static_cast<float>(in.residual_scale);
+  RUNLM_CHECK(in.attn_softcap >= 0 && std::isfinite(in.attn_softcap), "bad attention soft cap");
+  b.attn_softcap = static_cast<float>(in.attn_softcap);
+  RUNLM_CHECK(std::isfinite(in.attn_temp_scale) && (in.attn_temp_scale == 0 || in.attn_temp_length > 0),
+              "bad attention temperature");
+  b.attn_temp_scale = static_cast<float>(in.attn_temp_scale);
+  b.attn_temp_length = in.attn_temp_length;
+  RUNLM_CHECK(in.activation >= kSilu && in.activation <= kSwigluOai, "unknown activation ", in.activation);
+  b.activation = in.activation, b.o_bias = in.o_bias, b.sinks = in.sinks;
+  b.window = in.window, b.n_heads = in.n_heads, b.n_kv_heads = in.n_kv_heads;
+  RUNLM_CHECK(in.out_scale > 0 && std::isfinite(in.out_scale), "bad output scale");
+  b.values_from_keys = in.values_from_keys != 0, b.value_norm = in.value_norm != 0;
+  b.out_scale = static_cast<float>(in.out_scale);
+  const int64_t index = static_cast<int64_t>(blocks.size());
+  RUNLM_CHECK(in.kv_source == -1 || (0 <= in.kv_source && in.kv_source < index &&
+                                     kv_sources[in.kv_source] == -1),
+              "a block shares the cache of a block before it that has one of its own, or none");
+  b.shared_kv = in.kv_source >= 0;
+  if (b.shared_kv) {
+    const BlockWeights& source = blocks[in.kv_source];
+    RUNLM_CHECK(source.n_kv_heads == in.n_kv_heads && source.window == in.window && in.k_norm == nullptr,
+                "a block that shares a cache must have its heads and window, and no keys of its own");
+  }
+  if (in.ple_dim > 0) {
+    RUNLM_CHECK(in.ple_norm != nullptr && in.ple_gate.rows == in.ple_dim && in.ple_proj.rows == in.hidden,
+                "a per-layer input needs its gate (ple_dim rows), projection (hidden rows) and norm");
+    b.ple_gate = weight_parts(&in.ple_gate, 1)[0], b.ple_proj = weight_parts(&in.ple_proj, 1)[0];
+    b.ple_norm = in.ple_norm, b.ple_dim = in.ple_dim;
+  }
+  const int64_t projected_heads = in.n_heads + (b.shared_kv ? 0 : b.values_from_keys ? 1 : 2) * in.n_kv_heads;
+  int64_t qkv_width = 0;
+  for (const Weight& w : b.qkv) qkv_width += w.rows;
+  b.head_dim = qkv_width / projected_heads;
+  RUNLM_CHECK(b.head_dim > 0 && qkv_width == projected_heads * b.head_dim,
+              "qkv projection width does not match the heads");
+  if (b.shared_kv) b.head_dim = blocks[in.kv_source].head_dim == b.head_dim ? b.head_dim : -1;
+  RUNLM_CHECK(b.head_dim > 0, "a block that shares a cache must have its heads' size");
+  blocks.push_back(std::move(b));
+  ropes.push_back(in.rope);
+  kv_sources.push_back(in.kv_source);
+  ple_dims.push_back(in.ple_dim);
+  }
+};
+
+}  // namespace
+
+#ifdef RUNLM_STANDALONE
+// C interface of the standalone build (runlm.native.library calls it through ctypes). Pointers are the caller's, valid
+// for the call (a stack's weights: for the stack's life). Each function returns 0, or -1 with rl_last_error() saying
+// why.
+namespace {
+thread_local std::string g_error;
+
+template <class F>
+int guarded(F&& f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    g_error = e.what();
+    return -1;
+  }
 }
 }  // namespace
 
@@ -213,87 +295,12 @@ int rl_relayout(const uint8_t* src, int64_t type, int64_t N, int64_t K, uint8_t*
   });
 }
 
-struct RlStack {
-  std::vector<BlockWeights> blocks;
-  std::vector<int64_t> ropes;
-  std::vector<int64_t> kv_sources;  // per block: the block whose cache it attends over, or -1 (its own)
-  std::vector<int64_t> ple_dims;  // per block: its per-layer input's width (0: none)
-};
-
 void* rl_stack_new() { return new RlStack(); }
 
 void rl_stack_free(void* stack) { delete static_cast<RlStack*>(stack); }
 
 int rl_stack_add_block(void* stack, const RlBlock* block) {
-  return guarded([&] {
-    const RlBlock& in = *block;
-    RUNLM_CHECK(in.n_norms == 2 || in.n_norms == 4, "two (pre-norm) or four (sandwich) norms expected");
-    RUNLM_CHECK(in.norms[1] != nullptr && (in.n_norms == 2 ? in.norms[0] != nullptr : in.norms[3] != nullptr),
-                "only a sandwich block's before-norms may be left out");
-    RUNLM_CHECK(in.residual_scale > 0 && std::isfinite(in.residual_scale), "bad residual scale");
-    RUNLM_CHECK(in.n_qkv >= 1 && in.n_qkv <= 3, "one to three q/k/v parts expected");
-    RUNLM_CHECK(in.n_kv_heads > 0 && in.n_heads % in.n_kv_heads == 0, "heads must group evenly");
-    BlockWeights b;
-    b.norms.assign(in.norms, in.norms + in.n_norms);
-    b.hidden = in.hidden, b.eps = in.eps, b.q_norm = in.q_norm, b.k_norm = in.k_norm, b.scale = in.scale;
-    b.qkv = weight_parts(in.qkv, in.n_qkv);
-    RUNLM_CHECK(in.o.rows == in.hidden, "o must give hidden rows");
-    b.o = weight_parts(&in.o, 1)[0];
-    if (in.n_experts > 0) {
-      b.experts = expert_weights(in);
-      if (in.moe_norms[0] != nullptr) {  // and the dense MLP beside them
-        RUNLM_CHECK(in.moe_norms[1] != nullptr && in.moe_norms[2] != nullptr && in.n_norms == 4,
-                    "experts beside a dense MLP need their three norms, in a sandwich block");
-        b.moe_norms.assign(in.moe_norms, in.moe_norms + 3);
-        b.mlp = mlp_weights(in.gate_up, in.n_gate_up, in.down, in.hidden, in.gate_up_bias, in.down_bias);
-      }
-    } else {
-      b.mlp = mlp_weights(in.gate_up, in.n_gate_up, in.down, in.hidden, in.gate_up_bias, in.down_bias);
-    }
-    b.qkv_bias = in.qkv_bias, b.qk_norm_whole = in.qk_norm_whole != 0;
-    b.residual_scale = static_cast<float>(in.residual_scale);
-    RUNLM_CHECK(in.attn_softcap >= 0 && std::isfinite(in.attn_softcap), "bad attention soft cap");
-    b.attn_softcap = static_cast<float>(in.attn_softcap);
-    RUNLM_CHECK(std::isfinite(in.attn_temp_scale) && (in.attn_temp_scale == 0 || in.attn_temp_length > 0),
-                "bad attention temperature");
-    b.attn_temp_scale = static_cast<float>(in.attn_temp_scale);
-    b.attn_temp_length = in.attn_temp_length;
-    RUNLM_CHECK(in.activation >= kSilu && in.activation <= kSwigluOai, "unknown activation ", in.activation);
-    b.activation = in.activation, b.o_bias = in.o_bias, b.sinks = in.sinks;
-    b.window = in.window, b.n_heads = in.n_heads, b.n_kv_heads = in.n_kv_heads;
-    RUNLM_CHECK(in.out_scale > 0 && std::isfinite(in.out_scale), "bad output scale");
-    b.values_from_keys = in.values_from_keys != 0, b.value_norm = in.value_norm != 0;
-    b.out_scale = static_cast<float>(in.out_scale);
-    RlStack& stack_ = *static_cast<RlStack*>(stack);
-    const int64_t index = static_cast<int64_t>(stack_.blocks.size());
-    RUNLM_CHECK(in.kv_source == -1 || (0 <= in.kv_source && in.kv_source < index &&
-                                       stack_.kv_sources[in.kv_source] == -1),
-                "a block shares the cache of a block before it that has one of its own, or none");
-    b.shared_kv = in.kv_source >= 0;
-    if (b.shared_kv) {
-      const BlockWeights& source = stack_.blocks[in.kv_source];
-      RUNLM_CHECK(source.n_kv_heads == in.n_kv_heads && source.window == in.window && in.k_norm == nullptr,
-                  "a block that shares a cache must have its heads and window, and no keys of its own");
-    }
-    if (in.ple_dim > 0) {
-      RUNLM_CHECK(in.ple_norm != nullptr && in.ple_gate.rows == in.ple_dim && in.ple_proj.rows == in.hidden,
-                  "a per-layer input needs its gate (ple_dim rows), projection (hidden rows) and norm");
-      b.ple_gate = weight_parts(&in.ple_gate, 1)[0], b.ple_proj = weight_parts(&in.ple_proj, 1)[0];
-      b.ple_norm = in.ple_norm, b.ple_dim = in.ple_dim;
-    }
-    const int64_t projected_heads = in.n_heads + (b.shared_kv ? 0 : b.values_from_keys ? 1 : 2) * in.n_kv_heads;
-    int64_t qkv_width = 0;
-    for (const Weight& w : b.qkv) qkv_width += w.rows;
-    b.head_dim = qkv_width / projected_heads;
-    RUNLM_CHECK(b.head_dim > 0 && qkv_width == projected_heads * b.head_dim,
-                "qkv projection width does not match the heads");
-    if (b.shared_kv) b.head_dim = stack_.blocks[in.kv_source].head_dim == b.head_dim ? b.head_dim : -1;
-    RUNLM_CHECK(b.head_dim > 0, "a block that shares a cache must have its heads' size");
-    stack_.blocks.push_back(std::move(b));
-    stack_.ropes.push_back(in.rope);
-    stack_.kv_sources.push_back(in.kv_source);
-    stack_.ple_dims.push_back(in.ple_dim);
-  });
+  return guarded([&] { static_cast<RlStack*>(stack)->add(*block); });
 }
 
 // h [R, hidden] through every block, in place. cos / sin [R, widths[i]] per RoPE i (a block's width is its head
@@ -331,6 +338,41 @@ int rl_stack_run(void* stack, float* h, int64_t R, const float* const* cos, cons
 
 }  // extern "C"
 #else
+// Every block of a model in one call (the PyTorch backend's fused path). The blocks come as the native runtime's do,
+// RlBlocks, with the tensors their pointers are into, which the stack holds; `run` takes tensors and checks them.
+struct BlockStack : torch::CustomClassHolder {
+  RlStack stack;
+  std::vector<at::Tensor> kept;
+
+  // block: an RlBlock's address (runlm.native.library.Block, read during the call)
+  void add_block(int64_t block, std::vector<at::Tensor> tensors) {
+    stack.add(*reinterpret_cast<const RlBlock*>(block));
+    kept.insert(kept.end(), tensors.begin(), tensors.end());
+  }
+
+  // h [R, hidden] through every block. cos / sin: one table pair per RoPE (a block's `rope` indexes them); k / v
+  // caches block-major (block b's caches of the S sequences at b * S ...); rings: per block, whether its caches
+  // are rings of its window.
+  at::Tensor run(at::Tensor h, std::vector<at::Tensor> cos, std::vector<at::Tensor> sin,
+                 std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches, std::vector<int64_t> rings,
+                 std::vector<int64_t> row_seq, std::vector<int64_t> row_pos) {
+    const int64_t n = static_cast<int64_t>(stack.blocks.size());
+    TORCH_CHECK(n > 0 && static_cast<int64_t>(rings.size()) == n && k_caches.size() == v_caches.size() &&
+                    !k_caches.empty() && static_cast<int64_t>(k_caches.size()) % n == 0 && cos.size() == sin.size(),
+                "runlm::BlockStack.run: one ring flag per block and the same number of k / v caches per block");
+    const int64_t seqs = static_cast<int64_t>(k_caches.size()) / n;
+    for (int64_t b = 0; b < n; ++b) {
+      const int64_t rope = stack.ropes[b];
+      TORCH_CHECK(rope >= 0 && rope < static_cast<int64_t>(cos.size()), "runlm::BlockStack.run: block ", b,
+                  " has no RoPE table");
+      TORCH_CHECK(stack.kv_sources[b] < 0 && stack.ple_dims[b] == 0, "runlm::BlockStack.run: block ", b,
+                  " shares a cache or takes per-layer inputs, which the native runtime alone runs");
+      const at::TensorList ks(k_caches.data() + b * seqs, seqs), vs(v_caches.data() + b * seqs, seqs);
+      h = run_block(stack.blocks[b], h, cos[rope], sin[rope], ks, vs, rings[b] != 0, row_seq, row_pos);
+    }
+    return h;
+  }
+};
 
 TORCH_LIBRARY(runlm, m) {
   m.class_<BlockStack>("BlockStack")
@@ -353,13 +395,6 @@ TORCH_LIBRARY(runlm, m) {
   m.def(
       "decode_attention(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, int pos, "
       "int n_heads, int n_kv_heads, float scale) -> Tensor");
-  m.def(
-      "transformer_block(Tensor h, Tensor[] norms, float eps, Tensor? q_norm, Tensor? k_norm, Tensor[] qkv_ws, "
-      "int[] qkv_types, int[] qkv_rows, Tensor o_w, int o_type, Tensor[] gate_up_ws, int[] gate_up_types, "
-      "int[] gate_up_rows, Tensor down_w, int down_type, bool gelu, Tensor cos, Tensor sin, Tensor(a!)[] k_caches, "
-      "Tensor(b!)[] v_caches, int window, bool ring, int[] row_seq, int[] row_pos, int n_heads, int n_kv_heads, "
-      "float scale) "
-      "-> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(runlm, CPU, m) {
@@ -370,6 +405,5 @@ TORCH_LIBRARY_IMPL(runlm, CPU, m) {
   m.impl("gguf_relayout_into", &gguf_relayout_into);
   m.impl("rms_norm", &rms_norm);
   m.impl("decode_attention", &decode_attention);
-  m.impl("transformer_block", &transformer_block);
 }
 #endif  // RUNLM_STANDALONE

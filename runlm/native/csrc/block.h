@@ -266,8 +266,8 @@ void add_residual(float* h, const float* sublayer, int64_t n, float scale) {
   }
 }
 
-// One block's weights and shape, as block_rows reads them: the torch op and BlockStack point them into tensors, the
-// C interface (rl_stack_add_block) into the native runtime's arrays.
+// One block's weights and shape, as block_rows reads them (made from an RlBlock by RlStack::add): pointers into the
+// native runtime's arrays, or into the PyTorch backend's tensors.
 struct BlockWeights {
   std::vector<const float*> norms;  // [attn, ffn] (pre-norm) or [pre_attn, post_attn, pre_mlp, post_mlp] (sandwich)
   int64_t hidden = 0;
@@ -438,63 +438,12 @@ void block_rows(const BlockWeights& b, float* hp, int64_t R, const float* cp, co
 }
 
 #ifndef RUNLM_STANDALONE
-std::vector<Weight> weights_of(at::TensorList ws, at::IntArrayRef types, at::IntArrayRef rows, int64_t in_features) {
-  TORCH_CHECK(ws.size() == types.size() && ws.size() == rows.size() && !ws.empty(),
-              "runlm::transformer_block: one type and row count per weight part");
-  std::vector<Weight> out;
-  for (size_t i = 0; i < ws.size(); ++i) {
-    check_weight("runlm::transformer_block", ws[i], types[i], rows[i], in_features);
-    TORCH_CHECK(ws[i].is_contiguous(), "runlm::transformer_block: weights must be contiguous");
-    out.push_back(Weight{ws[i].data_ptr<uint8_t>(), types[i], rows[i]});
-  }
-  return out;
-}
-
-const float* float_values(const at::Tensor& t, int64_t n, const char* what) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == n, "runlm::transformer_block: ",
-              what, " must be ", n, " contiguous float32 values");
-  return t.data_ptr<float>();
-}
-
-// A block's weight tensors as block_rows reads them (pointers into the tensors: they must outlive the result).
-BlockWeights block_weights(at::TensorList norms, double eps, const c10::optional<at::Tensor>& q_norm,
-                           const c10::optional<at::Tensor>& k_norm, at::TensorList qkv_ws, at::IntArrayRef qkv_types,
-                           at::IntArrayRef qkv_rows, const at::Tensor& o_w, int64_t o_type, at::TensorList gate_up_ws,
-                           at::IntArrayRef gate_up_types, at::IntArrayRef gate_up_rows, const at::Tensor& down_w,
-                           int64_t down_type, bool gelu, int64_t window, int64_t n_heads, int64_t n_kv_heads,
-                           double scale) {
-  const char* op = "runlm::transformer_block";
-  TORCH_CHECK(norms.size() == 2 || norms.size() == 4, op, ": two (pre-norm) or four (sandwich) norms expected");
-  TORCH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, op, ": heads must group evenly");
-  int64_t qkv_width = 0;
-  for (const int64_t rows : qkv_rows) qkv_width += rows;
-  const int64_t D = qkv_width / (n_heads + 2 * n_kv_heads);
-  TORCH_CHECK(D > 0 && qkv_width == (n_heads + 2 * n_kv_heads) * D, op, ": qkv projection width does not match the "
-              "heads");
-  BlockWeights b;
-  b.hidden = norms[0].numel();
-  for (const at::Tensor& n : norms) b.norms.push_back(float_values(n, b.hidden, "the norms"));
-  b.eps = eps, b.scale = scale, b.activation = gelu ? kGeluTanh : kSilu;
-  b.window = window, b.n_heads = n_heads, b.n_kv_heads = n_kv_heads;
-  b.head_dim = D;
-  if (q_norm.has_value()) b.q_norm = float_values(*q_norm, D, "q_norm");
-  if (k_norm.has_value()) b.k_norm = float_values(*k_norm, D, "k_norm");
-  b.qkv = weights_of(qkv_ws, qkv_types, qkv_rows, b.hidden);
-  b.o = weights_of({o_w}, {o_type}, {b.hidden}, n_heads * D)[0];
-  b.mlp.gate_up = weights_of(gate_up_ws, gate_up_types, gate_up_rows, b.hidden);
-  int64_t ffn = 0;
-  for (const Weight& w : b.mlp.gate_up) ffn += w.rows;
-  TORCH_CHECK(ffn % 2 == 0, op, ": gate_up must be gate and up rows alike");
-  b.mlp.down = weights_of({down_w}, {down_type}, {b.hidden}, ffn / 2)[0];
-  return b;
-}
-
 // block_rows over tensors: h [R, hidden] float32; the caches of the call's sequences (float32, float16 or q8_0, all
 // alike, [1, n_kv_heads, capacity, row]: see kv_cache_row).
 at::Tensor run_block(const BlockWeights& b, const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
                      at::TensorList k_caches, at::TensorList v_caches, bool ring, const std::vector<int64_t>& rseq,
                      const std::vector<int64_t>& rpos) {
-  const char* op = "runlm::transformer_block";
+  const char* op = "runlm::BlockStack.run";
   const int64_t R = h.size(0), D = cos.size(-1);
   TORCH_CHECK(h.scalar_type() == at::kFloat && h.dim() == 2 && h.size(1) == b.hidden, op,
               ": h must be float [R, hidden]");
@@ -527,71 +476,6 @@ at::Tensor run_block(const BlockWeights& b, const at::Tensor& h, const at::Tenso
   return out;
 }
 
-at::Tensor transformer_block(const at::Tensor& h, at::TensorList norms, double eps, const c10::optional<at::Tensor>& q_norm,
-                      const c10::optional<at::Tensor>& k_norm, at::TensorList qkv_ws, at::IntArrayRef qkv_types,
-                      at::IntArrayRef qkv_rows, const at::Tensor& o_w, int64_t o_type, at::TensorList gate_up_ws,
-                      at::IntArrayRef gate_up_types, at::IntArrayRef gate_up_rows, const at::Tensor& down_w,
-                      int64_t down_type, bool gelu, const at::Tensor& cos, const at::Tensor& sin,
-                      at::TensorList k_caches, at::TensorList v_caches, int64_t window, bool ring,
-                      at::IntArrayRef row_seq,
-                      at::IntArrayRef row_pos, int64_t n_heads, int64_t n_kv_heads, double scale) {
-  const BlockWeights b = block_weights(norms, eps, q_norm, k_norm, qkv_ws, qkv_types, qkv_rows, o_w, o_type,
-                                       gate_up_ws, gate_up_types, gate_up_rows, down_w, down_type, gelu, window,
-                                       n_heads, n_kv_heads, scale);
-  return run_block(b, h, cos, sin, k_caches, v_caches, ring, row_seq.vec(), row_pos.vec());
-}
-
-// Every block of a model in one call. The blocks' weight arguments are kept here once, at load: a small model's
-// decode step otherwise pays one dispatch from Python per block (argument conversion, the KV bookkeeping around
-// it: ~40-80 us each on a 2-core VM), while the other threads wait. Each block runs exactly as transformer_block runs
-// it, so the results are its results.
-struct BlockStack : torch::CustomClassHolder {
-  struct Block {
-    std::vector<at::Tensor> tensors;  // what `weights` points into, held
-    BlockWeights weights;
-    int64_t rope = 0;
-  };
-  std::vector<Block> blocks;
-
-  void add_block(std::vector<at::Tensor> norms, double eps, c10::optional<at::Tensor> q_norm,
-                 c10::optional<at::Tensor> k_norm, std::vector<at::Tensor> qkv_ws, std::vector<int64_t> qkv_types,
-                 std::vector<int64_t> qkv_rows, at::Tensor o_w, int64_t o_type, std::vector<at::Tensor> gate_up_ws,
-                 std::vector<int64_t> gate_up_types, std::vector<int64_t> gate_up_rows, at::Tensor down_w,
-                 int64_t down_type, bool gelu, int64_t rope, int64_t window, int64_t n_heads, int64_t n_kv_heads,
-                 double scale) {
-    Block block;
-    block.weights = block_weights(norms, eps, q_norm, k_norm, qkv_ws, qkv_types, qkv_rows, o_w, o_type, gate_up_ws,
-                                  gate_up_types, gate_up_rows, down_w, down_type, gelu, window, n_heads, n_kv_heads,
-                                  scale);
-    block.rope = rope;
-    for (auto* list : {&norms, &qkv_ws, &gate_up_ws}) block.tensors.insert(block.tensors.end(), list->begin(), list->end());
-    for (const auto& t : {q_norm, k_norm})
-      if (t.has_value()) block.tensors.push_back(*t);
-    block.tensors.push_back(o_w), block.tensors.push_back(down_w);
-    blocks.push_back(std::move(block));
-  }
-
-  // h [R, hidden] through every block. cos / sin: one table pair per RoPE (a block's `rope` indexes them); k / v
-  // caches block-major (block b's caches of the S sequences at b * S ...); rings: per block, whether its caches
-  // are rings of its window.
-  at::Tensor run(at::Tensor h, std::vector<at::Tensor> cos, std::vector<at::Tensor> sin,
-                 std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches, std::vector<int64_t> rings,
-                 std::vector<int64_t> row_seq, std::vector<int64_t> row_pos) {
-    const int64_t n = static_cast<int64_t>(blocks.size());
-    TORCH_CHECK(n > 0 && static_cast<int64_t>(rings.size()) == n && k_caches.size() == v_caches.size() &&
-                    !k_caches.empty() && static_cast<int64_t>(k_caches.size()) % n == 0 && cos.size() == sin.size(),
-                "runlm::BlockStack.run: one ring flag per block and the same number of k / v caches per block");
-    const int64_t seqs = static_cast<int64_t>(k_caches.size()) / n;
-    for (int64_t b = 0; b < n; ++b) {
-      const Block& k = blocks[b];
-      TORCH_CHECK(k.rope >= 0 && k.rope < static_cast<int64_t>(cos.size()), "runlm::BlockStack.run: block ", b,
-                  " has no RoPE table");
-      const at::TensorList ks(k_caches.data() + b * seqs, seqs), vs(v_caches.data() + b * seqs, seqs);
-      h = run_block(k.weights, h, cos[k.rope], sin[k.rope], ks, vs, rings[b] != 0, row_seq, row_pos);
-    }
-    return h;
-  }
-};
 #endif  // RUNLM_STANDALONE
 
 }  // namespace

@@ -17,8 +17,9 @@
 // Ops (registered under TORCH_LIBRARY(runlm)): gguf_linear (above), gguf_dequantize (weight rows to float32),
 // gguf_dequantize_rows (chosen rows only), gguf_relayout (and gguf_relayout_into a given buffer), gguf_simd (1 if
 // AVX2 path), gguf_isa (the instruction set built for), rms_norm (a one-pass float32 RMSNorm), decode_attention
-// (RoPE + cache write + attention for one new token of one sequence, the float32 reference path), transformer_block
-// (a whole block for rows of one or more sequences, route-invariant: see "Route-invariant blocks").
+// (RoPE + cache write + attention for one new token of one sequence, the float32 reference path), and the class
+// BlockStack (whole blocks for rows of one or more sequences, route-invariant: see "Route-invariant blocks"; a block
+// comes in as the native runtime's do, an RlBlock).
 //
 // Two builds: the PyTorch extension (runlm.quant.kernels: the ops above) and, with -DRUNLM_STANDALONE, a plain
 // library with a C interface (the native runtime, runlm.native.library: the same kernels and blocks, no torch in the
