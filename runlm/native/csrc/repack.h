@@ -263,21 +263,37 @@ inline uint64_t q8_0_scales4(const uint8_t* const* blocks) {
   return d;
 }
 
-// The 32-wide types' 4-row kernel: w[0] is an x4 group's first byte, or with kRows (Q8_0 only) w[0..3] are 4 rows
-// of GGUF's row layout, whose pieces each block's loads gather into the registers the group's loads give (the same
-// sums, bit for bit).
+// The 32-wide types' 4-row kernel: w[0] is an x4 group's first byte, or with kRows (Q8_0, and MXFP4's table codes)
+// w[0..3] are 4 rows of GGUF's row layout, whose pieces each block's loads gather into the registers the group's loads
+// give (for Q8_0 the x4 layout's sums, bit for bit).
 template <class T, int R, bool kRows>
-void x4_dot32(const uint8_t* const* w, const A32* const* a, int64_t nb, float* out) {
+void x4_dot32(const uint8_t* const* w, const typename T::Act* const* a, int64_t nb, float* out) {
   constexpr int QK = T::QK, SIZE = T::SIZE;
 #if RUNLM_AVX2
   using F = X4Fields<T>;
-  constexpr bool kQ8 = std::is_same_v<T, Q8_0>, kMin = F::M >= 0, kQH = F::QH >= 0;
-  static_assert(kQ8 || !kRows, "only Q8_0 is read from rows as groups");
-  constexpr bool kCorr = !kQ8;
+  constexpr bool kQ8 = std::is_same_v<T, Q8_0>, kTable = TableCodes<T>;
+  constexpr bool kSigned = kQ8 || kTable;  // codes that are signed values: no offset or min to take off
+  static_assert(kSigned || !kRows, "only Q8_0 and table codes are read from rows as groups");
+  static_assert(!kTable || kRows, "table codes are read from rows");
+  if constexpr (kTable) static_assert(RUNLM_VNNI || T::kLifted, "table codes without VNNI: lifted levels only");
+  constexpr bool kMin = [] {
+    if constexpr (kSigned) return false;
+    else return X4Fields<T>::M >= 0;
+  }();
+  constexpr bool kQH = [] {
+    if constexpr (kSigned) return false;
+    else return X4Fields<T>::QH >= 0;
+  }();
+  constexpr bool kCorr = !kSigned;
   constexpr float kCorrMult = kMin ? 1.f : (kQH ? -16.f : -8.f);
   const __m256i m4 = _mm256_set1_epi8(0x0F), m16 = _mm256_set1_epi8(0x10);
   const __m256i shift_lo = _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3), shift_hi = _mm256_setr_epi32(4, 3, 2, 1, 4, 3, 2, 1);
   const __m256i dd_perm = _mm256_setr_epi32(0, 0, 2, 2, 1, 1, 3, 3);
+  __m256i levels = m4;  // table codes: the levels, each lifted by kLift where the kernel takes them unsigned
+  if constexpr (kTable) {
+    levels = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(T::kLevels)));
+    if constexpr (T::kLifted) levels = _mm256_add_epi8(levels, _mm256_set1_epi8(T::kLift));
+  }
   __m256 acc[R];
   __m128 corr[R];
   for (int r = 0; r < R; ++r) {
@@ -295,9 +311,19 @@ void x4_dot32(const uint8_t* const* w, const A32* const* a, int64_t nb, float* o
       // land inside these rows, which are short (a 2048-wide row is 2176 bytes)
       if (g_walk.line_ahead && (b & 1) == 0)
         for (int i = 0; i < 4; ++i) _mm_prefetch(reinterpret_cast<const char*>(r[i] + 4 * nb * SIZE), _MM_HINT_T0);
-      lo01 = load_pair(r[0] + 2, r[1] + 2), lo23 = load_pair(r[2] + 2, r[3] + 2);
-      hi01 = load_pair(r[0] + 18, r[1] + 18), hi23 = load_pair(r[2] + 18, r[3] + 18);
-      d4 = _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(q8_0_scales4(r))));
+      if constexpr (kTable) {  // a block's 16 code bytes end it: low nibbles are values 0-15, high ones 16-31
+        const __m256i v01 = load_pair(r[0] + SIZE - 16, r[1] + SIZE - 16);
+        const __m256i v23 = load_pair(r[2] + SIZE - 16, r[3] + SIZE - 16);
+        lo01 = _mm256_shuffle_epi8(levels, _mm256_and_si256(v01, m4));
+        hi01 = _mm256_shuffle_epi8(levels, _mm256_and_si256(_mm256_srli_epi16(v01, 4), m4));
+        lo23 = _mm256_shuffle_epi8(levels, _mm256_and_si256(v23, m4));
+        hi23 = _mm256_shuffle_epi8(levels, _mm256_and_si256(_mm256_srli_epi16(v23, 4), m4));
+        d4 = _mm_setr_ps(T::scale(r[0]), T::scale(r[1]), T::scale(r[2]), T::scale(r[3]));
+      } else {
+        lo01 = load_pair(r[0] + 2, r[1] + 2), lo23 = load_pair(r[2] + 2, r[3] + 2);
+        hi01 = load_pair(r[0] + 18, r[1] + 18), hi23 = load_pair(r[2] + 18, r[3] + 18);
+        d4 = _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(q8_0_scales4(r))));
+      }
     } else if constexpr (kQ8) {
       x4_prefetch(blk, 4 * SIZE, QK);
       lo01 = load256(blk + F::QS), lo23 = load256(blk + F::QS + 32);
@@ -323,7 +349,7 @@ void x4_dot32(const uint8_t* const* w, const A32* const* a, int64_t nb, float* o
     __m128 c4 = d4;
     if constexpr (kMin) c4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + F::M)));
     for (int r = 0; r < R; ++r) {
-      const A32& ab = a[r][b];
+      const auto& ab = a[r][b];
       const __m256i alo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.qs)));
       const __m256i ahi =
           _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.qs + 16)));
@@ -331,7 +357,7 @@ void x4_dot32(const uint8_t* const* w, const A32* const* a, int64_t nb, float* o
       __m256i sums;
 #if RUNLM_VNNI
       const __m256i zero = _mm256_setzero_si256();
-      if constexpr (kQ8) {  // |w| (unsigned) times a carrying w's sign
+      if constexpr (kSigned) {  // |w| (unsigned) times a carrying w's sign
         const __m256i p01 = dot_bytes(dot_bytes(zero, _mm256_sign_epi8(lo01, lo01), _mm256_sign_epi8(alo, lo01)),
                                       _mm256_sign_epi8(hi01, hi01), _mm256_sign_epi8(ahi, hi01));
         const __m256i p23 = dot_bytes(dot_bytes(zero, _mm256_sign_epi8(lo23, lo23), _mm256_sign_epi8(alo, lo23)),
@@ -345,6 +371,18 @@ void x4_dot32(const uint8_t* const* w, const A32* const* a, int64_t nb, float* o
       if constexpr (kQ8) {
         sums = _mm256_hadd_epi32(_mm256_add_epi32(prod_s8s8(lo01, alo), prod_s8s8(hi01, ahi)),
                                  _mm256_add_epi32(prod_s8s8(lo23, alo), prod_s8s8(hi23, ahi)));
+      } else if constexpr (kTable) {
+        // (level + kLift) x a pairs, less kLift x a pairs (the activation's pair_offsets, low and high values'
+        // together): level x a over 4 values, exact in int16 (at most 4 * 24 * 127 before the offsets come off); the
+        // lanes then sum the values the VNNI builds' lanes sum, so every build gets the same integers
+        const __m256i off = _mm256_add_epi16(
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.pair_offsets))),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.pair_offsets + 8))));
+        const __m256i x01 = _mm256_sub_epi16(
+            _mm256_add_epi16(_mm256_maddubs_epi16(lo01, alo), _mm256_maddubs_epi16(hi01, ahi)), off);
+        const __m256i x23 = _mm256_sub_epi16(
+            _mm256_add_epi16(_mm256_maddubs_epi16(lo23, alo), _mm256_maddubs_epi16(hi23, ahi)), off);
+        sums = _mm256_madd_epi16(_mm256_hadd_epi16(x01, x23), ones16());
       } else {
         // codes <= 31: the pair sums of low and high codes added (4 products) and those added in pairs (8, at most
         // 8 * 31 * 127 = 31496) stay within int16, so one vpmaddwd widens what two and a vphaddd summed (the
@@ -381,7 +419,7 @@ void x4_dot32(const uint8_t* const* w, const A32* const* a, int64_t nb, float* o
 template <class T, bool kRows>
 struct X4Dot32 {
   static constexpr int QK = T::QK, SIZE = T::SIZE, G = T::G, ROWS = 4;
-  using Act = A32;
+  using Act = typename T::Act;
   using Plain = T;
 
   template <int RW, int R>
@@ -400,6 +438,11 @@ struct X4Layout : X4Dot32<T, false> {};
 // first touches of the copy's fresh pages), decoded at 15.8-16.3 tok/s against 15.0-15.2, and its GEMMs of many rows
 // regroup each tile as they go (gemm), at 0.98x the regrouped weights' speed.
 constexpr bool kQ8_0InRows = RUNLM_AVX2 && !RUNLM_AVX512;
+
+// MXFP4 (gpt-oss's experts) read the same way, in every vector build: 4 rows' codes side by side meet an activation
+// block in one pass, where the row kernel (TableType::dot) converts, scales and adds each (row, activation row) pair's
+// sums alone. Its blocks are left in the file's layout, which llama.cpp reads too.
+constexpr bool kMxfp4InRows = RUNLM_AVX2;
 
 // Q8_0 rows [0, rows) (a multiple of 4; rows row_bytes apart, nb blocks each) into the x4 layout at out.
 inline void q8_0_to_x4(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t nb, uint8_t* out) {

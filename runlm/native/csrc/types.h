@@ -130,9 +130,11 @@ constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1
 // the activation with its pair offsets (A32Pairs) and skip the sign trick.
 template <const int8_t* Table, float (*Scale)(const uint8_t*), int Size, int Lift = 0>
 struct TableType {
-  static constexpr int QK = 32, SIZE = Size, G = 32;
+  static constexpr int QK = 32, SIZE = Size, G = 32, kLift = Lift;
   static constexpr bool kLifted = Lift > 0 && RUNLM_AVX2 && !RUNLM_VNNI;
+  static constexpr const int8_t* kLevels = Table;
   using Act = std::conditional_t<kLifted, A32Pairs, A32>;
+  static float scale(const uint8_t* b) { return Scale(b); }
   static void decode(const uint8_t* b, int8_t* q, int* isc, int* imn, float* d, float* dm) {
     const uint8_t* codes = b + SIZE - 16;
     for (int j = 0; j < 16; ++j) {
@@ -181,6 +183,10 @@ inline float f16_scale(const uint8_t* b) { return f16(b); }
 
 using MXFP4 = TableType<kMxfp4Values, mxfp4_scale, 17, kMxfp4Lift>;
 using IQ4_NL = TableType<kIq4NlValues, f16_scale, 18>;
+
+// The types whose 4-bit codes index a table of signed levels (TableType).
+template <class T>
+concept TableCodes = requires { T::kLevels; };
 
 // IQ4_XS: IQ4_NL's levels in 256-value super-blocks: one f16 scale d, then for each 32 values a 6-bit scale stored
 // with an offset of 32 (low 4 bits in scales_l, high 2 in scales_h), then the codes, 16 bytes per 32 values as
