@@ -568,6 +568,11 @@ for type_name in t.WIDE32_TYPES:  # this build's 4-row groups (Q8_0: its rows re
         module = t.kernel_module(type_name, t.weight_data(type_name, *shape, seed=7), shape)
         assert module.x4 == (type_name != "Q8_0" or kernels.group_rows(type_name) > 0), type_name
         assert torch.equal(module(x), expected[type_name + " x4"]), type_name
+for type_name in t.TABLE_TYPES:  # read 4 rows at a time in every vector build: the same integers and float chains
+    if type_name + " rows" in expected:
+        shape, x = t.GROUPS_CASE, t.variant_case(type_name)[1]
+        module = t.kernel_module(type_name, t.weight_data(type_name, *shape, seed=7), shape)
+        assert torch.equal(module(x), expected[type_name + " rows"]), type_name
 t.check_half_cache()
 t.check_q8_0_cache()
 print("variant ok")
@@ -584,6 +589,7 @@ def _run(code: str, env_value: str, args: Sequence[str] = (), **extra_env: str) 
 
 GROUPS_CASE = (32, 512)  # whole groups of 16 rows and of 4
 WIDE32_TYPES = tuple(name for name in kernels.X4_TYPES if build.BLOCK_LAYOUTS[name][0] == 32)  # interleaved, 32-wide
+TABLE_TYPES = ("MXFP4", "IQ4_NL")  # codes through a table of levels, read from their rows 4 at a time
 
 
 def variant_case(type_name: str) -> tuple[tuple[int, int], torch.Tensor]:
@@ -597,8 +603,8 @@ def test_other_builds_match(variant: str, isa: str, tmp_path):
     """The portable path (-DRUNLM_SCALAR, what a compiler without AVX2 builds), the AVX2 path without AVX-512 (what
     an AVX2-only CPU runs) and that path with AVX-VNNI's dot products give the same results: exact against the
     quantized-activation reference, x4 rows alike for any row count, the x4 layout's portable kernel equal to the
-    row layout's, and the K-quants bit for bit equal to this build's; a float16 KV cache rounds and attends as torch
-    does."""
+    row layout's, and the K-quants and the table types (MXFP4, IQ4_NL) bit for bit equal to this build's; a float16
+    KV cache rounds and attends as torch does."""
     if variant != "scalar" and variant not in build.variants():
         pytest.skip(f"no {variant} build on this architecture")
     if not build.ISA_VARIANTS.get(variant, ([], frozenset()))[1] <= set(cpu_flags().split()):
@@ -611,6 +617,9 @@ def test_other_builds_match(variant: str, isa: str, tmp_path):
         module = kernel_module(type_name, weight_data(type_name, *GROUPS_CASE, seed=7), GROUPS_CASE)
         assert module.x4
         expected[type_name + " x4"] = module(variant_case(type_name)[1])
+    for type_name in TABLE_TYPES if variant != "scalar" else ():  # lifted levels (avx2) or VNNI's signed ones: alike
+        module = kernel_module(type_name, weight_data(type_name, *GROUPS_CASE, seed=7), GROUPS_CASE)
+        expected[type_name + " rows"] = module(variant_case(type_name)[1])
     torch.save(expected, tmp_path / "expected.pt")
     result = _run(_VARIANT_SCRIPT, variant, args=[isa, str(tmp_path / "expected.pt")])
     assert result.returncode == 0 and "variant ok" in result.stdout, result.stderr[-3000:]

@@ -221,7 +221,7 @@ int64_t tile_pass_rows(int64_t M, int64_t nba) {
 
 template <class T>
 void gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y) {
-  if constexpr ((std::is_same_v<T, Q8_0> && kQ8_0InRows) || (std::is_same_v<T, MXFP4> && kMxfp4InRows)) {
+  if constexpr ((std::is_same_v<T, Q8_0> && kQ8_0InRows) || (TableCodes<T> && kTablesInRows)) {
     if (N % 4 == 0) return gemm<X4Rows<T>>(x, M, K, w, N, y);  // the x4 kernel, 4 rows at a time
   }
   using A = typename T::Act;

@@ -263,7 +263,7 @@ inline uint64_t q8_0_scales4(const uint8_t* const* blocks) {
   return d;
 }
 
-// The 32-wide types' 4-row kernel: w[0] is an x4 group's first byte, or with kRows (Q8_0, and MXFP4's table codes)
+// The 32-wide types' 4-row kernel: w[0] is an x4 group's first byte, or with kRows (Q8_0, and the table types' codes)
 // w[0..3] are 4 rows of GGUF's row layout, whose pieces each block's loads gather into the registers the group's loads
 // give (for Q8_0 the x4 layout's sums, bit for bit).
 template <class T, int R, bool kRows>
@@ -275,7 +275,10 @@ void x4_dot32(const uint8_t* const* w, const typename T::Act* const* a, int64_t 
   constexpr bool kSigned = kQ8 || kTable;  // codes that are signed values: no offset or min to take off
   static_assert(kSigned || !kRows, "only Q8_0 and table codes are read from rows as groups");
   static_assert(!kTable || kRows, "table codes are read from rows");
-  if constexpr (kTable) static_assert(RUNLM_VNNI || T::kLifted, "table codes without VNNI: lifted levels only");
+  constexpr bool kLifted = [] {  // MXFP4's levels without VNNI: lifted into unsigned bytes (TableType::kLifted)
+    if constexpr (kTable) return T::kLifted;
+    else return false;
+  }();
   constexpr bool kMin = [] {
     if constexpr (kSigned) return false;
     else return X4Fields<T>::M >= 0;
@@ -292,7 +295,7 @@ void x4_dot32(const uint8_t* const* w, const typename T::Act* const* a, int64_t 
   __m256i levels = m4;  // table codes: the levels, each lifted by kLift where the kernel takes them unsigned
   if constexpr (kTable) {
     levels = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(T::kLevels)));
-    if constexpr (T::kLifted) levels = _mm256_add_epi8(levels, _mm256_set1_epi8(T::kLift));
+    if constexpr (kLifted) levels = _mm256_add_epi8(levels, _mm256_set1_epi8(T::kLift));
   }
   __m256 acc[R];
   __m128 corr[R];
@@ -368,10 +371,10 @@ void x4_dot32(const uint8_t* const* w, const typename T::Act* const* a, int64_t 
                                  dot_bytes(dot_bytes(zero, lo23, alo), hi23, ahi));
       }
 #else
-      if constexpr (kQ8) {
+      if constexpr (kSigned && !kLifted) {  // Q8_0's codes, IQ4_NL's levels (up to 127: the sign trick)
         sums = _mm256_hadd_epi32(_mm256_add_epi32(prod_s8s8(lo01, alo), prod_s8s8(hi01, ahi)),
                                  _mm256_add_epi32(prod_s8s8(lo23, alo), prod_s8s8(hi23, ahi)));
-      } else if constexpr (kTable) {
+      } else if constexpr (kLifted) {
         // (level + kLift) x a pairs, less kLift x a pairs (the activation's pair_offsets, low and high values'
         // together): level x a over 4 values, exact in int16 (at most 4 * 24 * 127 before the offsets come off); the
         // lanes then sum the values the VNNI builds' lanes sum, so every build gets the same integers
@@ -439,10 +442,10 @@ struct X4Layout : X4Dot32<T, false> {};
 // regroup each tile as they go (gemm), at 0.98x the regrouped weights' speed.
 constexpr bool kQ8_0InRows = RUNLM_AVX2 && !RUNLM_AVX512;
 
-// MXFP4 (gpt-oss's experts) read the same way, in every vector build: 4 rows' codes side by side meet an activation
-// block in one pass, where the row kernel (TableType::dot) converts, scales and adds each (row, activation row) pair's
-// sums alone. Its blocks are left in the file's layout, which llama.cpp reads too.
-constexpr bool kMxfp4InRows = RUNLM_AVX2;
+// The table types (MXFP4, gpt-oss's experts; IQ4_NL) read the same way, in every vector build: 4 rows' codes side by
+// side meet an activation block in one pass, where the row kernel (TableType::dot) converts, scales and adds each
+// (row, activation row) pair's sums alone. Their blocks are left in the file's layout, which llama.cpp reads too.
+constexpr bool kTablesInRows = RUNLM_AVX2;
 
 // Q8_0 rows [0, rows) (a multiple of 4; rows row_bytes apart, nb blocks each) into the x4 layout at out.
 inline void q8_0_to_x4(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t nb, uint8_t* out) {
