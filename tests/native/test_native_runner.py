@@ -147,6 +147,22 @@ def test_a_session_without_a_size_grows_as_it_fills(smol):
     np.testing.assert_array_equal(smol.extend(restored, [9]), smol.extend(grown, [9]))
 
 
+def test_batched_steps_read_the_caches_a_session_grew_into(smol):
+    """A session keeps its caches' addresses for the C call between steps; decode steps that take it past its
+    capacity (the caches replaced by bigger ones) read and write the new caches: the logits of a session sized once."""
+    grown, sized = smol.new_session(), smol.new_session(smol.max_context())
+    start = grown.state.capacity - 3
+    prompt = list(range(300, 300 + start))
+    np.testing.assert_array_equal(smol.extend(grown, prompt), smol.extend(sized, prompt))
+    other = smol.new_session()
+    smol.extend(other, [5, 6, 7])
+    for step in range(8):  # across the capacity: the caches are replaced within these steps
+        token = 40 + step
+        got = smol.extend_batch([other, grown], [[token], [token]])
+        np.testing.assert_array_equal(got[1], smol.extend(sized, [token]))
+    assert grown.state.capacity > start + 3
+
+
 def test_a_broken_library_under_runlms_home_is_built_again(tmp_path):
     """A kernels library runlm built at first use and later finds cut short (or of another source) is built again,
     not loaded into a crash. Run where the install built none; the build is the installed library's copy (the same
