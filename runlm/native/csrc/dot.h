@@ -225,9 +225,9 @@ inline __m256i scale_pair(__m128i sc8, int c) {
   return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, shuf));
 }
 
-// int32 += (unsigned q . signed a per 16-bit pair) * int16 scales
+// int32 += (unsigned q . signed a per 16-bit pair) * int16 scales (VNNI: the widening multiply-add is one vpdpwssd)
 inline __m256i scaled_dot(__m256i sum, __m256i q, const int8_t* a, __m256i scales) {
-  return _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(q, load256(a)), scales));
+  return dot_words(sum, _mm256_maddubs_epi16(q, load256(a)), scales);
 }
 
 inline __m256i prod_u8s8(__m256i q, __m256i a) { return dot_u8s8(q, a); }

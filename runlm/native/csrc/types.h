@@ -261,7 +261,7 @@ struct IQ4_XS {
           const int8_t* aq = a[r][b].qs + 64 * p;
           const __m256i lo = _mm256_maddubs_epi16(mag_lo, _mm256_sign_epi8(load256(aq), q_lo));
           const __m256i hi = _mm256_maddubs_epi16(mag_hi, _mm256_sign_epi8(load256(aq + 32), q_hi));
-          sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(_mm256_madd_epi16(lo, scv), _mm256_madd_epi16(hi, scv)));
+          sumi[r] = dot_words(dot_words(sumi[r], lo, scv), hi, scv);  // VNNI: vpdpwssd, the same integers
         }
         if constexpr (R > 1)  // (else GCC keeps each row's products for sums at the end, spilling them)
           for (int r = 0; r < R; ++r) asm("" : "+x"(sumi[r]));
