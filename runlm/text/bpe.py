@@ -44,6 +44,14 @@ def outside_byte_alphabet() -> re.Pattern[str]:
     return re.compile(f"[^{re.escape(''.join(sorted(to_char.values())))}]")
 
 
+def vocabulary_spelling(token: str, kind: int) -> str:
+    """A GGUF token as the byte-level vocabulary spells it: as written, unless the file wrote it as raw text (a
+    character outside the byte alphabet) and it is neither a control nor a user-defined token (GGUF type `kind`)."""
+    if kind in (_CONTROL, _USER_DEFINED) or not outside_byte_alphabet().search(token):
+        return token
+    return respelled(token)
+
+
 def respelled(token: str) -> str:
     """A token written as raw text, spelled the way byte-level BPE spells its bytes."""
     to_char, _ = byte_alphabet()
@@ -110,10 +118,7 @@ class BpeEncoder(NativeVocabulary):
 
     def spelling(self, token_id: int) -> str:
         """Piece `token_id`'s spelling in the vocabulary: byte-level, or respelled where the file wrote it as text."""
-        token = self._tokens[token_id]
-        if self._types[token_id] in (_CONTROL, _USER_DEFINED) or not outside_byte_alphabet().search(token):
-            return token
-        return respelled(token)
+        return vocabulary_spelling(self._tokens[token_id], self._types[token_id])
 
     def decode(self, ids: Iterable[int], skip_special: bool) -> str:
         added, cache = self.added, self._bytes

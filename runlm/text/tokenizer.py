@@ -29,7 +29,7 @@ from runlm.catalog import runlm_home
 from runlm.errors import RunlmError, TokenizerError
 from runlm.formats.gguf import GGUFFile
 from runlm.system import collection_paused
-from runlm.text.bpe import BpeEncoder, outside_byte_alphabet, respelled, spelled_bytes
+from runlm.text.bpe import BpeEncoder, outside_byte_alphabet, spelled_bytes, vocabulary_spelling
 from runlm.text.fim import FIM_ROLES, FimTokens, fim_tokens, find_fim_ids
 from runlm.text.spm import PREFIX_EACH_PIECE, PREFIX_FIRST_PIECE, PREFIX_NONE, SpmEncoder
 
@@ -594,13 +594,11 @@ class Tokenizer:
     def _gguf_byte_level(metadata: Mapping[str, Any], tokens: list[str], types: list[int]) -> _Backend:
         """Byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM...): vocabulary + merges + a split regex."""
         pre = _bpe_pre(metadata)
-        outside = outside_byte_alphabet().search
-        if not outside("".join(tokens)):
+        if not outside_byte_alphabet().search("".join(tokens)):
             vocab = dict(zip(tokens, range(len(tokens))))
         else:  # some tokens are written as raw text: respell them the way byte-level BPE produces them
-            vocab = {}
-            for index, (token, kind) in enumerate(zip(tokens, types, strict=True)):
-                vocab[respelled(token) if kind not in (_CONTROL, _USER_DEFINED) and outside(token) else token] = index
+            vocab = {vocabulary_spelling(token, kind): index
+                     for index, (token, kind) in enumerate(zip(tokens, types, strict=True))}
         raw_merges = metadata.get("tokenizer.ggml.merges")
         if isinstance(raw_merges, list) and raw_merges:
             merges = [_split_merge(merge, 1) for merge in raw_merges]
