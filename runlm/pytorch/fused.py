@@ -12,6 +12,7 @@ the weights move (`CachedRunner.to_device`).
 from __future__ import annotations
 
 import ctypes
+from functools import cached_property
 
 import torch
 from torch import nn
@@ -77,7 +78,12 @@ class FusedBlock:
             activation=ACTIVATIONS.index(mlp.activation), rope=0, window=self.window, n_heads=attn.n_heads,
             n_kv_heads=attn.n_kv_heads, scale=attn.scale, residual_scale=1.0, out_scale=1.0, kv_source=-1,
         )  # fmt: skip
-        self.stack = block_stack([self], [self.rope])  # itself alone, for the calls of one block at a time
+
+    @cached_property
+    def stack(self):
+        """This block alone as a stack, made on its first call of its own (a model run through a FusedStack never
+        makes it)."""
+        return block_stack([self], [self.rope])
 
     @staticmethod
     def applies(block: nn.Module) -> bool:
