@@ -136,6 +136,8 @@ Experts expert_weights(const RlBlock& in) {
   }
   return e;
 }
+
+// The blocks of a model, in order, as both builds keep them.
 struct RlStack {
   std::vector<BlockWeights> blocks;
   std::vector<int64_t> ropes;
@@ -166,49 +168,49 @@ struct RlStack {
       }
     } else {
       b.mlp = mlp_weights(in.gate_up, in.n_gate_up, in.down, in.hidden, in.gate_up_bias, in.down_bias);
-  }
-  b.qkv_bias = in.qkv_bias, b.qk_norm_whole = in.qk_norm_whole != 0;
-  b.residual_scale = static_cast<float>(in.residual_scale);
-  RUNLM_CHECK(in.attn_softcap >= 0 && std::isfinite(in.attn_softcap), "bad attention soft cap");
-  b.attn_softcap = static_cast<float>(in.attn_softcap);
-  RUNLM_CHECK(std::isfinite(in.attn_temp_scale) && (in.attn_temp_scale == 0 || in.attn_temp_length > 0),
-              "bad attention temperature");
-  b.attn_temp_scale = static_cast<float>(in.attn_temp_scale);
-  b.attn_temp_length = in.attn_temp_length;
-  RUNLM_CHECK(in.activation >= kSilu && in.activation <= kSwigluOai, "unknown activation ", in.activation);
-  b.activation = in.activation, b.o_bias = in.o_bias, b.sinks = in.sinks;
-  b.window = in.window, b.n_heads = in.n_heads, b.n_kv_heads = in.n_kv_heads;
-  RUNLM_CHECK(in.out_scale > 0 && std::isfinite(in.out_scale), "bad output scale");
-  b.values_from_keys = in.values_from_keys != 0, b.value_norm = in.value_norm != 0;
-  b.out_scale = static_cast<float>(in.out_scale);
-  const int64_t index = static_cast<int64_t>(blocks.size());
-  RUNLM_CHECK(in.kv_source == -1 || (0 <= in.kv_source && in.kv_source < index &&
-                                     kv_sources[in.kv_source] == -1),
-              "a block shares the cache of a block before it that has one of its own, or none");
-  b.shared_kv = in.kv_source >= 0;
-  if (b.shared_kv) {
-    const BlockWeights& source = blocks[in.kv_source];
-    RUNLM_CHECK(source.n_kv_heads == in.n_kv_heads && source.window == in.window && in.k_norm == nullptr,
-                "a block that shares a cache must have its heads and window, and no keys of its own");
-  }
-  if (in.ple_dim > 0) {
-    RUNLM_CHECK(in.ple_norm != nullptr && in.ple_gate.rows == in.ple_dim && in.ple_proj.rows == in.hidden,
-                "a per-layer input needs its gate (ple_dim rows), projection (hidden rows) and norm");
-    b.ple_gate = weight_parts(&in.ple_gate, 1)[0], b.ple_proj = weight_parts(&in.ple_proj, 1)[0];
-    b.ple_norm = in.ple_norm, b.ple_dim = in.ple_dim;
-  }
-  const int64_t projected_heads = in.n_heads + (b.shared_kv ? 0 : b.values_from_keys ? 1 : 2) * in.n_kv_heads;
-  int64_t qkv_width = 0;
-  for (const Weight& w : b.qkv) qkv_width += w.rows;
-  b.head_dim = qkv_width / projected_heads;
-  RUNLM_CHECK(b.head_dim > 0 && qkv_width == projected_heads * b.head_dim,
-              "qkv projection width does not match the heads");
-  if (b.shared_kv) b.head_dim = blocks[in.kv_source].head_dim == b.head_dim ? b.head_dim : -1;
-  RUNLM_CHECK(b.head_dim > 0, "a block that shares a cache must have its heads' size");
-  blocks.push_back(std::move(b));
-  ropes.push_back(in.rope);
-  kv_sources.push_back(in.kv_source);
-  ple_dims.push_back(in.ple_dim);
+    }
+    b.qkv_bias = in.qkv_bias, b.qk_norm_whole = in.qk_norm_whole != 0;
+    b.residual_scale = static_cast<float>(in.residual_scale);
+    RUNLM_CHECK(in.attn_softcap >= 0 && std::isfinite(in.attn_softcap), "bad attention soft cap");
+    b.attn_softcap = static_cast<float>(in.attn_softcap);
+    RUNLM_CHECK(std::isfinite(in.attn_temp_scale) && (in.attn_temp_scale == 0 || in.attn_temp_length > 0),
+                "bad attention temperature");
+    b.attn_temp_scale = static_cast<float>(in.attn_temp_scale);
+    b.attn_temp_length = in.attn_temp_length;
+    RUNLM_CHECK(in.activation >= kSilu && in.activation <= kSwigluOai, "unknown activation ", in.activation);
+    b.activation = in.activation, b.o_bias = in.o_bias, b.sinks = in.sinks;
+    b.window = in.window, b.n_heads = in.n_heads, b.n_kv_heads = in.n_kv_heads;
+    RUNLM_CHECK(in.out_scale > 0 && std::isfinite(in.out_scale), "bad output scale");
+    b.values_from_keys = in.values_from_keys != 0, b.value_norm = in.value_norm != 0;
+    b.out_scale = static_cast<float>(in.out_scale);
+    const int64_t index = static_cast<int64_t>(blocks.size());
+    RUNLM_CHECK(in.kv_source == -1 || (0 <= in.kv_source && in.kv_source < index &&
+                                       kv_sources[in.kv_source] == -1),
+                "a block shares the cache of a block before it that has one of its own, or none");
+    b.shared_kv = in.kv_source >= 0;
+    if (b.shared_kv) {
+      const BlockWeights& source = blocks[in.kv_source];
+      RUNLM_CHECK(source.n_kv_heads == in.n_kv_heads && source.window == in.window && in.k_norm == nullptr,
+                  "a block that shares a cache must have its heads and window, and no keys of its own");
+    }
+    if (in.ple_dim > 0) {
+      RUNLM_CHECK(in.ple_norm != nullptr && in.ple_gate.rows == in.ple_dim && in.ple_proj.rows == in.hidden,
+                  "a per-layer input needs its gate (ple_dim rows), projection (hidden rows) and norm");
+      b.ple_gate = weight_parts(&in.ple_gate, 1)[0], b.ple_proj = weight_parts(&in.ple_proj, 1)[0];
+      b.ple_norm = in.ple_norm, b.ple_dim = in.ple_dim;
+    }
+    const int64_t projected_heads = in.n_heads + (b.shared_kv ? 0 : b.values_from_keys ? 1 : 2) * in.n_kv_heads;
+    int64_t qkv_width = 0;
+    for (const Weight& w : b.qkv) qkv_width += w.rows;
+    b.head_dim = qkv_width / projected_heads;
+    RUNLM_CHECK(b.head_dim > 0 && qkv_width == projected_heads * b.head_dim,
+                "qkv projection width does not match the heads");
+    if (b.shared_kv) b.head_dim = blocks[in.kv_source].head_dim == b.head_dim ? b.head_dim : -1;
+    RUNLM_CHECK(b.head_dim > 0, "a block that shares a cache must have its heads' size");
+    blocks.push_back(std::move(b));
+    ropes.push_back(in.rope);
+    kv_sources.push_back(in.kv_source);
+    ple_dims.push_back(in.ple_dim);
   }
 };
 

@@ -292,11 +292,15 @@ void x4_dot32(const uint8_t* const* w, const typename T::Act* const* a, int64_t 
   const __m256i m4 = _mm256_set1_epi8(0x0F), m16 = _mm256_set1_epi8(0x10);
   const __m256i shift_lo = _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3), shift_hi = _mm256_setr_epi32(4, 3, 2, 1, 4, 3, 2, 1);
   const __m256i dd_perm = _mm256_setr_epi32(0, 0, 2, 2, 1, 1, 3, 3);
-  __m256i levels = m4;  // table codes: the levels, each lifted by kLift where the kernel takes them unsigned
-  if constexpr (kTable) {
-    levels = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(T::kLevels)));
-    if constexpr (kLifted) levels = _mm256_add_epi8(levels, _mm256_set1_epi8(T::kLift));
-  }
+  // table codes: the levels, each lifted by kLift where the kernel takes them unsigned (unused by the other types)
+  const __m256i levels = [] {
+    if constexpr (kTable) {
+      const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(T::kLevels)));
+      return kLifted ? _mm256_add_epi8(table, _mm256_set1_epi8(T::kLift)) : table;
+    } else {
+      return _mm256_setzero_si256();
+    }
+  }();
   __m256 acc[R];
   __m128 corr[R];
   for (int r = 0; r < R; ++r) {
