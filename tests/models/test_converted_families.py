@@ -8,7 +8,7 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
-from reference.converted import ARCHITECTURES, FAMILIES, RUNLM_FAMILIES, build, transformers_logits
+from reference.converted import ARCHITECTURES, FAMILIES, RUNLM_FAMILIES, build, dequantized, transformers_logits
 from reference.llama_cpp_reference import TIES, check_greedy_agreement, llama_cpp_greedy
 
 from runlm import load
@@ -56,39 +56,51 @@ def test_f32_logits_match_transformers(converted):
 
 
 @needs_llama_cpp
-@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M", "IQ4_XS"])
 def test_quantized_agrees_with_llama_cpp(converted, quant):
-    """Correlation of the prompt's logits, and greedy agreement over llama.cpp's 64-token greedy continuation."""
     family, gguf = converted
-    path = gguf.with_name(f"{quant}.gguf")
-    if not path.is_file():
-        quantize(gguf, path, llama_ftypes()[quant], threads=2)
-    reference, continuation = llama_cpp_greedy(path, PROMPT, CONTINUATION)
-    ours, runtime = _logits(path, PROMPT + continuation)
-    assert runtime == "native"
-    correlation = np.corrcoef(ours[: len(PROMPT)].ravel(), reference.ravel())[0, 1]
-    assert correlation >= 0.995, f"{family} {quant}: correlation {correlation:.4f}"
-    check_greedy_agreement(ours[len(PROMPT) - 1 : -1], continuation, TIES[quant], f"{family} {quant}")
+    check_against_llama_cpp(family, gguf, quant)
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory):
+    return build("qwen2", tmp_path_factory.mktemp("qwen2-types"))
 
 
 @needs_llama_cpp
-@pytest.mark.parametrize("quant", ["IQ4_NL", "IQ4_XS"])
-def test_iq4_files_agree_with_llama_cpp(quant, tmp_path):
-    """IQ4_NL and IQ4_XS run on the native runtime's kernels (a converted Qwen2: rows of 256 values, whole IQ4_XS
-    blocks; llama.cpp writes a narrower model's rows as IQ4_NL)."""
-    gguf = build("qwen2", tmp_path)
-    path = tmp_path / f"{quant}.gguf"
-    quantize(gguf, path, llama_ftypes()[quant], threads=2)
-    assert {GGUFFile(path).raw(name).type_name for name in GGUFFile(path).tensor_names()} >= {quant}
-    notes: list[str] = []
-    loaded = load(str(path), note=notes.append)
-    assert loaded.runtime == "native" and not notes
+@pytest.mark.parametrize("quant", ["IQ4_NL", "Q2_K", "Q3_K_M", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K_M", "Q6_K", "F16",
+                                   "BF16"])
+def test_every_type_agrees_with_llama_cpp(qwen2, quant):
+    """The types of the test above on every family, the others on one: each file as llama.cpp quantizes it."""
+    check_against_llama_cpp("qwen2", qwen2, quant)
+
+
+def check_against_llama_cpp(family: str, gguf, quant: str) -> None:
+    """`gguf` quantized by llama.cpp to `quant`, run on runlm's default path without a fallback: correlation of the
+    prompt's logits with llama.cpp's, greedy agreement over llama.cpp's 64-token greedy continuation, and runlm as
+    close as llama.cpp to the file's own weights in float32 (dequantized by the gguf package)."""
+    label = f"{family} {quant}"
+    path = gguf.with_name(f"{quant}.gguf")
+    if not path.is_file():
+        quantize(gguf, path, llama_ftypes()[quant], threads=2)
+    main_type = quant.removesuffix("_M")
+    assert main_type in {GGUFFile(path).raw(name).type_name for name in GGUFFile(path).tensor_names()}, label
     reference, continuation = llama_cpp_greedy(path, PROMPT, CONTINUATION)
-    runner = loaded.runner
-    ours = as_numpy(runner.extend(runner.new_session(), PROMPT + continuation, all_positions=True))
+    notes: list[str] = []
+    ours, runtime = _logits(path, PROMPT + continuation, note=notes.append)
+    assert runtime == "native" and not notes, label
     correlation = np.corrcoef(ours[: len(PROMPT)].ravel(), reference.ravel())[0, 1]
-    assert correlation >= 0.995, f"{quant}: correlation {correlation:.4f}"
-    check_greedy_agreement(ours[len(PROMPT) - 1 : -1], continuation, TIES["Q4_K_M"], quant)
+    assert correlation >= 0.995, f"{label}: correlation {correlation:.4f}"
+    check_greedy_agreement(ours[len(PROMPT) - 1 : -1], continuation, TIES[quant], label)
+    exact, _ = _logits(dequantized(gguf, path), PROMPT)
+    ours_error, llama_error = (rounding_error(logits, exact) for logits in (ours[: len(PROMPT)], reference))
+    assert ours_error <= 1.2 * llama_error, f"{label}: {ours_error:.4f} from float32, llama.cpp {llama_error:.4f}"
+
+
+def rounding_error(logits: np.ndarray, exact: np.ndarray) -> float:
+    """How far a runtime's integer arithmetic (8-bit activations) puts its logits from the float32 model's: the
+    largest difference at each position over that position's logit spread, averaged over the positions."""
+    return float((np.abs(logits - exact).max(-1) / exact.std(-1)).mean())
 
 
 @pytest.fixture(scope="module")

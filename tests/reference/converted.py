@@ -255,5 +255,28 @@ def build(family: str, directory: Path, seed: int = 7) -> Path:
     return convert(directory / "hf", gguf)
 
 
+def dequantized(f32_gguf: Path, quantized: Path) -> Path:
+    """A copy of `f32_gguf` whose tensors hold `quantized`'s weights dequantized by the gguf package: the quantized
+    file's own model in float32, the reference both runtimes' integer arithmetic approximates."""
+    import gguf
+    import numpy as np
+
+    out = quantized.with_name(f"{quantized.stem}-dequantized.gguf")
+    if out.is_file():
+        return out
+    source = {tensor.name: tensor for tensor in gguf.GGUFReader(quantized).tensors}
+    scratch = out.with_suffix(".partial")
+    shutil.copyfile(f32_gguf, scratch)
+    target = gguf.GGUFReader(scratch, "r+")
+    for tensor in target.tensors:
+        weights = source[tensor.name]
+        values = gguf.quants.dequantize(weights.data, weights.tensor_type)
+        tensor.data[...] = values.astype(np.float32).reshape(tensor.data.shape)
+    target.data.flush()
+    del target
+    os.replace(scratch, out)
+    return out
+
+
 __all__ = ["ARCHITECTURES", "FAMILIES", "MOE_FAMILIES", "RUNLM_FAMILIES", "build", "convert", "converter_dir",
-           "transformers_logits"]
+           "dequantized", "transformers_logits"]

@@ -52,12 +52,16 @@ def llama_cpp_greedy(path: Path | str, prompt: list[int], steps: int) -> tuple[n
 # spread (std) of its own top one. Each quantization's bound is what runlm and llama.cpp differ by on the same file
 # (tests/test_shapes.py's BOUNDS: llama.cpp rounds activations to 8 bits inside its dot products); the tiny random
 # models' top tokens are often closer than that (0.2-10% of the spread at the steps that differed).
-TIES = {"Q8_0": 0.1, "Q4_K_M": 0.16}
+TIES = {"F16": 0.1, "BF16": 0.1, "Q8_0": 0.1, **dict.fromkeys(
+    ["Q2_K", "Q3_K_M", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS"], 0.16)}
 
 
 def check_greedy_agreement(logits: np.ndarray, continuation: list[int], tie: float, label: str) -> None:
     """At each step of llama.cpp's greedy continuation runlm's top token (reading the same tokens) is the one
-    llama.cpp chose, or the two are a near tie in runlm's logits; at least 90% are the same token."""
+    llama.cpp chose, or the two are a near tie in runlm's logits; at least 90% are the same token.
+
+    Not 95%: on the tiny random models a change of rounding anywhere re-draws which steps flip. llama.cpp with a
+    float32 KV cache picks 91-97% of the tokens it picks with its default float16 cache, on the same 4-bit files."""
     steps = np.arange(len(continuation))
     chosen = logits.argmax(-1)
     gaps = logits[steps, chosen] - logits[steps, continuation]
