@@ -176,6 +176,9 @@ def print_memory(path: Path, results: list[dict], positions: int) -> None:
         stages = [row.get("libraries_rss_mb"), row.get("loaded_rss_mb"), row["peak_rss_mb"]]
         shown = " / ".join("?" if mb is None else f"{mb:.0f}" for mb in stages)
         print(f"  {row['peer']}: {shown}, the peak is the file + {row['peak_rss_mb'] - file_mb:.0f}")
+        if row.get("huge_pages_s") is not None:
+            print(f"  {row['peer']}: weights the load left in 4 KiB pages went into huge pages in "
+                  f"{row['huge_pages_s']:.1f} s after it, before the rounds")
     kv_mb = next((row["kv_mb"] for row in results if row.get("kv_mb") is not None), None)
     if kv_mb is not None:
         print(f"  file + KV cache ({kv_mb:.0f}: runlm's caches for {positions} positions) + 150 = "

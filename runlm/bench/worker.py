@@ -79,6 +79,12 @@ class RunlmPeer:
         self.runner = load(path, runtime=runtime, dtype="f32" if peer == "runlm-f32" else "auto", kv_type=kv_type,
                            threads=threads).runner
 
+    def wait_for_huge_pages(self) -> float | None:
+        """Seconds the weights the load left in 4 KiB pages took to go into huge pages (runlm.native.weights.
+        HugePages, a thread started by the load), waited for; None where there were none."""
+        huge_pages = getattr(getattr(self.runner, "model", None), "huge_pages", None)
+        return huge_pages.seconds if huge_pages is not None and huge_pages.wait() else None
+
     def kv_mb(self, positions: int) -> float | None:
         """What the KV caches of a session of `positions` take (runlm allocates them for the session's length)."""
         kv = self.runner.kv_bytes(positions)
@@ -204,6 +210,8 @@ class Measured:
         else:
             self.peer = TransformersPeer(path, threads)
         self.load_s = time.perf_counter() - started
+        # outside the load's time, and before any round, so that no round shares the cores with that thread
+        self.huge_pages_s = self.peer.wait_for_huge_pages() if isinstance(self.peer, RunlmPeer) else None
         self.loaded_rss_mb = rss_mb()
         warm = time.perf_counter()
         token = self.peer.prefill(prompt[:16])
@@ -244,6 +252,7 @@ class Measured:
             "peak_rss_mb": rss,
             "libraries_rss_mb": self.peer.libraries_rss_mb,
             "loaded_rss_mb": self.loaded_rss_mb,
+            "huge_pages_s": self.huge_pages_s,
             "kv_mb": kv_mb(positions) if kv_mb else None,
             "ppl": ppl,
             "rounds": self.rounds,

@@ -22,7 +22,7 @@ from runlm.families.spec import ACTIVATIONS, EXPERT_GATINGS, FamilySpec
 from runlm.formats.gguf import GGUFFile, find_mmproj
 from runlm.native import build, library
 from runlm.native.build import FLOAT_KERNEL_TYPES, Q8_0_BYTES, Q8_0_VALUES
-from runlm.native.weights import NativeRefusal, Rows, WeightReader, table
+from runlm.native.weights import NativeRefusal, Rows, WeightReader, huge_pages_later, table
 from runlm.rope import rope_frequencies, rope_index, table_block
 
 PREFILL_CHUNK = 256
@@ -112,10 +112,15 @@ class NativeModel:
                                     f"{min(d for d in head_dims if d % Q8_0_VALUES)}")
         self.vocab_size = config.vocab_size
         self.context = min(config.max_position, max_context or config.max_position)
+        reader = WeightReader(gguf, self.spec, config)
         try:
-            self._build(lib, WeightReader(gguf, self.spec, config))
+            self._build(lib, reader)
         except NativeRefusal as exc:
             raise NativeRefusal(f"{gguf.path}: cannot run on the native runtime: {exc}") from None
+        # the weights that loaded in 4 KiB pages go into huge pages in idle time, until the model is let go
+        self.huge_pages = huge_pages_later(reader.small_pages)
+        if self.huge_pages is not None:
+            weakref.finalize(self, self.huge_pages.stop)
 
     @classmethod
     def open(cls, path: str | Path, kv_type: str = "f16", threads: int | None = None) -> NativeModel:

@@ -1,6 +1,8 @@
 """Where the regrouped weights live: transparent huge pages where the kernel has free 2 MiB blocks for them and makes
 them fast, 4 KiB pages otherwise (runlm.native.weights.weight_buffer and WeightReader)."""
 
+import platform
+
 import gguf
 import numpy as np
 import pytest
@@ -91,3 +93,37 @@ def test_a_load_gives_huge_pages_up_where_the_kernel_makes_them_slowly(tmp_path,
         part = reader._linear([file.raw(name)], [None])[0]
         assert part.data.nbytes == file.raw(name).data.nbytes
     assert asked == [True, later]
+    assert len(reader.small_pages) == (0 if later and rate else 2)  # the buffers HugePages makes huge later
+
+
+def _collapse_works() -> bool:
+    release = tuple(int(part) for part in platform.release().split(".")[:2] if part.isdigit())
+    return platform.system() == "Linux" and release >= (6, 1) and _thp_mode() in ("madvise", "always")
+
+
+@pytest.mark.skipif(not _collapse_works(), reason="MADV_COLLAPSE needs Linux 6.1 and transparent huge pages")
+def test_weights_left_in_small_pages_go_into_huge_pages_in_the_background():
+    """A buffer the load filled in 4 KiB pages becomes huge pages with its bytes as they were."""
+    buffer, _ = weights.weight_buffer(8, 1 << 20, huge_pages=False)  # 8 MiB: at least three whole huge pages
+    buffer[:] = np.random.default_rng(0).integers(0, 256, buffer.shape, dtype=np.uint8)
+    before = buffer.copy()
+    assert _vma_field(buffer.ctypes.data, "AnonHugePages") == "0 kB"
+    promotion = weights.HugePages([buffer])
+    assert promotion.wait(timeout=120)
+    assert promotion.collapsed_bytes >= 3 << 21 and int(_vma_field(buffer.ctypes.data, "AnonHugePages").split()[0])
+    assert np.array_equal(buffer, before)
+
+
+def test_a_model_whose_load_gave_huge_pages_up_gives_the_same_logits_after_they_are_made(smollm2_gguf, monkeypatch):
+    """SmolLM2 loaded as on a host that makes huge pages slowly: its weights go into huge pages after the load, and
+    its logits are the same bits before and after."""
+    from runlm.native.model import NativeModel
+
+    monkeypatch.setattr(weights, "_HUGE_FILL_FLOOR", float("inf"))
+    model = NativeModel.open(smollm2_gguf)
+    ids = [1, 504, 3458, 314, 253, 1345, 30]
+    before = np.array(model.extend(model.new_session(64), ids, all_positions=True))
+    assert model.huge_pages is not None and model.huge_pages.wait(timeout=300)
+    if _collapse_works():
+        assert model.huge_pages.collapsed_bytes > 0
+    assert np.array_equal(np.array(model.extend(model.new_session(64), ids, all_positions=True)), before)

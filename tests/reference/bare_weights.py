@@ -29,5 +29,5 @@ def bare_weights(path: Path, tensors: dict[str, np.ndarray | tuple[np.ndarray, g
     writer.close()
     file = GGUFFile(path)
     reader = WeightReader.__new__(WeightReader)
-    reader.gguf, reader._scratch, reader._huge_pages = file, np.empty(0, dtype=np.uint8), True
+    reader.gguf, reader._scratch, reader._huge_pages, reader.small_pages = file, np.empty(0, dtype=np.uint8), True, []
     return file, reader
