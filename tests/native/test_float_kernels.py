@@ -13,8 +13,9 @@ import pytest
 from runlm.native import library
 from runlm.native.build import FLOAT_KERNEL_TYPES
 
-# K: below one vector, several vectors with a tail, and past 4096 values (a GEMV shared by threads, rows left over)
-SHAPES = [(37, 5), (37, 1000), (23, 4107)]
+# K: below one vector, several vectors with a tail, and past 4096 values (a GEMV shared by threads, rows left over);
+# 150 rows: each thread's half holds whole blocks of 32 weight rows (float_block, K in chunks) and tiles left over
+SHAPES = [(37, 5), (37, 1000), (23, 4107), (150, 1000)]
 ROWS = [1, 2, 3, 4, 7, 13]
 
 
