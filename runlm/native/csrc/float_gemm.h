@@ -191,19 +191,6 @@ inline void float_block(const uint8_t* w, int64_t row_bytes, const float* x, int
     float_finish<W, 4, R>(w, row_bytes, x, K, body, n + 4 * t, m, N, out, y);
   }
 }
-
-// Weight rows [n, n + 4 * kBlockTiles) x all M activation rows, as float_rows takes them.
-template <int64_t W>
-inline void float_blocks(const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_t K, int64_t n,
-                         int64_t N, float* y) {
-  int64_t m = 0;
-#if RUNLM_AVX512
-  for (; m + 6 <= M; m += 6) float_block<W, 6>(w, row_bytes, x, K, n, m, N, y);
-#endif
-  for (; m + 3 <= M; m += 3) float_block<W, 3>(w, row_bytes, x, K, n, m, N, y);
-  if (M - m == 2) float_block<W, 2>(w, row_bytes, x, K, n, m, N, y);
-  if (M - m == 1) float_block<W, 1>(w, row_bytes, x, K, n, m, N, y);
-}
 #endif
 
 // A GEMV's weight rows n, n + stride, ... (kGemvStreams of them) against one activation row. A row's sum is one
@@ -236,19 +223,33 @@ inline void float_gemv_rows(const uint8_t* w, int64_t row_bytes, const float* x,
 #endif
 }
 
-// Weight rows [n, n + RW) x all M activation rows, three at a time (six with AVX-512): a 4 x 3 tile keeps 12 sums in
-// registers, so each weight vector widened and each activation vector loaded feeds three or four multiply-adds.
-template <int64_t W, int RW>
+// Weight rows [n, n + RW) x activation rows [m, m + R): one tile, or with Blocked a block of kBlockTiles 4-row tiles.
+template <int64_t W, int RW, int R, bool Blocked>
+inline void float_rows_tile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t K, int64_t n, int64_t m,
+                            int64_t N, float* y) {
+#if RUNLM_AVX2
+  if constexpr (Blocked) {
+    float_block<W, R>(w, row_bytes, x, K, n, m, N, y);
+    return;
+  }
+#endif
+  float_tile<W, RW, R>(w, row_bytes, x, K, n, m, N, y);
+}
+
+// Weight rows [n, n + RW) (Blocked: [n, n + 4 * kBlockTiles)) x all M activation rows, three at a time (six with
+// AVX-512): a 4 x 3 tile keeps 12 sums in registers, so each weight vector widened and each activation vector loaded
+// feeds three or four multiply-adds.
+template <int64_t W, int RW, bool Blocked = false>
 inline void float_rows(const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_t K, int64_t n,
                        int64_t N, float* y) {
   int64_t m = 0;
 #if RUNLM_AVX512
   // 32 vector registers: a 4 x 6 tile's 24 sums, and each widened weight vector feeds six multiply-adds
-  for (; m + 6 <= M; m += 6) float_tile<W, RW, 6>(w, row_bytes, x, K, n, m, N, y);
+  for (; m + 6 <= M; m += 6) float_rows_tile<W, RW, 6, Blocked>(w, row_bytes, x, K, n, m, N, y);
 #endif
-  for (; m + 3 <= M; m += 3) float_tile<W, RW, 3>(w, row_bytes, x, K, n, m, N, y);
-  if (M - m == 2) float_tile<W, RW, 2>(w, row_bytes, x, K, n, m, N, y);
-  if (M - m == 1) float_tile<W, RW, 1>(w, row_bytes, x, K, n, m, N, y);
+  for (; m + 3 <= M; m += 3) float_rows_tile<W, RW, 3, Blocked>(w, row_bytes, x, K, n, m, N, y);
+  if (M - m == 2) float_rows_tile<W, RW, 2, Blocked>(w, row_bytes, x, K, n, m, N, y);
+  if (M - m == 1) float_rows_tile<W, RW, 1, Blocked>(w, row_bytes, x, K, n, m, N, y);
 }
 
 template <int64_t W>
@@ -271,7 +272,8 @@ void float_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t 
         for (; n < n1; ++n) float_tile<W, 1, 1>(w, row_bytes, xm, K, n, 0, N, ym);
       } else {
 #if RUNLM_AVX2
-        for (; n + 4 * kBlockTiles <= n1; n += 4 * kBlockTiles) float_blocks<W>(w, row_bytes, xm, rows, K, n, N, ym);
+        for (; n + 4 * kBlockTiles <= n1; n += 4 * kBlockTiles)
+          float_rows<W, 4, true>(w, row_bytes, xm, rows, K, n, N, ym);
 #endif
         for (; n + 4 <= n1; n += 4) float_rows<W, 4>(w, row_bytes, xm, rows, K, n, N, ym);
         for (; n + 2 <= n1; n += 2) float_rows<W, 2>(w, row_bytes, xm, rows, K, n, N, ym);
