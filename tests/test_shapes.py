@@ -181,8 +181,8 @@ BOUNDS = {"F16": 0.01, "Q8_0": 0.1, "Q4_K_M": 0.16}
 def test_logits_agree_with_llama_cpp_on_the_same_file(shape_dir, name, quant):
     path = ensure_shape(tiny(name), quant, threads=2, progress=False, directory=shape_dir)
     if quant == "Q4_K_M":
-        types = {GGUFFile(path).raw(n).type_name for n in GGUFFile(path).tensor_names()}
-        assert {"Q4_K", "Q6_K"} <= types  # llama.cpp's own mix
+        file = GGUFFile(path)
+        assert {"Q4_K", "Q6_K"} <= {file.raw(n).type_name for n in file.tensor_names()}  # llama.cpp's own mix
     loaded = load(path, max_context=128)  # llama.cpp's context below: Phi-4-mini's LongRoPE picks factors by it
     ids = loaded.tokenizer.encode(TEXT)
     ours = as_numpy(loaded.runner.extend(loaded.runner.new_session(), ids, all_positions=True))
@@ -229,7 +229,8 @@ def test_gemma4_shapes_are_files_both_runtimes_read_as_gemma4(shape_dir, name):
                                 expert_ffn=256 if real.experts else 0, experts=8 if real.experts else 0,
                                 experts_used=2 if real.experts else 0)
     path = ensure_shape(shape, "Q8_0", threads=2, progress=False, directory=shape_dir)
-    assert {n: GGUFFile(path).raw(n).shape for n in GGUFFile(path).tensor_names()} == dict(shape.tensors())
+    file = GGUFFile(path)
+    assert {n: file.raw(n).shape for n in file.tensor_names()} == dict(shape.tensors())
     loaded = load(path)
     config = loaded.config
     assert (config.head_dim, config.sliding_head_dim, config.num_kv_heads, config.sliding_kv_heads) == (128, 64, 1, 2)

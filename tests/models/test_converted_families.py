@@ -83,8 +83,8 @@ def check_against_llama_cpp(family: str, gguf, quant: str) -> None:
     path = gguf.with_name(f"{quant}.gguf")
     if not path.is_file():
         quantize(gguf, path, llama_ftypes()[quant], threads=2)
-    main_type = quant.removesuffix("_M")
-    assert main_type in {GGUFFile(path).raw(name).type_name for name in GGUFFile(path).tensor_names()}, label
+    file = GGUFFile(path)
+    assert quant.removesuffix("_M") in {file.raw(name).type_name for name in file.tensor_names()}, label
     reference, continuation = llama_cpp_greedy(path, PROMPT, CONTINUATION)
     notes: list[str] = []
     ours, runtime = _logits(path, PROMPT + continuation, note=notes.append)

@@ -115,6 +115,7 @@ def test_weights_left_in_small_pages_go_into_huge_pages_in_the_background():
     assert np.array_equal(buffer, before)
 
 
+@pytest.mark.skipif(_thp_mode() not in ("madvise", "always"), reason="transparent huge pages are off or absent")
 def test_a_model_whose_load_gave_huge_pages_up_gives_the_same_logits_after_they_are_made(smollm2_gguf, monkeypatch):
     """SmolLM2 loaded as on a host that makes huge pages slowly: its weights go into huge pages after the load, and
     its logits are the same bits before and after."""
